@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up, then run the whole loop on GELU (GPU if there is one, else CPU)
+#   make test   set up, then lint and run the CPU test suite (Triton via its interpreter)
+# Set-up is idempotent: a second run reuses .venv and installs nothing new.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+READY  := $(VENV)/.perfloop-ready
+
+.PHONY: demo test lint gpu-check setup clean
+
+setup: $(READY)
+
+$(READY): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# The CPU build of torch, pinned, only when the venv has no torch yet (never a multi-GB CUDA build).
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(READY)
+	$(VENV)/bin/perfloop demo
+
+lint: $(READY)
+	$(VENV)/bin/ruff check src tests scripts benchmarks
+	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+
+test: $(READY) lint
+	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+
+# On the GPU machine as its image stands (system python3, no install, no network):
+gpu-check:
+	bash scripts/gpu-check
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

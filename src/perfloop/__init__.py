@@ -1,0 +1,32 @@
+"""perfloop: optimization is measured, never guessed.
+
+Benchmark (bench, compare, sweep, ceilings), profile (profile, annotate, diff),
+diagnose, fuse (ops), and measure again -- with the history kept.
+
+>>> import torch, perfloop as pl
+>>> x = torch.randn(4096)
+>>> pl.bench(torch.nn.functional.gelu, x).median_ms > 0
+True
+"""
+
+from perfloop import ops
+from perfloop.device import ceilings, device_info, env_fingerprint
+from perfloop.measurement import Comparison, Measurement, Sweep, Work
+from perfloop.timing import BenchError, bench, compare, sweep
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BenchError",
+    "Comparison",
+    "Measurement",
+    "Sweep",
+    "Work",
+    "bench",
+    "ceilings",
+    "compare",
+    "device_info",
+    "env_fingerprint",
+    "ops",
+    "sweep",
+]

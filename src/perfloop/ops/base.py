@@ -1,0 +1,251 @@
+"""The op contract: a float64 reference, seeded inputs, a work model, shapes,
+tolerances, and named variants -- plus `check`, which holds every variant to it.
+
+An op lives in its own folder (`ops/<name>/`): `__init__.py` builds its `Op`,
+and one file per way of writing it (`torch_impl.py`, `triton_impl.py`,
+`cuda_impl.py` + `kernel.cu`) registers variants. Variants share one
+signature: `fn(*inputs, out=None) -> output`; `out`, when given, is the tensor
+to write (check passes a NaN-poisoned one so an unwritten element shows).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from perfloop.measurement import Work
+
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp64": torch.float64,
+    "float64": torch.float64,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(
+            f"dtype: unknown {dtype!r}; use one of fp32, fp16, bf16 (e.g. --dtype bf16)"
+        )
+    return DTYPES[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(
+        dtype, str(dtype).replace("torch.", "")
+    )
+
+
+class Unavailable(RuntimeError):
+    """A variant cannot run here; the message says why (no GPU, no Triton, no nvcc...)."""
+
+
+class CheckFailed(AssertionError):
+    """A variant disagreed with the reference; the message has the details."""
+
+
+@dataclass
+class Variant:
+    """One way of writing an op.
+
+    `needs`: what it requires -- "cuda" (a GPU), "triton" (Triton importable;
+    on the CPU it runs in the interpreter, correct but slow), "nvcc".
+    """
+
+    name: str
+    fn: Callable[..., torch.Tensor] | None = None
+    loader: str | None = None  # "module:function", imported on first use
+    needs: tuple[str, ...] = ()
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    doc: str = ""
+
+    def why_unavailable(self, device: str = "") -> str | None:
+        """None if it can run on `device` here, else the reason."""
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if "cuda" in self.needs and device != "cuda":
+            return "needs a CUDA GPU" + ("" if torch.cuda.is_available() else " (none found)")
+        if "triton" in self.needs:
+            from perfloop.device import triton_version
+
+            if triton_version() is None:
+                return "needs Triton (pip install triton; Linux only)"
+            if device == "cpu" and not interpreting():
+                return "Triton on the CPU needs TRITON_INTERPRET=1 set before Triton loads"
+        if "nvcc" in self.needs:
+            from perfloop.ops.cuda_build import why_no_cuda_build
+
+            reason = why_no_cuda_build()
+            if reason:
+                return reason
+        return None
+
+    @property
+    def interpreted(self) -> bool:
+        """True when it runs through the Triton interpreter: correct, but not a speed."""
+        return "triton" in self.needs and not torch.cuda.is_available()
+
+    def resolve(self) -> Callable[..., torch.Tensor]:
+        if self.fn is None:
+            mod, _, attr = self.loader.partition(":")
+            self.fn = getattr(importlib.import_module(mod), attr)
+        return self.fn
+
+    def __call__(self, *inputs: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        reason = self.why_unavailable(inputs[0].device.type if inputs else "")
+        if reason:
+            raise Unavailable(f"variant {self.name!r}: {reason}")
+        return self.resolve()(*inputs, out=out)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass
+class Op:
+    """The contract of one op. See the module docstring."""
+
+    name: str
+    doc: str
+    reference: Callable[..., torch.Tensor]  # float64 truth
+    make_inputs: Callable[..., tuple[torch.Tensor, ...]]  # (shape, dtype, device, seed)
+    work: Callable[[tuple, torch.dtype], Work]
+    test_shapes: Sequence[tuple]  # awkward: 1, primes, odd, non-multiples of blocks
+    bench_shape_gpu: tuple
+    bench_shape_cpu: tuple
+    tolerances: dict  # dtype -> (atol, rtol)
+    out_shape: Callable[[tuple], tuple]
+    validate: Callable[..., None] | None = None  # raises ValueError on bad input
+    variants: dict[str, Variant] = field(default_factory=dict)
+    baseline: str = "naive"
+
+    def add(self, variant: Variant) -> Variant:
+        self.variants[variant.name] = variant
+        return variant
+
+    def variant(self, name: str) -> Variant:
+        if name not in self.variants:
+            raise KeyError(
+                f"variant: {self.name!r} has no variant {name!r}; valid: {', '.join(self.variants)}"
+            )
+        return self.variants[name]
+
+    def bench_shape(self, device: str) -> tuple:
+        return self.bench_shape_gpu if device == "cuda" else self.bench_shape_cpu
+
+    def tolerance(self, dtype: torch.dtype, shape: tuple | None = None) -> tuple[float, float]:
+        return self.tolerances[dtype]
+
+    def run(self, variant: str, *inputs: torch.Tensor, out=None) -> torch.Tensor:
+        if self.validate:
+            self.validate(*inputs)
+        return self.variant(variant)(*inputs, out=out)
+
+    def check(
+        self,
+        variant: str,
+        *,
+        dtypes: Sequence[torch.dtype] | None = None,
+        shapes: Sequence[tuple] | None = None,
+        device: str | None = None,
+        seeds: int = 2,
+    ) -> list[dict]:
+        """Hold a variant to the float64 reference on fresh random awkward shapes.
+
+        For every shape, dtype and seed: fresh inputs (never zeros), a NaN-poisoned
+        output buffer, then compare. Raises CheckFailed with the first bad indices,
+        the max abs and relative error, and NaN/inf counts; returns one record per case.
+        """
+        v = self.variant(variant)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        reason = v.why_unavailable(device)
+        if reason:
+            raise Unavailable(f"{self.name}/{variant}: {reason}")
+        dtypes = [d for d in (dtypes or v.dtypes) if d in v.dtypes]
+        base_seed = int.from_bytes(os.urandom(4), "little")  # fresh every check
+        records = []
+        for shape in shapes or self.test_shapes:
+            for dtype in dtypes:
+                for k in range(seeds):
+                    seed = base_seed + k
+                    inputs = self.make_inputs(shape, dtype=dtype, device=device, seed=seed)
+                    out = torch.full(
+                        self.out_shape(shape), float("nan"), dtype=dtype, device=device
+                    )
+                    got = v(*inputs, out=out)
+                    if got is not out:
+                        out = got
+                    ref = self.reference(*inputs)
+                    atol, rtol = self.tolerance(dtype, shape)
+                    records.append(
+                        compare_to_reference(
+                            out,
+                            ref,
+                            atol,
+                            rtol,
+                            f"{self.name}/{variant} {shape} {dtype} seed={seed}",
+                        )
+                    )
+        return records
+
+
+def compare_to_reference(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, what: str):
+    """Elementwise |out - ref| <= atol + rtol*|ref|; NaN/inf never pass. Raises CheckFailed."""
+    if tuple(out.shape) != tuple(ref.shape):
+        raise CheckFailed(
+            f"{what}: output shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+        )
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    err = (o - r).abs()
+    bad = ~(err <= atol + rtol * r.abs())  # NaN compares False: counted bad
+    n_nan, n_inf = int(torch.isnan(o).sum()), int(torch.isinf(o).sum())
+    finite = err[torch.isfinite(err)]
+    max_abs = float(finite.max()) if finite.numel() else float("nan")
+    # Relative error where it means something: |ref| below atol counts as atol.
+    rel = finite / r.abs()[torch.isfinite(err)].clamp_min(max(atol, 1e-30))
+    max_rel = float(rel.max()) if rel.numel() else float("nan")
+    rec = {"case": what, "max_abs": max_abs, "max_rel": max_rel, "bad": int(bad.sum())}
+    if bad.any():
+        idx = bad.nonzero()[:5].tolist()
+        firsts = "; ".join(
+            f"{tuple(i)}: got {o[tuple(i)].item():.6g}, want {r[tuple(i)].item():.6g}" for i in idx
+        )
+        raise CheckFailed(
+            f"{what}: {rec['bad']} of {o.numel()} elements off (atol={atol:g}, rtol={rtol:g}); "
+            f"NaN: {n_nan}, inf: {n_inf}; max abs err {max_abs:.3g}, max rel err {max_rel:.3g}; "
+            f"first bad: {firsts}"
+        )
+    return rec
+
+
+def seeded(device: str, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def check_tensor(name: str, t: Any, *, ndim: int | None = None, min_ndim: int = 1) -> None:
+    """The checks every launcher needs, with errors that say how to fix the input.
+
+    Empty tensors pass: each launcher returns an empty (or, for matmul, zero) result.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"{name}: dtype {t.dtype} unsupported; use float32, float16 or bfloat16")
+    if ndim is not None and t.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    if t.ndim < min_ndim:
+        raise ValueError(f"{name}: expected at least {min_ndim} dim(s), got a scalar")

@@ -1,0 +1,39 @@
+"""GELU in CUDA C++ (kernel.cu), built once with torch.utils.cpp_extension."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from perfloop.ops.base import check_tensor
+from perfloop.ops.cuda_build import build
+
+KERNEL = Path(__file__).with_name("kernel.cu")
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+BINDING = r"""
+#include <torch/extension.h>
+extern "C" int perfloop_gelu(const void* x, void* y, int64_t n, int dtype, void* stream);
+int64_t gelu(torch::Tensor x, torch::Tensor y, int64_t dtype, int64_t stream) {
+  return perfloop_gelu(x.data_ptr(), y.data_ptr(), x.numel(), (int)dtype, (void*)stream);
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("gelu", &gelu); }
+"""
+
+
+def gelu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    check_tensor("x", x)
+    if not x.is_cuda:
+        raise ValueError(f"x: the CUDA C++ variant needs a CUDA tensor, got device {x.device}")
+    x = x.contiguous()
+    out = torch.empty_like(x) if out is None else out
+    if out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"out: need a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        return out
+    ext = build("gelu", str(KERNEL), BINDING)
+    err = ext.gelu(x, out, DTYPE_CODE[x.dtype], torch.cuda.current_stream().cuda_stream)
+    if err != 0:
+        raise RuntimeError(f"gelu CUDA kernel launch failed: cudaError {err}")
+    return out

@@ -1,0 +1,131 @@
+"""What a set of timing samples says: robust summaries, confidence intervals, tests.
+
+Timing samples are skewed (a floor plus rare slow outliers), so perfloop reports
+order statistics -- median, p20/p80, IQR -- and a distribution-free confidence
+interval of the median, never a mean alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import optimize, stats
+
+
+def quantile(samples: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of the samples, linearly interpolated."""
+    return float(np.quantile(np.asarray(samples, dtype=float), q))
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median (binomial order statistics).
+
+    With n samples the median lies between the j-th and k-th smallest with
+    probability given by Binomial(n, 1/2); no normality assumed. For fewer than
+    6 samples no 95% interval exists and the full range is returned.
+    """
+    x = np.sort(np.asarray(samples, dtype=float))
+    n = len(x)
+    if n == 0:
+        raise ValueError("samples: empty; need at least one sample for a confidence interval")
+    # j = smallest count with P(Bin(n, 1/2) <= j) >= alpha/2; the interval is
+    # [x_(j), x_(n-j+1)] in 1-based order statistics.
+    j = int(stats.binom.ppf((1.0 - confidence) / 2, n, 0.5))
+    lo, hi = (j - 1, n - j) if j >= 1 else (0, n - 1)
+    return float(x[lo]), float(x[hi])
+
+
+def relative_ci_halfwidth(samples: Sequence[float], confidence: float = 0.95) -> float:
+    """Half the width of the median's CI, as a fraction of the median."""
+    lo, hi = median_ci(samples, confidence)
+    med = float(np.median(samples))
+    return (hi - lo) / 2.0 / med if med > 0 else math.inf
+
+
+def paired_speedup(
+    base: Sequence[float],
+    cand: Sequence[float],
+    confidence: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict:
+    """Speed-up of `cand` over `base` from paired (interleaved) samples.
+
+    Point estimate: ratio of medians. CI: bootstrap over rounds, resampling the
+    pairs together so the drift that hit both runs of a round stays paired.
+    Test: Wilcoxon signed-rank on the per-round log ratios (H0: no difference).
+    """
+    b = np.asarray(base, dtype=float)
+    c = np.asarray(cand, dtype=float)
+    if len(b) != len(c) or len(b) < 2:
+        raise ValueError("base/cand: need the same number (>= 2) of paired samples")
+    speedup = float(np.median(b) / np.median(c))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(b), size=(n_boot, len(b)))
+    boot = np.median(b[idx], axis=1) / np.median(c[idx], axis=1)
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    logr = np.log(b / c)
+    if np.allclose(logr, 0.0):
+        p = 1.0
+    else:
+        p = float(stats.wilcoxon(logr, zero_method="zsplit").pvalue)
+    return {"speedup": speedup, "ci": (float(lo), float(hi)), "p_value": p}
+
+
+def fit_power_floor(sizes: Sequence[float], times: Sequence[float]) -> dict:
+    """Fit time = floor + c * size**k (the lecture's "flat, then polynomial").
+
+    Fitted in log space so small and large sizes weigh alike. Returns the floor
+    (fixed overhead), c, the exponent k, the size where c*size**k equals the
+    floor (where work starts to dominate), and R^2 in log space.
+    """
+    n = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    if len(n) < 3:
+        raise ValueError("sizes: need at least 3 sizes to fit floor + c*size^k")
+    if np.any(n <= 0) or np.any(t <= 0):
+        raise ValueError("sizes/times: must all be positive to fit in log space")
+    # Start from the slope of the two largest points and the smallest time.
+    order = np.argsort(n)
+    n, t = n[order], t[order]
+    k0 = max(0.1, np.log(t[-1] / t[-2]) / np.log(n[-1] / n[-2])) if n[-1] != n[-2] else 1.0
+    k0 = min(k0, 4.0)
+    c0 = t[-1] / n[-1] ** k0
+
+    def model(logn, floor, logc, k):
+        return np.log(floor + np.exp(logc + k * logn))
+
+    floor0 = max(t[0] * 0.5, 1e-12)
+    try:
+        (floor, logc, k), _ = optimize.curve_fit(
+            model,
+            np.log(n),
+            np.log(t),
+            p0=[floor0, np.log(c0), k0],
+            bounds=([0.0, -np.inf, 0.0], [np.inf, np.inf, 6.0]),
+            maxfev=20000,
+        )
+    except RuntimeError:  # no convergence: fall back to a pure power law
+        k, logc = np.polyfit(np.log(n), np.log(t), 1)
+        floor = 0.0
+    pred = model(np.log(n), floor, logc, k)
+    ss_res = float(np.sum((np.log(t) - pred) ** 2))
+    ss_tot = float(np.sum((np.log(t) - np.log(t).mean()) ** 2))
+    c = float(np.exp(logc))
+    knee = float((floor / c) ** (1.0 / k)) if floor > 0 and k > 0 else None
+    return {
+        "floor": float(floor),
+        "c": c,
+        "exponent": float(k),
+        "knee": knee,
+        "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+    }
+
+
+def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict:
+    """Least-squares line y = a + b*x with its R^2 (scipy.stats.linregress)."""
+    r = stats.linregress(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
+    return {"intercept": float(r.intercept), "slope": float(r.slope), "r2": float(r.rvalue**2)}
