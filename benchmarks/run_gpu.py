@@ -1,0 +1,323 @@
+"""The GPU benchmark: every number perfloop claims, taken in one run.
+
+    PYTHONPATH=src python3 benchmarks/run_gpu.py --out DIR [--only harness,ops,profile]
+
+Sections (each written to DIR/results.json as soon as it finishes, so a run
+cut short keeps what it took):
+  env       the device fingerprint and the measured ceilings
+  harness   perfloop.bench vs triton's do_bench vs the CUPTI kernel time
+  ops       every variant checked on the GPU, then timed interleaved, per op
+  profile   profile + diagnose on the lecture's cases
+Runs on a CPU too (smaller shapes, no do_bench/CUPTI), to test the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import perfloop as pl
+from perfloop.ops.base import dtype_name
+from perfloop.profiling import profile
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+class Results:
+    def __init__(self, out: Path):
+        self.path = out / "results.json"
+        self.data = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+    def put(self, key, value):
+        self.data[key] = value
+        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEV, dtype=dtype)
+
+
+# ------------------------------------------------------------------ env
+
+
+def section_env(res: Results):
+    res.put("env", pl.env_fingerprint())
+    t = time.perf_counter()
+    c = pl.ceilings(refresh=True)
+    c["measure_s"] = time.perf_counter() - t
+    res.put("ceilings", c)
+    log("ceilings:", json.dumps(c))
+    return c
+
+
+# ------------------------------------------------------------------ harness
+
+
+def _cupti_ms(fn, calls=20):
+    p = profile(fn, calls=calls, warmup=3)
+    return p.device_ms_per_call, p
+
+
+def section_harness(res: Results, ceil: dict):
+    from triton.testing import do_bench
+
+    from perfloop.ops.gelu.torch_impl import naive as gelu_naive
+
+    cases = {}
+    x = rand(16384, 16384)
+    s = rand(16384, 4096)
+    a, b = rand(4096, 4096), rand(4096, 4096)
+    fns = {
+        "naive GELU 16384^2 fp32": lambda: gelu_naive(x),
+        "F.gelu 16384^2 fp32": lambda: F.gelu(x, approximate="tanh"),
+        "torch.softmax 16384x4096 fp32": lambda: torch.softmax(s, -1),
+        "fp32 matmul 4096^3": lambda: a @ b,
+    }
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        cupti, _ = _cupti_ms(fn)
+        t = time.perf_counter()
+        m = pl.bench(fn)
+        bench_wall = time.perf_counter() - t
+        t = time.perf_counter()
+        db = do_bench(fn, return_mode="median")
+        db_wall = time.perf_counter() - t
+        cases[name] = {
+            "cupti_ms": cupti,
+            "perfloop_ms": m.median_ms,
+            "perfloop_ci_ms": m.ci95_ms,
+            "perfloop_n": m.n,
+            "perfloop_stop": m.meta["stop_reason"],
+            "perfloop_wall_s": bench_wall,
+            "do_bench_ms": db,
+            "do_bench_wall_s": db_wall,
+            "perfloop_over_cupti": m.median_ms / cupti,
+            "do_bench_over_cupti": db / cupti,
+        }
+        log(f"{name}: " + json.dumps({k: v for k, v in cases[name].items()}, default=str))
+        res.put("harness", cases)
+    del x, s, a, b
+
+    # launch-bound: 1024-element naive GELU -- events, graph replay, CUPTI sum
+    small = rand(1024)
+    fn = lambda: gelu_naive(small)  # noqa: E731
+    cupti, p = _cupti_ms(fn, calls=50)
+    ev = pl.bench(fn)
+    gr = pl.bench(fn, graph=True)
+    db = do_bench(fn, return_mode="median")
+    cases["naive GELU 1024 (launch-bound)"] = {
+        "cupti_ms": cupti,
+        "events_ms": ev.median_ms,
+        "graph_ms": gr.median_ms,
+        "graph_calls_per_sample": gr.meta["calls_per_sample"],
+        "do_bench_ms": db,
+        "graph_over_cupti": gr.median_ms / cupti,
+        "events_over_cupti": ev.median_ms / cupti,
+        "kernels": p.distinct_kernels,
+        "launches": p.launches_per_call,
+    }
+    log("launch-bound:", json.dumps(cases["naive GELU 1024 (launch-bound)"]))
+    res.put("harness", cases)
+
+    # the copy ceiling vs a plain copy timed by do_bench
+    x = rand(2**28)
+    y = torch.empty_like(x)
+    db = do_bench(lambda: y.copy_(x), return_mode="median")
+    gbps_db = 2 * x.nbytes / (db * 1e-3) / 1e9
+    cases["copy ceiling"] = {
+        "perfloop_copy_gbps": ceil["copy_gbps"],
+        "do_bench_copy_gbps": gbps_db,
+        "ratio": ceil["copy_gbps"] / gbps_db,
+    }
+    log("copy:", json.dumps(cases["copy ceiling"]))
+    res.put("harness", cases)
+
+
+# ------------------------------------------------------------------ ops
+
+OP_RUNS = [
+    # (op, dtype, shape or None for the op's bench shape, variants)
+    ("gelu", torch.float32, None, ["naive", "builtin", "compiled", "triton", "cuda"]),
+    ("gelu", torch.bfloat16, None, ["naive", "builtin", "compiled", "triton", "cuda"]),
+    ("softmax", torch.float32, None, ["naive", "builtin", "compiled", "triton"]),
+    ("softmax", torch.float32, (1024, 262144), ["builtin", "compiled", "triton_online"]),
+    ("rowsum", torch.float32, None, ["builtin", "compiled", "triton"]),
+    ("matmul_relu", torch.bfloat16, None, ["naive", "compiled", "triton"]),
+    ("matmul_relu", torch.float16, None, ["naive", "compiled", "triton"]),
+    ("matmul_relu", torch.float32, (4096, 4096, 4096), ["naive", "triton"]),
+]
+
+
+def section_checks(res: Results):
+    out = {}
+    for name in pl.ops.names():
+        op = pl.ops.get(name)
+        for v in op.variants:
+            key = f"{name}/{v}"
+            reason = op.variant(v).why_unavailable(DEV)
+            if reason:
+                out[key] = f"unavailable: {reason}"
+                continue
+            try:
+                recs = op.check(v, device=DEV)
+                out[key] = (
+                    f"ok ({len(recs)} cases, max abs err {max(r['max_abs'] for r in recs):.2g})"
+                )
+            except Exception as exc:
+                out[key] = f"FAIL: {type(exc).__name__}: {str(exc)[:400]}"
+            log(key, out[key])
+            res.put("checks", out)
+
+
+def section_ops(res: Results, ceil: dict):
+    rows = []
+    for name, dtype, shape, variants in OP_RUNS:
+        op = pl.ops.get(name)
+        shape = shape or op.bench_shape(DEV)
+        if not CUDA:  # a smoke run of the script on the CPU
+            shape = (
+                op.bench_shape("cpu")
+                if shape == op.bench_shape_gpu
+                else tuple(max(1, s // 64) for s in shape)
+            )
+        inputs = op.make_inputs(shape, dtype=dtype, device=DEV, seed=1)
+        work = op.work(shape, dtype)
+        fns = {}
+        for v in variants:
+            var = op.variant(v)
+            if var.why_unavailable(DEV) or dtype not in var.dtypes:
+                continue
+            fns[v] = lambda var=var: var(*inputs)
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        try:
+            c = pl.compare(fns, baseline=variants[0], work=work, budget_s=3.0)
+        except Exception as exc:
+            rows.append({"op": name, "error": f"{type(exc).__name__}: {exc}"})
+            log(traceback.format_exc())
+            continue
+        for v, m in c.measurements.items():
+            sp = c.speedups.get(v)
+            row = {
+                "op": name,
+                "variant": v,
+                "dtype": dtype_name(dtype),
+                "shape": list(shape),
+                "median_ms": m.median_ms,
+                "ci95_ms": m.ci95_ms,
+                "n": m.n,
+                "gbps": m.gbps,
+                "tflops": m.tflops,
+                "sol": m.sol,
+                "of_copy": (m.gbps / ceil["copy_gbps"]) if m.gbps else None,
+                "speedup_vs": variants[0],
+                "speedup": sp.speedup if sp else 1.0,
+                "speedup_ci": sp.ci if sp else (1.0, 1.0),
+                "significant": sp.significant if sp else None,
+                "tf32": tf32 if dtype == torch.float32 and name == "matmul_relu" else None,
+            }
+            rows.append(row)
+            log(
+                f"{name:12} {v:14} {dtype_name(dtype):5} {str(shape):22} {m.median_ms:9.4f} ms "
+                f"{(m.gbps or 0):7.0f} GB/s {(m.tflops or 0):7.1f} TFLOP/s "
+                f"sol {m.sol or 0:5.1%}  x{row['speedup']:.2f} [{row['speedup_ci'][0]:.2f},"
+                f" {row['speedup_ci'][1]:.2f}]"
+            )
+        res.put("ops", rows)
+        del inputs, fns
+        if CUDA:
+            torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------ profile
+
+
+def section_profile(res: Results, ceil: dict):
+    gelu = pl.ops.get("gelu")
+    mm = pl.ops.get("matmul_relu")
+    out = {}
+    big = gelu.bench_shape(DEV)
+    (x,) = gelu.make_inputs(big, device=DEV, seed=2)
+    (xs,) = gelu.make_inputs((1024,), device=DEV, seed=3)
+    mshape = (8192, 8192, 8192) if CUDA else (256, 256, 256)
+    a, b = mm.make_inputs(mshape, dtype=torch.bfloat16, device=DEV, seed=4)
+    cases = {
+        "naive GELU": (lambda: gelu.run("naive", x), gelu.work(big, torch.float32), "memory"),
+        "fused GELU (triton)": (
+            (lambda: gelu.run("triton", x)) if CUDA else (lambda: gelu.run("builtin", x)),
+            gelu.work(big, torch.float32),
+            "memory",
+        ),
+        "F.gelu 1024": (
+            lambda: F.gelu(xs, approximate="tanh"),
+            gelu.work((1024,), torch.float32),
+            "launch",
+        ),
+        "bf16 matmul 8192^3": (lambda: a @ b, mm.work(mshape, torch.bfloat16), "compute"),
+    }
+    for name, (fn, work, want) in cases.items():
+        p = profile(fn, calls=10, work=work)
+        m = pl.bench(fn, work=work)
+        d = p.diagnose(ceil)
+        out[name] = {
+            "expected": want,
+            "bound": d.bound,
+            "evidence": d.evidence,
+            "advice": d.advice,
+            "profile_device_ms": p.device_ms_per_call,
+            "bench_ms": m.median_ms,
+            "profile_over_bench": p.device_ms_per_call / m.median_ms,
+            "distinct_kernels": p.distinct_kernels,
+            "launches_per_call": p.launches_per_call,
+            "busy": p.gpu_busy_fraction,
+            "peak_memory_bytes": p.peak_memory_bytes,
+            "table": p.table(),
+        }
+        log(f"== {name}: {d.bound} (want {want})\n{p.table()}\n{d}")
+        res.put("profile", out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for results.json")
+    ap.add_argument("--only", default="harness,checks,ops,profile")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = Results(out)
+    ceil = section_env(res)
+    steps = {
+        "harness": lambda: section_harness(res, ceil) if CUDA else None,
+        "checks": lambda: section_checks(res),
+        "ops": lambda: section_ops(res, ceil),
+        "profile": lambda: section_profile(res, ceil),
+    }
+    failed = []
+    for step in args.only.split(","):
+        t = time.perf_counter()
+        log(f"### {step}")
+        try:
+            steps[step]()
+        except Exception:
+            failed.append(step)
+            log(traceback.format_exc())
+        log(f"### {step} took {time.perf_counter() - t:.1f} s")
+    res.put("failed_sections", failed)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

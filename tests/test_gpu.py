@@ -1,0 +1,64 @@
+"""GPU tests (marker `gpu`): run by `make gpu-check` on a CUDA machine; skipped elsewhere."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import perfloop as pl
+
+pytestmark = pytest.mark.gpu
+
+CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
+
+
+@pytest.mark.parametrize("op_name, variant", CASES, ids=[f"{o}-{v}" for o, v in CASES])
+def test_every_variant_on_the_gpu(op_name, variant):
+    op = pl.ops.get(op_name)
+    recs = op.check(variant, device="cuda")
+    assert all(r["bad"] == 0 for r in recs)
+
+
+def test_events_time_a_known_gpu_sleep():
+    # torch.cuda._sleep spins for a number of cycles; calibrate cycles -> ms first.
+    cycles = 2_000_000
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    torch.cuda._sleep(cycles)
+    e.record()
+    e.synchronize()
+    m = pl.bench(torch.cuda._sleep, cycles, flush_l2=False)
+    assert m.median_ms == pytest.approx(s.elapsed_time(e), rel=0.1)
+    assert m.meta["timer"] == "cuda_event"
+
+
+def test_graph_replay_removes_launch_overhead():
+    x = torch.randn(1024, device="cuda")
+    from perfloop.ops.gelu.torch_impl import naive
+
+    plain = pl.bench(naive, x)
+    graph = pl.bench(naive, x, graph=True)
+    assert graph.median_ms < plain.median_ms
+    assert graph.meta["calls_per_sample"] > 1
+
+
+def test_graph_capture_failure_is_a_clear_error():
+    x = torch.randn(1024, device="cuda")
+    with pytest.raises(ValueError, match="graph=True"):
+        pl.bench(lambda: x.sum().item(), graph=True)
+
+
+def test_profile_counts_the_naive_gelu_kernels():
+    from perfloop.ops.gelu.torch_impl import naive
+
+    x = torch.randn(4096, 4096, device="cuda")
+    p = pl.profile(naive, x, calls=5)
+    assert p.launches_per_call == 8
+    assert p.distinct_kernels == 6
+    assert p.kind == "cuda" and 0 < p.gpu_busy_fraction <= 1
+
+
+def test_diagnose_classifies_launch_bound():
+    x = torch.randn(1024, device="cuda")
+    w = pl.ops.get("gelu").work((1024,), torch.float32)
+    p = pl.profile(F.gelu, x, calls=20, work=w)
+    assert p.diagnose().bound == "launch"
