@@ -110,7 +110,7 @@ def section_harness(res: Results, ceil: dict):
         }
         log(f"{name}: " + json.dumps({k: v for k, v in cases[name].items()}, default=str))
         res.put("harness", cases)
-    del x, s, a, b
+    fns.clear()  # frees the inputs before the next case
 
     # launch-bound: 1024-element naive GELU -- events, graph replay, CUPTI sum
     small = rand(1024)
@@ -201,7 +201,7 @@ def section_ops(res: Results, ceil: dict):
             var = op.variant(v)
             if var.why_unavailable(DEV) or dtype not in var.dtypes:
                 continue
-            fns[v] = lambda var=var: var(*inputs)
+            fns[v] = lambda var=var, inputs=inputs: var(*inputs)
         tf32 = torch.backends.cuda.matmul.allow_tf32
         try:
             c = pl.compare(fns, baseline=variants[0], work=work, budget_s=3.0)
@@ -237,7 +237,7 @@ def section_ops(res: Results, ceil: dict):
                 f" {row['speedup_ci'][1]:.2f}]"
             )
         res.put("ops", rows)
-        del inputs, fns
+        fns = inputs = c = None
         if CUDA:
             torch.cuda.empty_cache()
 

@@ -145,7 +145,8 @@ class Profile:
             )
         rows.append(
             f"{self.distinct_kernels} distinct {unit}s, {self.launches_per_call:g} launches/call, "
-            f"device {fmt_ms(self.device_ms_per_call)}/call, wall {fmt_ms(self.wall_ms_per_call)}/call, "
+            f"device {fmt_ms(self.device_ms_per_call)}/call, "
+            f"wall {fmt_ms(self.wall_ms_per_call)}/call, "
             f"busy {self.gpu_busy_fraction:.0%}"
         )
         return "\n".join(rows)
