@@ -211,12 +211,14 @@ def section_ops(res: Results, ceil: dict):
             continue
         for v, m in c.measurements.items():
             sp = c.speedups.get(v)
+            cupti = profile(fns[v], calls=5, warmup=1).device_ms_per_call if CUDA else None
             row = {
                 "op": name,
                 "variant": v,
                 "dtype": dtype_name(dtype),
                 "shape": list(shape),
                 "median_ms": m.median_ms,
+                "cupti_ms": cupti,
                 "ci95_ms": m.ci95_ms,
                 "n": m.n,
                 "gbps": m.gbps,
@@ -240,6 +242,89 @@ def section_ops(res: Results, ceil: dict):
         fns = inputs = c = None
         if CUDA:
             torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------ tune
+
+
+def section_tune(res: Results, ceil: dict):
+    """Launch parameters of the hand-written kernels, each timed with pl.bench."""
+    from perfloop.ops.gelu import cuda_impl as gcu
+    from perfloop.ops.gelu import triton_impl as gtr
+    from perfloop.ops.rowsum import triton_impl as rtr
+    from perfloop.ops.softmax import triton_impl as str_
+
+    x32 = rand(16384, 16384)
+    x16 = x32.to(torch.bfloat16)
+    s1 = rand(16384, 4096) * 4
+    s2 = rand(1024, 262144) * 4
+    cases = {
+        ("gelu fp32", 2 * x32.nbytes): {
+            "F.gelu": lambda: F.gelu(x32, approximate="tanh"),
+            **{
+                f"triton b{b} w{w}": (lambda b=b, w=w: gtr.gelu(x32, block=b, num_warps=w))
+                for b, w in [(1024, 4), (2048, 4), (2048, 8), (4096, 8)]
+            },
+            **{f"cuda u{u}": (lambda u=u: gcu.gelu(x32, unroll=u)) for u in (1, 2, 4, 8)},
+        },
+        ("gelu bf16", 2 * x16.nbytes): {
+            "F.gelu": lambda: F.gelu(x16, approximate="tanh"),
+            **{
+                f"triton b{b} w{w}": (lambda b=b, w=w: gtr.gelu(x16, block=b, num_warps=w))
+                for b, w in [(2048, 4), (4096, 4), (4096, 8), (8192, 8)]
+            },
+            **{f"cuda u{u}": (lambda u=u: gcu.gelu(x16, unroll=u)) for u in (1, 2, 4, 8)},
+        },
+        ("softmax 16384x4096", 2 * s1.nbytes): {
+            "torch.softmax": lambda: torch.softmax(s1, -1),
+            **{f"triton w{w}": (lambda w=w: str_.softmax(s1, num_warps=w)) for w in (4, 8, 16)},
+        },
+        ("softmax 1024x262144", 2 * s2.nbytes): {
+            "torch.softmax": lambda: torch.softmax(s2, -1),
+            **{
+                f"online b{b} w{w} p{p}": (
+                    lambda b=b, w=w, p=p: str_.softmax_online(
+                        s2, block=b, num_warps=w, programs_per_sm=p
+                    )
+                )
+                for b, w, p in [
+                    (4096, 16, 1),
+                    (8192, 16, 1),
+                    (8192, 32, 1),
+                    (4096, 8, 1),
+                    (4096, 8, 2),
+                    (4096, 16, 2),
+                    (2048, 8, 4),
+                    (4096, 8, 8),
+                ]
+            },  # fmt: skip
+        },
+        ("rowsum 16384^2", x32.nbytes): {
+            "x.sum": lambda: x32.sum(-1),
+            **{
+                f"triton b{b} w{w}": (lambda b=b, w=w: rtr.rowsum(x32, block=b, num_warps=w))
+                for b, w in [(4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16), (16384, 32)]
+            },
+        },
+    }
+    out = {}
+    for (name, nbytes), fns in cases.items():
+        out[name] = {}
+        for label, fn in fns.items():
+            try:
+                m = pl.bench(fn)
+                gbps = nbytes / (m.median_ms * 1e-3) / 1e9
+                out[name][label] = {
+                    "ms": m.median_ms,
+                    "gbps": gbps,
+                    "of_copy": gbps / ceil["copy_gbps"],
+                }
+                log(f"tune {name:22} {label:24} {m.median_ms:8.4f} ms {gbps:6.0f} GB/s "
+                    f"{gbps / ceil['copy_gbps']:6.1%}")  # fmt: skip
+            except Exception as exc:
+                out[name][label] = f"{type(exc).__name__}: {exc}"
+                log(f"tune {name} {label}: {exc}")
+        res.put("tune", out)
 
 
 # ------------------------------------------------------------------ profile
@@ -293,7 +378,7 @@ def section_profile(res: Results, ceil: dict):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for results.json")
-    ap.add_argument("--only", default="harness,checks,ops,profile")
+    ap.add_argument("--only", default="harness,tune,checks,ops,profile")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -301,6 +386,7 @@ def main(argv=None):
     ceil = section_env(res)
     steps = {
         "harness": lambda: section_harness(res, ceil) if CUDA else None,
+        "tune": lambda: section_tune(res, ceil) if CUDA else None,
         "checks": lambda: section_checks(res),
         "ops": lambda: section_ops(res, ceil),
         "profile": lambda: section_profile(res, ceil),

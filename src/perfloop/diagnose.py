@@ -113,9 +113,10 @@ def classify(
             ev,
             f"memory-bound: {distinct_kernels} kernels, {launches:g} launches, "
             f"~{passes:.0f} passes over HBM (device time x copy bandwidth / minimum bytes) "
-            f"where 1 read + 1 write suffice: fusing into one kernel should be ~{passes:.0f}x faster "
-            f"({fmt_ms(device_ms)} -> ~{fmt_ms(ideal_ms)}). torch.compile does this for standard "
-            "ops; write Triton when the access pattern is new.",
+            f"where 1 read + 1 write suffice: fusing into one kernel should be "
+            f"~{passes:.0f}x faster ({fmt_ms(device_ms)} -> ~{fmt_ms(ideal_ms)}). "
+            "torch.compile does this for standard ops; write Triton when the access "
+            "pattern is new.",
         )
     if not compute_side:
         return Diagnosis(

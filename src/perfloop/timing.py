@@ -24,7 +24,7 @@ from perfloop import stats
 from perfloop.measurement import Comparison, Measurement, Speedup, Sweep, SweepPoint, Work
 
 CPU_SAMPLE_S = 1e-3  # a CPU sample lasts >= 1 ms: perf_counter's ~100 ns is then < 0.01%
-GRAPH_SAMPLE_MS = 0.2  # a graph replay holds enough calls to last about this long
+GRAPH_SAMPLE_MS = 1.0  # a graph replay holds enough calls to last about this long
 
 
 class BenchError(RuntimeError):
@@ -116,6 +116,20 @@ class _CudaSampler:
                     self.call()
             return g
 
+        # A call that syncs with the host (.item(), printing a tensor) cannot be
+        # captured, and a failed capture can leave CUDA's RNG state unusable: find
+        # host syncs with a dry run first.
+        old = torch.cuda.get_sync_debug_mode()
+        try:
+            torch.cuda.set_sync_debug_mode("error")
+            self.call()
+        except RuntimeError as exc:
+            raise ValueError(
+                f"graph=True: the function synchronizes with the host ({exc}), so it cannot be "
+                "captured in a CUDA graph; remove .item()/.cpu()/printing, or use graph=False."
+            ) from exc
+        finally:
+            torch.cuda.set_sync_debug_mode(old)
         try:
             self.graph = capture(1)
             self.graph.replay()
@@ -139,19 +153,25 @@ class _CudaSampler:
         else:
             self.call()
 
-    def take(self, n: int) -> list[float]:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        for i in range(n):
+    def enqueue(self, n: int):
+        """Queue n samples without waiting: the GPU stays busy (and its clocks up)."""
+        pairs = []
+        for _ in range(n):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if self.flush is not None:
                 self.flush.zero_()  # outside the events: never part of a sample
-            starts[i].record()
+            s.record()
             self._run()
-            ends[i].record()
-        ends[-1].synchronize()
-        return [
-            s.elapsed_time(e) / self.calls_per_sample for s, e in zip(starts, ends, strict=True)
-        ]
+            e.record()
+            pairs.append((s, e))
+        return pairs
+
+    def collect(self, pairs) -> list[float]:
+        pairs[-1][1].synchronize()
+        return [s.elapsed_time(e) / self.calls_per_sample for s, e in pairs]
+
+    def take(self, n: int) -> list[float]:
+        return self.collect(self.enqueue(n))
 
 
 class _CpuSampler:
@@ -168,6 +188,12 @@ class _CpuSampler:
 
     def calibrate(self, est_ms: float) -> None:
         self.calls_per_sample = max(1, math.ceil(CPU_SAMPLE_S * 1e3 / max(est_ms, 1e-6)))
+
+    def enqueue(self, n: int) -> list[float]:
+        return self.take(n)
+
+    def collect(self, times: list[float]) -> list[float]:
+        return times
 
     def take(self, n: int) -> list[float]:
         out = []
@@ -375,12 +401,20 @@ def compare(
     rng = random.Random(0)
     deadline = t0 + budget_s
     reason = "max_rounds"
-    for r in range(max_rounds):
-        order = names[:]
-        rng.shuffle(order)
-        for n in order:
-            samples[n] += samplers[n].take(1)
-        if r + 1 >= min_rounds and (r + 1) % 5 == 0:
+    rounds = 0
+    while rounds < max_rounds:
+        # A block of rounds is queued before any is read, so the GPU never idles
+        # between candidates; each round visits the candidates in a fresh order.
+        block = min(5, max_rounds - rounds)
+        queued = []
+        for _ in range(block):
+            order = names[:]
+            rng.shuffle(order)
+            queued += [(n, samplers[n].enqueue(1)) for n in order]
+        for n, token in queued:
+            samples[n] += samplers[n].collect(token)
+        rounds += block
+        if rounds >= min_rounds:
             if all(stats.relative_ci_halfwidth(s) <= target_ci for s in samples.values()):
                 reason = "converged"
                 break

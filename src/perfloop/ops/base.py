@@ -249,3 +249,16 @@ def check_tensor(name: str, t: Any, *, ndim: int | None = None, min_ndim: int = 
         raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
     if t.ndim < min_ndim:
         raise ValueError(f"{name}: expected at least {min_ndim} dim(s), got a scalar")
+
+
+def compile_variant(fn: Callable) -> Callable:
+    """torch.compile(fn) for a `compiled` variant: specialized to each shape and dtype,
+    as a model with fixed shapes would be, so the benchmark times the best kernel
+    rather than a shape-generic one. check() calls it on many shapes, so the
+    recompile limit (8 by default) is raised; past it dynamo silently runs eager."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+    return torch.compile(fn, dynamic=False)

@@ -14,15 +14,17 @@ DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 BINDING = r"""
 #include <torch/extension.h>
-extern "C" int perfloop_gelu(const void* x, void* y, int64_t n, int dtype, void* stream);
-int64_t gelu(torch::Tensor x, torch::Tensor y, int64_t dtype, int64_t stream) {
-  return perfloop_gelu(x.data_ptr(), y.data_ptr(), x.numel(), (int)dtype, (void*)stream);
+extern "C" int perfloop_gelu(const void* x, void* y, int64_t n, int dtype, int unroll,
+                             void* stream);
+int64_t gelu(torch::Tensor x, torch::Tensor y, int64_t dtype, int64_t unroll, int64_t stream) {
+  return perfloop_gelu(x.data_ptr(), y.data_ptr(), x.numel(), (int)dtype, (int)unroll,
+                       (void*)stream);
 }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("gelu", &gelu); }
 """
 
 
-def gelu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def gelu(x: torch.Tensor, out: torch.Tensor | None = None, *, unroll: int = 2) -> torch.Tensor:
     check_tensor("x", x)
     if not x.is_cuda:
         raise ValueError(f"x: the CUDA C++ variant needs a CUDA tensor, got device {x.device}")
@@ -33,7 +35,9 @@ def gelu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     if x.numel() == 0:
         return out
     ext = build("gelu", str(KERNEL), BINDING)
-    err = ext.gelu(x, out, DTYPE_CODE[x.dtype], torch.cuda.current_stream().cuda_stream)
+    if unroll not in (1, 2, 4, 8):
+        raise ValueError(f"unroll: must be 1, 2, 4 or 8 (16-byte vectors per thread), got {unroll}")
+    err = ext.gelu(x, out, DTYPE_CODE[x.dtype], unroll, torch.cuda.current_stream().cuda_stream)
     if err != 0:
         raise RuntimeError(f"gelu CUDA kernel launch failed: cudaError {err}")
     return out

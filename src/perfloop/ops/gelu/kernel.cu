@@ -29,12 +29,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 }
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 2;  // 16-byte vectors per thread
 
 // Vector body: n_vec 16-byte vectors; each thread takes kUnroll of them, strided
 // by the block so a warp's accesses stay contiguous (coalesced).
-template <typename T>
-__global__ void gelu_vec_kernel(const uint4* __restrict__ x, uint4* __restrict__ y, int64_t n_vec) {
+template <typename T, int kUnroll>
+__global__ void __launch_bounds__(kThreads) gelu_vec_kernel(const uint4* __restrict__ x, uint4* __restrict__ y, int64_t n_vec) {
   constexpr int kPer = 16 / sizeof(T);
   const int64_t base = (int64_t)blockIdx.x * kThreads * kUnroll + threadIdx.x;
   uint4 v[kUnroll];
@@ -62,14 +61,14 @@ __global__ void gelu_scalar_kernel(const T* __restrict__ x, T* __restrict__ y, i
   if (i < n) y[i] = from_f<T>(gelu_f(to_f(x[i])));
 }
 
-template <typename T>
+template <typename T, int kUnroll>
 int launch(const void* x, void* y, int64_t n, cudaStream_t stream) {
   constexpr int kPer = 16 / sizeof(T);
   const bool aligned = ((uintptr_t)x % 16 == 0) && ((uintptr_t)y % 16 == 0);
   const int64_t n_vec = aligned ? n / kPer : 0;
   if (n_vec > 0) {
     const int64_t blocks = (n_vec + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-    gelu_vec_kernel<T><<<(unsigned)blocks, kThreads, 0, stream>>>(
+    gelu_vec_kernel<T, kUnroll><<<(unsigned)blocks, kThreads, 0, stream>>>(
         static_cast<const uint4*>(x), static_cast<uint4*>(y), n_vec);
   }
   const int64_t start = n_vec * kPer;
@@ -83,13 +82,25 @@ int launch(const void* x, void* y, int64_t n, cudaStream_t stream) {
 
 }  // namespace
 
-// dtype: 0 = float32, 1 = float16, 2 = bfloat16. Returns a cudaError_t.
-extern "C" int perfloop_gelu(const void* x, void* y, int64_t n, int dtype, void* stream) {
+template <typename T>
+int launch_unrolled(const void* x, void* y, int64_t n, int unroll, cudaStream_t s) {
+  switch (unroll) {
+    case 1: return launch<T, 1>(x, y, n, s);
+    case 2: return launch<T, 2>(x, y, n, s);
+    case 4: return launch<T, 4>(x, y, n, s);
+    case 8: return launch<T, 8>(x, y, n, s);
+    default: return (int)cudaErrorInvalidValue;
+  }
+}
+
+// dtype: 0 = float32, 1 = float16, 2 = bfloat16; unroll: 16-byte vectors per
+// thread (1, 2, 4 or 8). Returns a cudaError_t.
+extern "C" int perfloop_gelu(const void* x, void* y, int64_t n, int dtype, int unroll, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case 0: return launch<float>(x, y, n, s);
-    case 1: return launch<__half>(x, y, n, s);
-    case 2: return launch<__nv_bfloat16>(x, y, n, s);
+    case 0: return launch_unrolled<float>(x, y, n, unroll, s);
+    case 1: return launch_unrolled<__half>(x, y, n, unroll, s);
+    case 2: return launch_unrolled<__nv_bfloat16>(x, y, n, unroll, s);
     default: return (int)cudaErrorInvalidValue;
   }
 }

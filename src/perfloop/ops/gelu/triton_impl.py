@@ -26,7 +26,13 @@ def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def gelu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def gelu(
+    x: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
     check_tensor("x", x)
     x = x.contiguous()
     out = torch.empty_like(x) if out is None else out
@@ -36,6 +42,6 @@ def gelu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     if n == 0:
         return out
     # 8 fp32 or 16 half elements per lane at 4 warps: two 16-byte accesses each.
-    block = 1024 if x.element_size() == 4 else 2048
-    gelu_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=4)
+    block = block or (1024 if x.element_size() == 4 else 2048)
+    gelu_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=num_warps)
     return out

@@ -25,7 +25,13 @@ def rowsum_kernel(x_ptr, y_ptr, n_cols, stride_x, BLOCK: tl.constexpr):
     tl.store(y_ptr + row, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty))
 
 
-def rowsum(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def rowsum(
+    x: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
     check_tensor("x", x)
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
@@ -38,8 +44,7 @@ def rowsum(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return out
     if n_cols == 0:
         return out.zero_()
-    block = min(4096, triton.next_power_of_2(n_cols))
-    rowsum_kernel[(n_rows,)](
-        x2, out, n_cols, x2.stride(0), BLOCK=block, num_warps=8 if block >= 2048 else 4
-    )
+    block = min(block or 4096, triton.next_power_of_2(n_cols))
+    num_warps = num_warps or (8 if block >= 2048 else 4)
+    rowsum_kernel[(n_rows,)](x2, out, n_cols, x2.stride(0), BLOCK=block, num_warps=num_warps)
     return out

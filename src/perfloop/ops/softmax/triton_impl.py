@@ -33,32 +33,37 @@ def softmax_row_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.const
 
 
 @triton.jit
-def softmax_online_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    y_row = y_ptr + row * stride_y
-    m = tl.full([BLOCK], -float("inf"), tl.float32)  # per-lane running max
-    l = tl.zeros([BLOCK], tl.float32)  # per-lane running sum of exp(x - m)
-    for start in range(0, n_cols, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        # lanes that have seen only padding keep m = -inf: guard the inf - inf
-        alpha = tl.where(m == -float("inf"), 0.0, tl.exp(m - m_new))
-        p = tl.where(mask, tl.exp(x - m_new), 0.0)
-        l = l * alpha + p
-        m = m_new
-    m_row = tl.max(m, axis=0)
-    l_row = tl.sum(tl.where(m == -float("inf"), 0.0, l * tl.exp(m - m_row)), axis=0)
-    inv = 1.0 / l_row
-    n_tiles = tl.cdiv(n_cols, BLOCK)
-    for i in range(0, n_tiles):
-        offs = (n_tiles - 1 - i) * BLOCK + tl.arange(0, BLOCK)  # backwards: L2 reuse
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        y = tl.exp(x - m_row) * inv
-        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+def softmax_online_kernel(
+    x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, BLOCK: tl.constexpr
+):  # fmt: skip
+    # Persistent: the grid is sized to the GPU and each program walks rows
+    # pid, pid + grid, ... Fewer rows in flight means each row's share of L2 is
+    # larger, so more of pass 2's (reversed) reads hit L2 instead of HBM.
+    for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+        x_row = x_ptr + row * stride_x
+        y_row = y_ptr + row * stride_y
+        m = tl.full([BLOCK], -float("inf"), tl.float32)  # per-lane running max
+        l = tl.zeros([BLOCK], tl.float32)  # per-lane running sum of exp(x - m)
+        for start in range(0, n_cols, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            # lanes that have seen only padding keep m = -inf: guard the inf - inf
+            alpha = tl.where(m == -float("inf"), 0.0, tl.exp(m - m_new))
+            p = tl.where(mask, tl.exp(x - m_new), 0.0)
+            l = l * alpha + p
+            m = m_new
+        m_row = tl.max(m, axis=0)
+        l_row = tl.sum(tl.where(m == -float("inf"), 0.0, l * tl.exp(m - m_row)), axis=0)
+        inv = 1.0 / l_row
+        n_tiles = tl.cdiv(n_cols, BLOCK)
+        for i in range(0, n_tiles):
+            offs = (n_tiles - 1 - i) * BLOCK + tl.arange(0, BLOCK)  # backwards: L2 reuse
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+            y = tl.exp(x - m_row) * inv
+            tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _prepare(x: torch.Tensor, out: torch.Tensor | None):
@@ -72,7 +77,9 @@ def _prepare(x: torch.Tensor, out: torch.Tensor | None):
     return x2, y.view(-1, x.shape[-1])
 
 
-def softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def softmax(
+    x: torch.Tensor, out: torch.Tensor | None = None, *, num_warps: int | None = None
+) -> torch.Tensor:
     x2, y2 = _prepare(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
@@ -81,20 +88,35 @@ def softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return softmax_online(x, out=y2.view(x.shape))
     block = triton.next_power_of_2(n_cols)
     # enough warps that a lane holds <= 16 elements (no spills), at least 4
-    warps = min(32, max(4, block // (32 * 16)))
+    warps = num_warps or min(32, max(4, block // (32 * 16)))
     softmax_row_kernel[(n_rows,)](
         x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=warps
     )
     return y2.view(x.shape)
 
 
-def softmax_online(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def softmax_online(
+    x: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block: int = 4096,
+    num_warps: int = 16,
+    programs_per_sm: int = 1,
+) -> torch.Tensor:
     x2, y2 = _prepare(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
         return y2.view(x.shape)
-    block = min(4096, triton.next_power_of_2(n_cols))
-    softmax_online_kernel[(n_rows,)](
-        x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=8 if block >= 2048 else 4
-    )
+    block = min(block, triton.next_power_of_2(n_cols))
+    grid = min(n_rows, _num_sms(x2.device) * programs_per_sm)
+    softmax_online_kernel[(grid,)](
+        x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
+        num_warps=num_warps if block >= 1024 else 4,
+    )  # fmt: skip
     return y2.view(x.shape)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few programs, so the persistent loop is exercised
