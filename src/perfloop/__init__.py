@@ -11,7 +11,9 @@ True
 
 from perfloop import ops
 from perfloop.device import ceilings, device_info, env_fingerprint
+from perfloop.diagnose import Diagnosis
 from perfloop.measurement import Comparison, Measurement, Sweep, Work
+from perfloop.profiling import Profile, annotate, diff, profile
 from perfloop.timing import BenchError, bench, compare, sweep
 
 __version__ = "0.1.0"
@@ -19,6 +21,11 @@ __version__ = "0.1.0"
 __all__ = [
     "BenchError",
     "Comparison",
+    "Diagnosis",
+    "Profile",
+    "annotate",
+    "diff",
+    "profile",
     "Measurement",
     "Sweep",
     "Work",

@@ -34,7 +34,8 @@ def softmax_row_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.const
 
 @triton.jit
 def softmax_online_kernel(
-    x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, BLOCK: tl.constexpr
+    x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, BLOCK: tl.constexpr,
+    REVERSE: tl.constexpr = True,
 ):  # fmt: skip
     # Persistent: the grid is sized to the GPU and each program walks rows
     # pid, pid + grid, ... Fewer rows in flight means each row's share of L2 is
@@ -59,7 +60,10 @@ def softmax_online_kernel(
         inv = 1.0 / l_row
         n_tiles = tl.cdiv(n_cols, BLOCK)
         for i in range(0, n_tiles):
-            offs = (n_tiles - 1 - i) * BLOCK + tl.arange(0, BLOCK)  # backwards: L2 reuse
+            tile = (
+                (n_tiles - 1 - i) if REVERSE else i
+            )  # backwards: the last tiles read may be in L2
+            offs = tile * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n_cols
             x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
             y = tl.exp(x - m_row) * inv
@@ -100,8 +104,9 @@ def softmax_online(
     out: torch.Tensor | None = None,
     *,
     block: int = 4096,
-    num_warps: int = 16,
-    programs_per_sm: int = 1,
+    num_warps: int = 8,
+    programs_per_sm: int = 8,
+    reverse: bool = True,
 ) -> torch.Tensor:
     x2, y2 = _prepare(x, out)
     n_rows, n_cols = x2.shape
@@ -110,7 +115,7 @@ def softmax_online(
     block = min(block, triton.next_power_of_2(n_cols))
     grid = min(n_rows, _num_sms(x2.device) * programs_per_sm)
     softmax_online_kernel[(grid,)](
-        x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
+        x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, REVERSE=reverse,
         num_warps=num_warps if block >= 1024 else 4,
     )  # fmt: skip
     return y2.view(x.shape)
