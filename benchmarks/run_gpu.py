@@ -289,15 +289,20 @@ def section_tune(res: Results, ceil: dict):
                 )
                 for b, w, p in [
                     (4096, 16, 1),
-                    (8192, 16, 1),
                     (8192, 32, 1),
-                    (4096, 8, 1),
                     (4096, 8, 2),
-                    (4096, 16, 2),
-                    (2048, 8, 4),
                     (4096, 8, 8),
-                ]
-            },  # fmt: skip
+                    (4096, 4, 8),
+                    (2048, 4, 16),
+                    (1024, 4, 16),
+                    (8192, 8, 8),
+                    (4096, 8, 16),
+                    (2048, 8, 8),
+                ]  # fmt: skip
+            },
+            "online b4096 w8 p8 forward": lambda: str_.softmax_online(
+                s2, reverse=False
+            ),  # fmt: skip
         },
         ("rowsum 16384^2", x32.nbytes): {
             "x.sum": lambda: x32.sum(-1),
