@@ -174,9 +174,7 @@ def section_checks(res: Results):
                 continue
             try:
                 recs = op.check(v, device=DEV)
-                out[key] = (
-                    f"ok ({len(recs)} cases, max abs err {max(r['max_abs'] for r in recs):.2g})"
-                )
+                out[key] = f"ok ({len(recs)} cases, max abs err {max(r['max_abs'] for r in recs):.2g})"
             except Exception as exc:
                 out[key] = f"FAIL: {type(exc).__name__}: {str(exc)[:400]}"
             log(key, out[key])
@@ -283,9 +281,7 @@ def section_tune(res: Results, ceil: dict):
             "torch.softmax": lambda: torch.softmax(s2, -1),
             **{
                 f"online b{b} w{w} p{p}": (
-                    lambda b=b, w=w, p=p: str_.softmax_online(
-                        s2, block=b, num_warps=w, programs_per_sm=p
-                    )
+                    lambda b=b, w=w, p=p: str_.softmax_online(s2, block=b, num_warps=w, programs_per_sm=p)
                 )
                 for b, w, p in [
                     (4096, 16, 1),
@@ -300,9 +296,7 @@ def section_tune(res: Results, ceil: dict):
                     (2048, 8, 8),
                 ]  # fmt: skip
             },
-            "online b4096 w8 p8 forward": lambda: str_.softmax_online(
-                s2, reverse=False
-            ),  # fmt: skip
+            "online b4096 w8 p8 forward": lambda: str_.softmax_online(s2, reverse=False),  # fmt: skip
         },
         ("rowsum 16384^2", x32.nbytes): {
             "x.sum": lambda: x32.sum(-1),

@@ -127,9 +127,7 @@ def classify(
             "accesses (`perfloop asm`): 16-byte vector loads, several loads in flight per "
             "thread, enough blocks to fill every SM, no re-reads.",
         )
-    return Diagnosis(
-        "unclear", ev, "neither near the copy nor the matmul ceiling; look at the kernels."
-    )
+    return Diagnosis("unclear", ev, "neither near the copy nor the matmul ceiling; look at the kernels.")
 
 
 def diagnose(profile, ceilings: dict | None = None) -> Diagnosis:

@@ -73,9 +73,7 @@ _LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cu
 def short_name(name: str) -> str:
     """A readable kernel name: 'elementwise[tanh]' for ATen functors, Triton and library
     kernels by their stem, anything else cut before its template arguments."""
-    m = re.search(
-        r"at::native::(?:\w+::)*(\w+?)(?:_kernel)?(?:_cuda|_impl)?\b.*?(\w+?)_kernel_cuda", name
-    )
+    m = re.search(r"at::native::(?:\w+::)*(\w+?)(?:_kernel)?(?:_cuda|_impl)?\b.*?(\w+?)_kernel_cuda", name)
     if m:
         kind = m.group(1).replace("vectorized_elementwise", "elementwise")
         return f"{kind}[{m.group(2)}]"
@@ -125,11 +123,7 @@ class Profile:
 
     @property
     def gpu_busy_fraction(self) -> float:
-        return (
-            min(1.0, self.busy_ms_per_call / self.wall_ms_per_call)
-            if self.wall_ms_per_call
-            else 0.0
-        )
+        return min(1.0, self.busy_ms_per_call / self.wall_ms_per_call) if self.wall_ms_per_call else 0.0
 
     @property
     def distinct_kernels(self) -> int:
@@ -216,9 +210,7 @@ def profile(
         raise TypeError(f"fn: must be callable, got {fn!r}")
     for name, v in (("calls", calls), ("warmup", warmup)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "calls" else 0):
-            raise ValueError(
-                f"{name}: must be an integer >= {1 if name == 'calls' else 0}, got {v!r}"
-            )
+            raise ValueError(f"{name}: must be an integer >= {1 if name == 'calls' else 0}, got {v!r}")
     call = functools.partial(fn, *args, **kwargs)
     on_cuda = _device.has_cuda()
     sync = torch.cuda.synchronize if on_cuda else (lambda: None)

@@ -25,9 +25,7 @@ from perfloop.measurement import Measurement
 
 def pytest_addoption(parser):
     g = parser.getgroup("perfloop", "perfloop benchmarks")
-    g.addoption(
-        "--perfloop-save", metavar="PATH", help="write the measurements taken to PATH (JSON)"
-    )
+    g.addoption("--perfloop-save", metavar="PATH", help="write the measurements taken to PATH (JSON)")
     g.addoption("--perfloop-compare", metavar="PATH", help="compare against a saved baseline")
     g.addoption(
         "--perfloop-fail-above",
@@ -77,9 +75,7 @@ def pytest_configure(config):
         try:
             raw = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            raise pytest.UsageError(
-                f"--perfloop-compare: cannot read baseline {path}: {exc}"
-            ) from exc
+            raise pytest.UsageError(f"--perfloop-compare: cannot read baseline {path}: {exc}") from exc
         config._perfloop_baseline = {k: Measurement.from_dict(v) for k, v in raw.items()}
 
 

@@ -129,3 +129,27 @@ def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict:
     """Least-squares line y = a + b*x with its R^2 (scipy.stats.linregress)."""
     r = stats.linregress(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
     return {"intercept": float(r.intercept), "slope": float(r.slope), "r2": float(r.rvalue**2)}
+
+
+def independent_ratio(
+    a: Sequence[float],
+    b: Sequence[float],
+    confidence: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict:
+    """Ratio of medians b/a from two independent sample sets (two runs, two days).
+
+    CI: bootstrap of both sets; test: Mann-Whitney U (no normality assumed).
+    """
+    x = np.asarray(a, dtype=float)
+    y = np.asarray(b, dtype=float)
+    if len(x) < 2 or len(y) < 2:
+        raise ValueError("a/b: need at least 2 samples on each side")
+    rng = np.random.default_rng(seed)
+    bx = np.median(x[rng.integers(0, len(x), size=(n_boot, len(x)))], axis=1)
+    by = np.median(y[rng.integers(0, len(y), size=(n_boot, len(y)))], axis=1)
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(by / bx, [alpha / 2, 1 - alpha / 2])
+    p = float(stats.mannwhitneyu(x, y, alternative="two-sided").pvalue)
+    return {"ratio": float(np.median(y) / np.median(x)), "ci": (float(lo), float(hi)), "p_value": p}

@@ -243,9 +243,7 @@ def _prepare(
 
 def _validate(fn, budget_s, target_ci, min_samples, max_samples, warmup_s, graph):
     if not callable(fn):
-        raise TypeError(
-            f"fn: must be callable (a function of no arguments, or pass args), got {fn!r}"
-        )
+        raise TypeError(f"fn: must be callable (a function of no arguments, or pass args), got {fn!r}")
     _check_positive("budget_s", budget_s)
     _check_positive("target_ci", target_ci)
     _check_positive("min_samples", min_samples, integer=True)
@@ -383,9 +381,7 @@ def compare(
     baseline = baseline if baseline is not None else next(iter(fns))
     if baseline not in fns:
         raise ValueError(f"baseline: {baseline!r} is not one of {sorted(fns)}")
-    _validate(
-        next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False
-    )
+    _validate(next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False)
     on_cuda = _device.has_cuda()
     t0 = time.perf_counter()
     samplers = {}

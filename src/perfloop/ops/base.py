@@ -37,9 +37,7 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(
-            f"dtype: unknown {dtype!r}; use one of fp32, fp16, bf16 (e.g. --dtype bf16)"
-        )
+        raise ValueError(f"dtype: unknown {dtype!r}; use one of fp32, fp16, bf16 (e.g. --dtype bf16)")
     return DTYPES[dtype]
 
 
@@ -182,9 +180,7 @@ class Op:
                 for k in range(seeds):
                     seed = base_seed + k
                     inputs = self.make_inputs(shape, dtype=dtype, device=device, seed=seed)
-                    out = torch.full(
-                        self.out_shape(shape), float("nan"), dtype=dtype, device=device
-                    )
+                    out = torch.full(self.out_shape(shape), float("nan"), dtype=dtype, device=device)
                     got = v(*inputs, out=out)
                     if got is not out:
                         out = got
@@ -205,9 +201,7 @@ class Op:
 def compare_to_reference(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, what: str):
     """Elementwise |out - ref| <= atol + rtol*|ref|; NaN/inf never pass. Raises CheckFailed."""
     if tuple(out.shape) != tuple(ref.shape):
-        raise CheckFailed(
-            f"{what}: output shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
-        )
+        raise CheckFailed(f"{what}: output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
     o = out.detach().to("cpu", torch.float64)
     r = ref.detach().to("cpu", torch.float64)
     err = (o - r).abs()

@@ -55,9 +55,9 @@ def build(name: str, cu_path: str, binding_cpp: str):
     from torch.utils.cpp_extension import load
 
     src = Path(cu_path).read_text()
-    key = hashlib.sha1(
-        (src + binding_cpp + torch.__version__ + " ".join(arch_flags())).encode()
-    ).hexdigest()[:12]
+    key = hashlib.sha1((src + binding_cpp + torch.__version__ + " ".join(arch_flags())).encode()).hexdigest()[
+        :12
+    ]
     build_dir = cache_dir() / "cuda" / f"{name}_{key}"
     build_dir.mkdir(parents=True, exist_ok=True)
     cpp = build_dir / "binding.cpp"

@@ -66,11 +66,7 @@ OP.add(
         doc="the formula in separate PyTorch ops (8 launches)",
     )
 )
-OP.add(
-    Variant(
-        "builtin", loader="perfloop.ops.gelu.torch_impl:builtin", doc='F.gelu(approximate="tanh")'
-    )
-)
+OP.add(Variant("builtin", loader="perfloop.ops.gelu.torch_impl:builtin", doc='F.gelu(approximate="tanh")'))
 OP.add(
     Variant(
         "compiled",

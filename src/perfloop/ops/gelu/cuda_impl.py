@@ -41,3 +41,6 @@ def gelu(x: torch.Tensor, out: torch.Tensor | None = None, *, unroll: int = 1) -
     if err != 0:
         raise RuntimeError(f"gelu CUDA kernel launch failed: cudaError {err}")
     return out
+
+
+THREADS_PER_BLOCK = 256  # kThreads in kernel.cu

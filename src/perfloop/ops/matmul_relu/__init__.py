@@ -43,8 +43,7 @@ def validate(a, b):
     check_tensor("b", b, ndim=2)
     if a.shape[1] != b.shape[0]:
         raise ValueError(
-            f"a, b: inner dims differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}; "
-            "need a (M, K), b (K, N)"
+            f"a, b: inner dims differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}; need a (M, K), b (K, N)"
         )
     if a.dtype != b.dtype or a.device != b.device:
         raise ValueError(

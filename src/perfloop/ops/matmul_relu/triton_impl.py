@@ -52,9 +52,7 @@ def matmul_relu_kernel(
         b_ptrs += BLOCK_K * stride_bk
     acc = tl.maximum(acc, 0.0)  # the fused epilogue
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(
-        c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N)
-    )
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 def _config(bm, bn, bk, group, stages, warps):
@@ -110,3 +108,25 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
 
         _tuned[grid](*args)
     return out
+
+
+def asm_specs(ty: str) -> list[dict]:
+    """The first autotuning candidate at 8192^3, as `perfloop asm` compiles it."""
+    cfg = CONFIGS[0]
+    names = ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk",
+             "stride_bn", "stride_cm", "stride_cn"]  # fmt: skip
+    sig = {n: (f"*{ty}" if n.endswith("_ptr") else "i32") for n in names}
+    # unit strides (ak, bn, cn) are constants, as Triton's runtime specializes them
+    for unit in ("stride_ak", "stride_bn", "stride_cn"):
+        sig[unit] = "constexpr"
+    return [
+        {
+            "kernel": matmul_relu_kernel,
+            "signature": sig,
+            "constexprs": {**cfg.kwargs, "UPCAST": False, "stride_ak": 1, "stride_bn": 1,
+                           "stride_cn": 1},
+            "aligned": [0, 1, 2, 3, 4, 5, 6, 8, 10],
+            "num_warps": cfg.num_warps,
+            "num_stages": cfg.num_stages,
+        }
+    ]  # fmt: skip

@@ -61,11 +61,7 @@ OP = _RowSumOp(
 )
 
 OP.add(Variant("builtin", loader="perfloop.ops.rowsum.torch_impl:builtin", doc="x.sum(dim=-1)"))
-OP.add(
-    Variant(
-        "compiled", loader="perfloop.ops.rowsum.torch_impl:compiled", doc="torch.compile(x.sum(-1))"
-    )
-)
+OP.add(Variant("compiled", loader="perfloop.ops.rowsum.torch_impl:compiled", doc="torch.compile(x.sum(-1))"))
 OP.add(
     Variant(
         "triton",

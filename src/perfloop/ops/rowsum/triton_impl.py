@@ -48,3 +48,17 @@ def rowsum(
     num_warps = num_warps or (8 if block >= 2048 else 4)
     rowsum_kernel[(n_rows,)](x2, out, n_cols, x2.stride(0), BLOCK=block, num_warps=num_warps)
     return out
+
+
+def asm_specs(ty: str) -> list[dict]:
+    """The launch `perfloop asm` compiles: rows of 16384, tiles of 4096, 8 warps."""
+    return [
+        {
+            "kernel": rowsum_kernel,
+            "signature": {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "n_cols": "i32", "stride_x": "i32"},
+            "constexprs": {"BLOCK": 4096},
+            "aligned": [0, 1, 2, 3],
+            "num_warps": 8,
+            "elements_per_thread": 4096 // 256,
+        }
+    ]

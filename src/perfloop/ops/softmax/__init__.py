@@ -69,11 +69,7 @@ OP.add(
     )
 )
 OP.add(Variant("builtin", loader="perfloop.ops.softmax.torch_impl:builtin", doc="torch.softmax"))
-OP.add(
-    Variant(
-        "compiled", loader="perfloop.ops.softmax.torch_impl:compiled", doc="torch.compile(naive)"
-    )
-)
+OP.add(Variant("compiled", loader="perfloop.ops.softmax.torch_impl:compiled", doc="torch.compile(naive)"))
 OP.add(
     Variant(
         "triton",

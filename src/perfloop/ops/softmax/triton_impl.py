@@ -60,9 +60,7 @@ def softmax_online_kernel(
         inv = 1.0 / l_row
         n_tiles = tl.cdiv(n_cols, BLOCK)
         for i in range(0, n_tiles):
-            tile = (
-                (n_tiles - 1 - i) if REVERSE else i
-            )  # backwards: the last tiles read may be in L2
+            tile = (n_tiles - 1 - i) if REVERSE else i  # backwards: the last tiles read may be in L2
             offs = tile * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n_cols
             x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
@@ -93,9 +91,7 @@ def softmax(
     block = triton.next_power_of_2(n_cols)
     # enough warps that a lane holds <= 16 elements (no spills), at least 4
     warps = num_warps or min(32, max(4, block // (32 * 16)))
-    softmax_row_kernel[(n_rows,)](
-        x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=warps
-    )
+    softmax_row_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=warps)
     return y2.view(x.shape)
 
 
@@ -125,3 +121,28 @@ def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # the interpreter: a few programs, so the persistent loop is exercised
+
+
+def asm_specs(ty: str) -> list[dict]:
+    """The launches `perfloop asm` compiles: 4096-column rows, and the online kernel."""
+    sig = {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "n_cols": "i32", "stride_x": "i32",
+           "stride_y": "i32"}  # fmt: skip
+    return [
+        {
+            "kernel": softmax_row_kernel,
+            "signature": sig,
+            "constexprs": {"BLOCK": 4096},
+            "aligned": [0, 1, 2, 3, 4],
+            "num_warps": 8,
+            "elements_per_thread": 4096 // 256,
+        },
+        {
+            "kernel": softmax_online_kernel,
+            "signature": {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "n_rows": "i32", **{
+                k: v for k, v in sig.items() if k not in ("x_ptr", "y_ptr")}},
+            "constexprs": {"BLOCK": 4096, "REVERSE": True},
+            "aligned": [0, 1, 3, 4, 5],
+            "num_warps": 8,
+            "elements_per_thread": 4096 // 256,
+        },
+    ]  # fmt: skip

@@ -1,0 +1,5 @@
+import sys
+
+from perfloop.cli import main
+
+sys.exit(main())
