@@ -11,6 +11,15 @@ READY  := $(VENV)/.perfloop-ready
 
 setup: $(READY)
 
+# Debian's Chromium, for the test that opens the HTML report in a real browser.
+CHROMIUM := $(VENV)/.chromium-ready
+$(CHROMIUM): $(READY)
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "note: no chromium and not root: the browser test of the report will skip"; fi; }
+	touch $@
+
 $(READY): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# The CPU build of torch, pinned, only when the venv has no torch yet (never a multi-GB CUDA build).
@@ -22,10 +31,10 @@ demo: $(READY)
 	$(VENV)/bin/perfloop demo
 
 lint: $(READY)
-	$(VENV)/bin/ruff check src tests scripts benchmarks
-	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 
-test: $(READY) lint
+test: $(READY) $(CHROMIUM) lint
 	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
 
 # On the GPU machine as its image stands (system python3, no install, no network):

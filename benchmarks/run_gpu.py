@@ -159,6 +159,7 @@ OP_RUNS = [
     ("matmul_relu", torch.bfloat16, None, ["naive", "compiled", "triton"]),
     ("matmul_relu", torch.float16, None, ["naive", "compiled", "triton"]),
     ("matmul_relu", torch.float32, (4096, 4096, 4096), ["naive", "triton"]),
+    ("matmul_relu", "tf32", (4096, 4096, 4096), ["naive", "compiled", "triton"]),
 ]
 
 
@@ -184,6 +185,9 @@ def section_checks(res: Results):
 def section_ops(res: Results, ceil: dict):
     rows = []
     for name, dtype, shape, variants in OP_RUNS:
+        tf32 = dtype == "tf32"  # fp32 storage, TF32 tensor cores allowed for this run
+        dtype = torch.float32 if tf32 else dtype
+        torch.backends.cuda.matmul.allow_tf32 = tf32
         op = pl.ops.get(name)
         shape = shape or op.bench_shape(DEV)
         if not CUDA:  # a smoke run of the script on the CPU
@@ -200,7 +204,6 @@ def section_ops(res: Results, ceil: dict):
             if var.why_unavailable(DEV) or dtype not in var.dtypes:
                 continue
             fns[v] = lambda var=var, inputs=inputs: var(*inputs)
-        tf32 = torch.backends.cuda.matmul.allow_tf32
         try:
             c = pl.compare(fns, baseline=variants[0], work=work, budget_s=3.0)
         except Exception as exc:
@@ -213,7 +216,7 @@ def section_ops(res: Results, ceil: dict):
             row = {
                 "op": name,
                 "variant": v,
-                "dtype": dtype_name(dtype),
+                "dtype": "fp32 (TF32 on)" if tf32 else dtype_name(dtype),
                 "shape": list(shape),
                 "median_ms": m.median_ms,
                 "cupti_ms": cupti,
@@ -228,6 +231,7 @@ def section_ops(res: Results, ceil: dict):
                 "speedup_ci": sp.ci if sp else (1.0, 1.0),
                 "significant": sp.significant if sp else None,
                 "tf32": tf32 if dtype == torch.float32 and name == "matmul_relu" else None,
+                "work_dtype": work.dtype,
             }
             rows.append(row)
             log(
@@ -237,6 +241,7 @@ def section_ops(res: Results, ceil: dict):
                 f" {row['speedup_ci'][1]:.2f}]"
             )
         res.put("ops", rows)
+        torch.backends.cuda.matmul.allow_tf32 = False
         fns = inputs = c = None
         if CUDA:
             torch.cuda.empty_cache()

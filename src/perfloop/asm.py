@@ -44,8 +44,8 @@ def occupancy(regs: int, threads: int, smem: int) -> tuple[float, str]:
     warps = max(1, threads // 32)
     per_warp = -(-regs * 32 // SM_LIMITS["reg_granularity"]) * SM_LIMITS["reg_granularity"]
     limits = {
+        "threads": SM_LIMITS["threads"] // threads,  # first: on a tie, the hard limit
         "registers": SM_LIMITS["regs"] // max(per_warp * warps, 1),
-        "threads": SM_LIMITS["threads"] // threads,
         "shared memory": SM_LIMITS["smem"] // (smem + SM_LIMITS["smem_per_block_reserved"]),
         "blocks per SM": SM_LIMITS["blocks"],
     }

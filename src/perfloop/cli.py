@@ -36,7 +36,10 @@ def _prepare_triton() -> None:
 def console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped into a file or a log, rich would wrap tables at 80 columns: give them room.
+    width = None if stream.isatty() else 160
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 @contextmanager
@@ -600,7 +603,12 @@ def cmd_compare(args) -> int:
     for k in common:
         s = stats.independent_ratio(ra[k]["samples"], rb[k]["samples"])
         sig = s["p_value"] < 0.01 and not (s["ci"][0] <= 1.0 <= s["ci"][1])
-        verdict = "same (noise)" if not sig else ("slower" if s["ratio"] > 1 else "faster")
+        if not sig:
+            verdict = "same (noise)"
+        elif abs(s["ratio"] - 1) < 0.01:
+            verdict = "same (<1%)"  # statistically detectable, practically nothing
+        else:
+            verdict = "slower" if s["ratio"] > 1 else "faster"
         fail = bool(limit is not None and sig and s["ratio"] > 1 + limit / 100)
         regressed |= fail
         out.append({"op": k[0], "variant": k[1], "shape": k[2], "dtype": k[3], "graph": bool(k[4]),

@@ -184,7 +184,11 @@ def _measure_ceilings() -> dict:
     if dev == "cuda":
         n = 2**28  # 1 GiB of fp32 per side: far past the L2
         copy_dtype = torch.float32
-        mm = {"bf16": (torch.bfloat16, 8192), "fp32": (torch.float32, 8192)}
+        mm = {
+            "bf16": (torch.bfloat16, 8192),
+            "fp32": (torch.float32, 8192),
+            "tf32": (torch.float32, 8192),
+        }
     else:
         n = 2**24  # 64 MiB per side: past any CPU cache
         copy_dtype = torch.float32
@@ -198,6 +202,7 @@ def _measure_ceilings() -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 ceiling is true fp32
     try:
         for name, (dtype, d) in mm.items():
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
             a = torch.randn(d, d, device=dev, dtype=dtype, generator=gen)
             b = torch.randn(d, d, device=dev, dtype=dtype, generator=gen)
             m = bench(lambda a=a, b=b: a @ b, budget_s=2.0, ceilings=False)
@@ -247,4 +252,6 @@ def matmul_ceiling(ceil: dict | None, dtype: torch.dtype | str | None) -> float 
     name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
     if name in ("bfloat16", "float16", "bf16", "fp16"):
         return ceil.get("matmul_bf16_tflops") or ceil.get("matmul_fp32_tflops")
+    if name == "tf32":  # fp32 inputs on tensor cores
+        return ceil.get("matmul_tf32_tflops") or ceil.get("matmul_fp32_tflops")
     return ceil.get("matmul_fp32_tflops")

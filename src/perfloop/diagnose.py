@@ -112,7 +112,7 @@ def classify(
             "memory",
             ev,
             f"memory-bound: {distinct_kernels} kernels, {launches:g} launches, "
-            f"~{passes:.0f} passes over HBM (device time x copy bandwidth / minimum bytes) "
+            f"~{passes:.0f} passes over memory (device time x copy bandwidth / minimum bytes) "
             f"where 1 read + 1 write suffice: fusing into one kernel should be "
             f"~{passes:.0f}x faster ({fmt_ms(device_ms)} -> ~{fmt_ms(ideal_ms)}). "
             "torch.compile does this for standard ops; write Triton when the access "

@@ -208,7 +208,7 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
                 d = p.get("diagnosis")
                 if d:
                     parts.append(
-                        f"<p><b>{e(d['bound'])}-bound</b>: {e(d['advice'])}</p>"
+                        f"<p><b>diagnosis</b>: {e(d['advice'])}</p>"
                         f"<pre>{e(json.dumps(d['evidence'], indent=1, default=str))}</pre>"
                     )
     for a in arts:

@@ -1,5 +1,8 @@
 """Matmul + ReLU in Triton: tiled, autotuned, grouped tile order, ReLU fused.
 
+fp32 inputs follow torch.backends.cuda.matmul.allow_tf32, as cuBLAS does: TF32
+tensor cores when it is on, exact fp32 ("ieee") when off (the default).
+
 Each program computes a BLOCK_M x BLOCK_N tile of C, walking K in BLOCK_K steps
 with tl.dot (tensor cores: wgmma on Hopper). Programs are ordered in groups of
 GROUP_M tile-rows so that tiles running at the same time share rows of A and
@@ -21,7 +24,7 @@ def matmul_relu_kernel(
     a_ptr, b_ptr, c_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr = False,
+    UPCAST: tl.constexpr = False, PRECISION: tl.constexpr = "tf32",
 ):  # fmt: skip
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -47,7 +50,7 @@ def matmul_relu_kernel(
         if UPCAST:  # interpreter only: its bf16 dot is wrong; bf16 products are exact in fp32
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     acc = tl.maximum(acc, 0.0)  # the fused epilogue
@@ -95,18 +98,26 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
         return out.zero_()  # relu(0) = 0
     args = (a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             out.stride(0), out.stride(1))  # fmt: skip
+    # fp32 follows PyTorch's switch: TF32 tensor cores only when allowed, else true fp32.
+    precision = "tf32" if a.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
     if interpreting():
         # The interpreter is for correctness: one small config, no autotuning.
         grid = (triton.cdiv(m, 32) * triton.cdiv(n, 32),)
         matmul_relu_kernel[grid](
-            *args, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, UPCAST=a.dtype == torch.bfloat16
+            *args,
+            BLOCK_M=32,
+            BLOCK_N=32,
+            BLOCK_K=32,
+            GROUP_M=4,
+            UPCAST=a.dtype == torch.bfloat16,
+            PRECISION=precision,
         )
     else:
 
         def grid(meta):
             return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-        _tuned[grid](*args)
+        _tuned[grid](*args, PRECISION=precision)
     return out
 
 
@@ -123,7 +134,7 @@ def asm_specs(ty: str) -> list[dict]:
         {
             "kernel": matmul_relu_kernel,
             "signature": sig,
-            "constexprs": {**cfg.kwargs, "UPCAST": False, "stride_ak": 1, "stride_bn": 1,
+            "constexprs": {**cfg.kwargs, "UPCAST": False, "PRECISION": "tf32", "stride_ak": 1, "stride_bn": 1,
                            "stride_cn": 1},
             "aligned": [0, 1, 2, 3, 4, 5, 6, 8, 10],
             "num_warps": cfg.num_warps,

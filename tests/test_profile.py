@@ -1,0 +1,117 @@
+"""Profile, annotate, diagnose and diff on the CPU (the same code paths the GPU uses)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import perfloop as pl
+from perfloop.diagnose import classify
+from perfloop.ops.gelu.torch_impl import naive
+
+
+def test_profile_counts_the_naive_gelu_ops_and_exports_a_trace(tmp_path):
+    x = torch.randn(256, 256)
+    p = pl.profile(naive, x, calls=3, work=pl.ops.get("gelu").work((256, 256), torch.float32))
+    assert p.launches_per_call == 8  # pow, mul, add, mul, tanh, add, mul, mul
+    names = {k.short for k in p.kernels}
+    assert {"aten::pow", "aten::tanh", "aten::mul", "aten::add"} <= names
+    assert abs(sum(k.share for k in p.kernels) - 1) < 1e-6
+    assert p.kernels == sorted(p.kernels, key=lambda k: -k.total_ms)
+    assert "launches/call" in p.table()
+    trace = p.export_trace(tmp_path / "t.json")
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::tanh" for e in events)
+
+
+def test_export_trace_to_an_unwritable_place_is_a_clear_error(tmp_path):
+    p = pl.profile(torch.exp, torch.randn(10))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        p.export_trace(tmp_path / "no" / "such" / "t.json")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if os.access(ro, os.W_OK):  # root ignores permissions
+        pytest.skip("running as root: a read-only folder is still writable")
+    with pytest.raises(PermissionError, match="cannot write"):
+        p.export_trace(ro / "t.json")
+
+
+def test_a_raising_function_surfaces_and_the_profiler_is_stopped():
+    calls = {"n": 0}
+
+    def sometimes():
+        calls["n"] += 1
+        if calls["n"] > 2:  # past the warm-up: inside the profiled region
+            raise ArithmeticError("inside the profile")
+        return torch.randn(4)
+
+    with pytest.raises(ArithmeticError, match="inside the profile"):
+        pl.profile(sometimes, warmup=2)
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert pl.profile(torch.exp, torch.randn(8)).launches_per_call >= 1  # profiling still works
+
+
+def test_annotate_shows_in_traces_and_costs_little_when_nothing_listens():
+    @pl.annotate("my-step")
+    def step(x):
+        return x * 2
+
+    p = pl.profile(step, torch.randn(100), calls=2)
+    assert any(k.name == "my-step" for k in p.kernels)
+    with pl.annotate("inline"):
+        pass
+    idle = pl.bench(lambda: pl.annotate("idle").__enter__().__exit__(None, None, None), budget_s=0.3)
+    assert idle.median_ms < 0.01  # under 10 us per range with no profiler attached
+    with pytest.raises(ValueError, match="name"):
+        pl.annotate("")
+
+
+def test_diff_names_the_kernels_that_went_away():
+    x = torch.randn(128, 128)
+    before = pl.profile(naive, x)
+    after = pl.profile(torch.nn.functional.gelu, x, approximate="tanh")
+    d = pl.diff(before, after)
+    assert "aten::tanh" in d.removed and "aten::gelu" in d.added
+    assert d.launches == (8, 1)
+
+
+CEIL = {"copy_gbps": 4200.0, "matmul_bf16_tflops": 790.0, "matmul_fp32_tflops": 50.0}
+GELU = pl.Work(bytes=2 * 16384**2 * 4, flops=10 * 16384**2, dtype="torch.float32")
+
+
+def test_rules_naive_gelu_is_memory_bound_with_about_9_passes():
+    d = classify(device_ms=4.5, wall_ms=4.6, busy_fraction=0.97, distinct_kernels=6, launches=8,
+                 work=GELU, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "memory"
+    assert 8 < d.evidence["hbm_passes"] < 10
+    assert "fusing into one kernel" in d.advice and "torch.compile" in d.advice
+
+
+def test_rules_fused_gelu_near_copy_is_memory_bound_at_the_limit():
+    d = classify(device_ms=0.51, wall_ms=0.52, busy_fraction=0.98, distinct_kernels=1, launches=1,
+                 work=GELU, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "memory" and "near the limit" in d.advice
+
+
+def test_rules_tiny_op_is_launch_bound():
+    w = pl.Work(bytes=8192, flops=10240, dtype="torch.float32")
+    d = classify(device_ms=0.001, wall_ms=0.04, busy_fraction=0.025, distinct_kernels=1, launches=1,
+                 work=w, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "launch" and "CUDA graph" in d.advice
+
+
+def test_rules_big_bf16_matmul_is_compute_bound():
+    n = 8192
+    w = pl.Work(bytes=3 * n * n * 2, flops=2 * n**3, dtype="torch.bfloat16")
+    d = classify(device_ms=1.4, wall_ms=1.5, busy_fraction=0.93, distinct_kernels=1, launches=1,
+                 work=w, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "compute"
+    assert d.evidence["intensity"] > d.evidence["ridge"]
+
+
+def test_rules_without_work_say_what_is_missing():
+    d = classify(device_ms=1.0, wall_ms=1.1, busy_fraction=0.9, distinct_kernels=1, launches=1,
+                 work=None, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "unclear" and "work" in d.advice
