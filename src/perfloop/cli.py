@@ -39,7 +39,8 @@ def console(stderr: bool = False):
     stream = sys.stderr if stderr else sys.stdout
     # Piped into a file or a log, rich would wrap tables at 80 columns: give them room.
     width = None if stream.isatty() else 160
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+    # markup=False: kernel names like "elementwise[tanh]" must print as they are
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width, markup=False)
 
 
 @contextmanager
@@ -63,7 +64,9 @@ def table(title: str | None, headers: list[str], rows: list[list]) -> None:
 
     t = Table(title=title, title_justify="left")
     for i, h in enumerate(headers):
-        t.add_column(h, justify="left" if i < 2 else "right")
+        cells = [str(r[i]) for r in rows if i < len(r)]
+        numeric = cells and all(c[:1].isdigit() or c in ("-", "") for c in cells)
+        t.add_column(h, justify="right" if numeric else "left")
     for r in rows:
         t.add_row(*[str(c) for c in r])
     console().print(t)
@@ -116,12 +119,13 @@ def get_variants(op, names: list[str] | None, device: str, timing: bool) -> list
         why = v.why_unavailable(device)
         if why:
             if names:
-                console(True).print(f"[yellow]skip {op.name}/{n}: {why}[/]")
+                console(True).print(f"skip {op.name}/{n}: {why}", style="yellow")
             continue
         if timing and v.interpreted:
             console(True).print(
-                f"[yellow]skip timing {op.name}/{n}: Triton runs in its interpreter here "
-                "(correct, not fast); `perfloop check` tests it[/]"
+                f"skip timing {op.name}/{n}: Triton runs in its interpreter here "
+                "(correct, not fast); `perfloop check` tests it",
+                style="yellow",
             )
             continue
         out.append(n)
@@ -264,7 +268,7 @@ def bench_op(args, op, variants, shape, dtype, store=None, run_id=None, quiet=Fa
             try:
                 graph[v] = pl.bench(fns[v], work=work, graph=True, flush_l2=not args.no_flush)
             except ValueError as exc:
-                console(True).print(f"[yellow]{op.name}/{v}: {exc}[/]")
+                console(True).print(f"{op.name}/{v}: {exc}", style="yellow")
     rows = []
     for v, m in c.measurements.items():
         sp = c.speedups.get(v)
@@ -315,7 +319,7 @@ def print_bench_rows(rows, op, shape, dtype):
     table(f"{op} {shape_s} {dtype} (speed-up vs {rows[0]['baseline']})", headers, out)
     for r in rows:
         for w in r["warnings"]:
-            console().print(f"[yellow]{r['variant']}: {w}[/]")
+            console().print(f"{r['variant']}: {w}", style="yellow")
 
 
 def cmd_bench(args) -> int:
@@ -379,7 +383,7 @@ def cmd_profile(args) -> int:
     if p.peak_memory_bytes is not None:
         console().print(f"peak memory per call: {p.peak_memory_bytes / 2**20:.1f} MiB")
     for w in p.warnings:
-        console().print(f"[yellow]{w}[/]")
+        console().print(f"{w}", style="yellow")
     if args.trace:
         console().print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
     if args.memory_snapshot:
@@ -391,8 +395,9 @@ def run_nsys(args) -> int:
     nsys = shutil.which("nsys")
     if nsys is None:
         console(True).print(
-            "[red]--nsys: Nsight Systems (`nsys`) is not on PATH.[/] Install it from the CUDA "
-            "toolkit, or profile without --nsys (torch.profiler, with --trace for Perfetto)."
+            "--nsys: Nsight Systems (`nsys`) is not on PATH. Install it from the CUDA "
+            "toolkit, or profile without --nsys (torch.profiler, with --trace for Perfetto).",
+            style="red",
         )
         return FAILED
     out = args.trace or f"perfloop-{args.op}-{args.variant}"
@@ -415,7 +420,7 @@ def cmd_asm(args) -> int:
     try:
         rep = inspect_variant(op, args.variant, parse_dtype(args.dtype), arch=args.arch)
     except AsmError as exc:
-        console(True).print(f"[red]{exc}[/]")
+        console(True).print(str(exc), style="red")
         return FAILED
     if args.json:
         emit_json({k: v for k, v in rep.items() if k not in ("ptx", "sass")})
@@ -624,7 +629,7 @@ def cmd_compare(args) -> int:
                 f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]", f"{r['p_value']:.2g}",
                 r["verdict"] + (" REGRESSION" if r["regression"] else "")] for r in out])  # fmt: skip
         if regressed:
-            console().print(f"[red]significant slowdown beyond {limit:g}%[/]")
+            console().print(f"significant slowdown beyond {limit:g}%", style="red")
     return FAILED if regressed else 0
 
 

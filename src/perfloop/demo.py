@@ -83,11 +83,11 @@ def run_demo(args) -> int:
         out.print(f"naive -> {best['variant']}: what changed in the profile")
         out.print(str(diff(before, after)))
         out.print(
-            f"[bold]{best['variant']} is {best['speedup']:.2f}x faster than naive "
+            f"{best['variant']} is {best['speedup']:.2f}x faster than naive "
             f"(95% CI {best['speedup_ci'][0]:.2f}-{best['speedup_ci'][1]:.2f}), "
             f"{fmt_ms(best['median_ms'])} per call"
-            + (f", {100 * best['sol']:.0f}% of the measured copy ceiling" if best["sol"] else "")
-            + "[/]"
+            + (f", {100 * best['sol']:.0f}% of the measured copy ceiling" if best["sol"] else ""),
+            style="bold",
         )
     report_dir = Path(args.out) if args.out else Path(store.path).parent / "report"
     page = render_html(store, report_dir, run_id)

@@ -178,9 +178,9 @@ class Measurement:
         s = f"{self.label or 'fn'}: {fmt_ms(self.median_ms)}"
         s += f" (CI95 {fmt_ms(lo)}..{fmt_ms(hi)}, n={self.n})"
         if self.gbps:
-            s += f", {self.gbps:.0f} GB/s"
+            s += f", {self.gbps:.4g} GB/s"
         if self.tflops:
-            s += f", {self.tflops:.1f} TFLOP/s"
+            s += f", {self.tflops:.4g} TFLOP/s"
         if self.sol is not None:
             s += f", {self.sol:.0%} of SOL"
         return s

@@ -339,7 +339,7 @@ def bench(
     return Measurement(
         samples_ms=tuple(samples),
         work=work,
-        label=label or getattr(fn, "__name__", ""),
+        label=label or getattr(fn, "__name__", "") or str(getattr(fn, "name", "")),
         ceilings=_resolve_ceilings(ceilings, work),
         env=_device.env_fingerprint(),
         meta=meta,

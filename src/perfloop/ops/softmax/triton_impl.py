@@ -5,8 +5,11 @@ read, one write, the ideal. Works up to MAX_ROW_BLOCK columns.
 
 `softmax_online_kernel`: any row length. Pass 1 streams the row keeping a
 running max m and a running sum l of exp(x - m) (rescaled when m grows);
-pass 2 writes exp(x - m) / l. Pass 2 walks the row backwards, so the tiles pass
-1 read last are the first it reads again, while they may still sit in L2.
+pass 2 writes exp(x - m) / l: 2 reads + 1 write, where torch.softmax's
+kernel makes about 4 passes at 1024 x 262144. Pass 2 can walk the row
+backwards so the tiles pass 1 read last might still be in L2; measured on the
+H200 that buys nothing (0.8095 vs 0.8128 ms forwards, inside the noise), with
+about 8 programs per SM in flight either way.
 """
 
 from __future__ import annotations
