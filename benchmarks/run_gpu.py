@@ -331,6 +331,111 @@ def section_tune(res: Results, ceil: dict):
         res.put("tune", out)
 
 
+# ------------------------------------------------------------------ attention
+
+
+def _attn_fns(q, k, v, causal, g):
+    from perfloop.ops.attention.triton_impl import flash_attention
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def tri():
+        return flash_attention(q, k, v, causal)[0]
+
+    def both(f):
+        def run():
+            return torch.autograd.grad(f(), (q, k, v), g)
+
+        return run
+
+    return {"fwd": {"sdpa": sdpa, "triton": tri}, "fwd+bwd": {"sdpa": both(sdpa), "triton": both(tri)}}
+
+
+def section_attention(res: Results, ceil: dict):
+    """FlashAttention-2 (Triton) against SDPA: the issue's cases, memory, and a sweep."""
+    from perfloop.store import Store
+
+    op = pl.ops.get("attention")
+    out = {"cases": [], "memory": {}, "sweep": []}
+    b, h, s = 4, 16, 4096
+    for d in (64, 128):
+        for causal in (False, True):
+            q, k, v, _ = op.make_inputs((b, h, s, s, d, causal), dtype=torch.bfloat16, device=DEV, seed=5)
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+            g = torch.randn_like(q)
+            fwd_flops = op.work((b, h, s, s, d, causal), torch.bfloat16).flops
+            for mode, fns in _attn_fns(q, k, v, causal, g).items():
+                flops = fwd_flops * (3.5 if mode == "fwd+bwd" else 1.0)
+                c = pl.compare(fns, baseline="sdpa", budget_s=3.0)
+                row = {"head_dim": d, "causal": causal, "mode": mode}
+                for name, m in c.measurements.items():
+                    row[f"{name}_ms"] = m.median_ms
+                    row[f"{name}_tflops"] = flops / (m.median_ms * 1e-3) / 1e12
+                sp = c.speedups["triton"]
+                row["triton_over_sdpa"] = sp.speedup
+                row["ci"] = sp.ci
+                out["cases"].append(row)
+                log(f"attention d={d} causal={causal} {mode:8} sdpa {row['sdpa_tflops']:6.1f} TFLOP/s  "
+                    f"triton {row['triton_tflops']:6.1f} TFLOP/s  ratio {sp.speedup:.3f} "
+                    f"[{sp.ci[0]:.3f}, {sp.ci[1]:.3f}]")  # fmt: skip
+                res.put("attention", out)
+    # memory: forward peak, Triton vs the naive version, as the sequence grows
+    from perfloop.ops.attention.torch_impl import naive
+    from perfloop.ops.attention.triton_impl import flash_attention
+
+    for s in (2048, 4096, 8192, 16384):
+        q, k, v, _ = op.make_inputs((1, 16, s, s, 64, False), dtype=torch.bfloat16, device=DEV, seed=6)
+        row = {}
+        fns = {"triton": lambda q=q, k=k, v=v: flash_attention(q, k, v)[0],
+               "naive": lambda q=q, k=k, v=v: naive(q, k, v)}  # fmt: skip
+        for name, f in fns.items():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            f()
+            torch.cuda.synchronize()
+            row[name] = torch.cuda.max_memory_allocated() - base
+        out["memory"][s] = row
+        log(
+            f"attention memory seq {s}: triton {row['triton'] / 2**20:.0f} MiB, "
+            f"naive {row['naive'] / 2**20:.0f} MiB"
+        )
+        res.put("attention", out)
+    # sweep into the store (and so the report): tokens fixed at 16K, H=16
+    store = Store()
+    run = store.new_run("benchmarks/run_gpu.py attention sweep", pl.env_fingerprint())
+    t_end = time.perf_counter() + 150  # stay inside the call's time limit
+    for dtype in (torch.bfloat16, torch.float32):
+        for d in (64, 128):
+            for causal in (False, True):
+                for s in (128, 512, 1024, 2048, 4096, 8192, 16384):
+                    if time.perf_counter() > t_end:
+                        break
+                    bsz = max(1, 16384 // s)
+                    shape = (bsz, 16, s, s, d, causal)
+                    q, k, v, _ = op.make_inputs(shape, dtype=dtype, device=DEV, seed=8)
+                    q, k, v = (t.requires_grad_() for t in (q, k, v))
+                    g = torch.randn_like(q)
+                    w = op.work(shape, dtype)
+                    for mode, fns in _attn_fns(q, k, v, causal, g).items():
+                        work = pl.Work(bytes=w.bytes, flops=w.flops * (3.5 if mode == "fwd+bwd" else 1),
+                                       dtype=w.dtype)  # fmt: skip
+                        for name, f in fns.items():
+                            try:
+                                m = pl.bench(f, work=work, budget_s=0.5)
+                            except Exception as exc:
+                                log(f"sweep {name} {shape} {mode}: {exc}")
+                                continue
+                            store.add(run, m, op=f"attention {mode}" + (" causal" if causal else ""),
+                                      variant=name, shape=shape[:5], dtype=dtype_name(dtype))  # fmt: skip
+                            out["sweep"].append({"variant": name, "mode": mode, "shape": shape,
+                                                 "dtype": dtype_name(dtype), "ms": m.median_ms,
+                                                 "tflops": m.tflops})  # fmt: skip
+                    res.put("attention", out)
+    log(f"attention sweep: {len(out['sweep'])} points stored in run {run}")
+
+
 # ------------------------------------------------------------------ profile
 
 
@@ -382,7 +487,7 @@ def section_profile(res: Results, ceil: dict):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for results.json")
-    ap.add_argument("--only", default="harness,tune,checks,ops,profile")
+    ap.add_argument("--only", default="harness,tune,checks,ops,profile,attention")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -394,6 +499,7 @@ def main(argv=None):
         "checks": lambda: section_checks(res),
         "ops": lambda: section_ops(res, ceil),
         "profile": lambda: section_profile(res, ceil),
+        "attention": lambda: section_attention(res, ceil) if CUDA else None,
     }
     failed = []
     for step in args.only.split(","):

@@ -68,3 +68,27 @@ def test_diagnose_classifies_launch_bound():
     w = pl.ops.get("gelu").work((1024,), torch.float32)
     p = pl.profile(F.gelu, x, calls=20, work=w)
     assert p.diagnose().bound == "launch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_flash_attention_gradients_on_the_gpu(dtype):
+    from test_attention import SHAPES, test_forward_lse_and_gradients_match_float64
+
+    for shape in [*SHAPES, (2, 4, 257, 300, 128, True), (1, 2, 1000, 1000, 64, False)]:
+        test_forward_lse_and_gradients_match_float64(shape, dtype)
+
+
+def test_flash_attention_memory_grows_linearly_with_sequence():
+    from perfloop.ops.attention.triton_impl import flash_attention
+
+    peaks = {}
+    for s in (4096, 16384):
+        q, k, v = (torch.randn(1, 8, s, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        flash_attention(q, k, v)
+        torch.cuda.synchronize()
+        peaks[s] = torch.cuda.max_memory_allocated() - base
+        del q, k, v
+    assert peaks[16384] / peaks[4096] < 5  # 4x the tokens: ~4x, where S^2 would be 16x

@@ -102,7 +102,7 @@ def test_known_wrong_variants_are_rejected(op_name, bad, match):
 
 
 def test_unknown_op_and_variant_list_the_valid_ones():
-    with pytest.raises(KeyError, match="valid: gelu, matmul_relu, rowsum, softmax"):
+    with pytest.raises(KeyError, match="valid: attention, gelu, matmul_relu, rowsum, softmax"):
         pl.ops.get("gleu")
     with pytest.raises(KeyError, match="valid: naive, builtin"):
         pl.ops.get("gelu").variant("fast")

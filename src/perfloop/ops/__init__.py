@@ -2,7 +2,7 @@
 
 >>> import perfloop as pl
 >>> pl.ops.names()
-['gelu', 'matmul_relu', 'rowsum', 'softmax']
+['attention', 'gelu', 'matmul_relu', 'rowsum', 'softmax']
 >>> op = pl.ops.get("gelu")
 >>> sorted(op.variants)
 ['builtin', 'compiled', 'cuda', 'naive', 'triton']
@@ -15,7 +15,7 @@ import importlib
 
 from perfloop.ops.base import CheckFailed, Op, Unavailable, Variant, dtype_name, parse_dtype
 
-_OP_MODULES = ("gelu", "softmax", "rowsum", "matmul_relu")
+_OP_MODULES = ("gelu", "softmax", "rowsum", "matmul_relu", "attention")
 _REGISTRY: dict[str, Op] = {}
 
 
