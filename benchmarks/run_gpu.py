@@ -436,6 +436,36 @@ def section_attention(res: Results, ceil: dict):
     log(f"attention sweep: {len(out['sweep'])} points stored in run {run}")
 
 
+def section_attn_tune(res: Results, ceil: dict):
+    """Forward tile configs of the Triton FlashAttention, against SDPA, bf16 B=4 H=16 S=4096."""
+    from perfloop.ops.attention.triton_impl import _forward
+
+    op = pl.ops.get("attention")
+    out = []
+    configs = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
+               (128, 32, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4)]  # fmt: skip
+    for d in (64, 128):
+        for causal in (False, True):
+            shape = (4, 16, 4096, 4096, d, causal)
+            q, k, v, _ = op.make_inputs(shape, dtype=torch.bfloat16, device=DEV, seed=9)
+            flops = op.work(shape, torch.bfloat16).flops
+            m = pl.bench(F.scaled_dot_product_attention, q, k, v, is_causal=causal, budget_s=0.3)
+            sdpa = flops / (m.median_ms * 1e-3) / 1e12
+            for bm, bn, w, st in configs:
+                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+                try:
+                    m = pl.bench(_forward, q, k, v, causal, d**-0.5, cfg, budget_s=0.3)
+                except Exception as exc:
+                    log(f"attn tune d={d} {cfg}: {type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+                tf = flops / (m.median_ms * 1e-3) / 1e12
+                out.append({"head_dim": d, "causal": causal, **cfg, "tflops": tf, "sdpa_tflops": sdpa,
+                            "ratio": tf / sdpa})  # fmt: skip
+                log(f"attn tune d={d} causal={causal} {bm}x{bn} w{w} s{st}: {tf:6.1f} TFLOP/s "
+                    f"= {tf / sdpa:.3f} of SDPA ({sdpa:.1f})")  # fmt: skip
+                res.put("attn_tune", out)
+
+
 # ------------------------------------------------------------------ profile
 
 
@@ -500,6 +530,7 @@ def main(argv=None):
         "ops": lambda: section_ops(res, ceil),
         "profile": lambda: section_profile(res, ceil),
         "attention": lambda: section_attention(res, ceil) if CUDA else None,
+        "attn_tune": lambda: section_attn_tune(res, ceil) if CUDA else None,
     }
     failed = []
     for step in args.only.split(","):

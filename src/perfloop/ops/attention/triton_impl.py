@@ -33,6 +33,42 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _fwd_tiles(
+    q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
+    d_ok, lo, hi, MASK_CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kt = tl.load(  # k^T tile: (BLOCK_D, BLOCK_N)
+            k_base + cols[None, :] * skn + offs_d[:, None] * skd,
+            mask=(cols[None, :] < SK) & d_ok[:, None],
+            other=0.0,
+        )
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # log2 domain
+        valid = cols[None, :] < SK
+        if MASK_CAUSAL:
+            valid = valid & (cols[None, :] <= offs_m[:, None])
+        s = tl.where(valid, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(
+            v_base + cols[:, None] * svn + offs_d[None, :] * svd,
+            mask=(cols[:, None] < SK) & d_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, O, L, qk_scale,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
@@ -59,36 +95,22 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # Causal: tiles wholly below the diagonal need no mask, tiles past the block's last
+    # query are never visited, and only the band of tiles crossing the diagonal is masked.
+    mid = SK
     hi = SK
-    if CAUSAL:  # keys past the block's last query are masked for every row: skip them
+    if CAUSAL:
         hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        kt = tl.load(  # k^T tile: (BLOCK_D, BLOCK_N)
-            k_base + cols[None, :] * skn + offs_d[:, None] * skd,
-            mask=(cols[None, :] < SK) & d_ok[:, None],
-            other=0.0,
-        )
-        if UPCAST:
-            kt = kt.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # log2 domain
-        valid = cols[None, :] < SK
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= offs_m[:, None])
-        s = tl.where(valid, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_base + cols[:, None] * svn + offs_d[None, :] * svd,
-            mask=(cols[:, None] < SK) & d_ok[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
+        mid = tl.minimum(hi, (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N)
+    m_i, l_i, acc = _fwd_tiles(
+        q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
+        d_ok, 0, mid, False, UPCAST, PRECISION, BLOCK_N,
+    )  # fmt: skip
+    if CAUSAL:
+        m_i, l_i, acc = _fwd_tiles(
+            q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n,
+            offs_d, d_ok, mid, hi, True, UPCAST, PRECISION, BLOCK_N,
+        )  # fmt: skip
     acc = acc / l_i[:, None]
     row_ok = offs_m < SQ
     tl.store(
@@ -229,12 +251,12 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32" if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
-def _forward(q, k, v, causal: bool, scale: float):
+def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     b, h, sq, d = q.shape
     sk = k.shape[2]
     o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-    cfg = _config(d, "fwd")
+    cfg = cfg or _config(d, "fwd")
     grid = (triton.cdiv(sq, cfg["BLOCK_M"]), b * h)
     _fwd_kernel[grid](
         q, k, v, o, lse, scale * LOG2E,
