@@ -443,7 +443,7 @@ def section_attn_tune(res: Results, ceil: dict):
     op = pl.ops.get("attention")
     out = []
     configs = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
-               (128, 32, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4)]  # fmt: skip
+               (128, 64, 8, 4)]  # fmt: skip
     for d in (64, 128):
         for causal in (False, True):
             shape = (4, 16, 4096, 4096, d, causal)
@@ -464,6 +464,27 @@ def section_attn_tune(res: Results, ceil: dict):
                 log(f"attn tune d={d} causal={causal} {bm}x{bn} w{w} s{st}: {tf:6.1f} TFLOP/s "
                     f"= {tf / sdpa:.3f} of SDPA ({sdpa:.1f})")  # fmt: skip
                 res.put("attn_tune", out)
+
+
+def section_experiments(res: Results, ceil: dict):
+    """Every `perfloop experiment`, quick sizes, stored (and so in the report)."""
+    from perfloop import experiments
+    from perfloop.store import Store
+
+    store = Store()
+    out = {}
+    for name in experiments.describe():
+        run = store.new_run(f"experiment {name}", pl.env_fingerprint())
+        t = time.perf_counter()
+        try:
+            r = experiments.get(name)(quick=True, store=store, run_id=run, out_dir="/tmp/perfloop-exp")
+        except Exception as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            log(f"experiment {name}: {exc}")
+            continue
+        out[name] = {k: r[k] for k in ("table", "conclusion", "plots")}
+        log(f"experiment {name} ({time.perf_counter() - t:.0f} s): {r['conclusion']}")
+        res.put("experiments", out)
 
 
 # ------------------------------------------------------------------ profile
@@ -531,6 +552,7 @@ def main(argv=None):
         "profile": lambda: section_profile(res, ceil),
         "attention": lambda: section_attention(res, ceil) if CUDA else None,
         "attn_tune": lambda: section_attn_tune(res, ceil) if CUDA else None,
+        "experiments": lambda: section_experiments(res, ceil),
     }
     failed = []
     for step in args.only.split(","):

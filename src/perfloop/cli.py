@@ -651,8 +651,13 @@ def cmd_experiment(args) -> int:
         raise UsageError(exc.args[0]) from None
     store = open_store(args)
     run_id = store.new_run(" ".join(sys.argv), _env())
+    extra = {}
+    if args.name == "lm-step":
+        extra = {"context": args.context, "memory_snapshot": args.memory_snapshot}
+    elif args.context != 256 or args.memory_snapshot:
+        raise UsageError("--context/--memory-snapshot: only lm-step takes them")
     try:
-        result = exp(quick=args.quick, store=store, run_id=run_id, out_dir=args.out)
+        result = exp(quick=args.quick, store=store, run_id=run_id, out_dir=args.out, **extra)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.json:
@@ -661,7 +666,7 @@ def cmd_experiment(args) -> int:
         t = result["table"]
         table(f"experiment {args.name}", t["headers"], t["rows"])
         console().print(result["conclusion"])
-        for p in result.get("plots", []):
+        for p in result.get("plot_paths", []):
             console().print(f"plot: {p}")
     return 0
 
@@ -757,6 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="experiment name (omit to list them)")
     p.add_argument("--quick", action="store_true", help="fewer, smaller points")
     p.add_argument("--out", help="folder for plots (default: the current folder)")
+    p.add_argument("--context", type=int, default=256, help="lm-step: context length (default 256)")
+    p.add_argument("--memory-snapshot", help="lm-step: write a CUDA memory snapshot of one step")
     return ap
 
 

@@ -214,6 +214,9 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
     for a in arts:
         if a["kind"] == "experiment":
             p = a["payload"]
+            for src in p.get("plot_paths", []):  # bring the plots next to the page
+                if Path(src).exists() and Path(src).resolve() != (out / Path(src).name).resolve():
+                    (out / Path(src).name).write_bytes(Path(src).read_bytes())
             parts.append(f"<h2>experiment: {e(p.get('name', ''))}</h2>")
             if p.get("table"):
                 parts.append(_table(p["table"]["headers"], p["table"]["rows"]))
