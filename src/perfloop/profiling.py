@@ -189,6 +189,13 @@ class Profile:
         }
 
 
+def _annotation_names(events) -> set[str]:
+    """Names of record_function ranges on the host (their GPU mirrors share the name)."""
+    return {e.name for e in events if e.device_type == DeviceType.CPU and e.name == "perfloop"} | {
+        e.name for e in events if getattr(e, "is_user_annotation", False)
+    }
+
+
 def _union_ms(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, -float("inf")
     for s, e in sorted(intervals):
@@ -272,7 +279,15 @@ def profile(
         prof.__exit__(None, None, None)  # stopped cleanly even when fn raised
 
     events = prof.events()
-    dev = [e for e in events if e.device_type == DeviceType.CUDA]
+    # Device activity: kernels, memcpy, memset. Not the GPU-side mirrors of record_function
+    # ranges (ours included), which span whole regions and are not work.
+    dev = [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and e.name not in _annotation_names(events)
+    ]
     if on_cuda and not dev:
         warnings.append("no device activity was recorded (CUPTI unavailable?); CPU ops shown")
     kind = "cuda" if dev else "cpu"
