@@ -453,6 +453,8 @@ def cmd_sweep(args) -> int:
     variants = get_variants(op, args.variant, device(), timing=True)
     store = open_store(args)
     run_id = store.new_run(" ".join(sys.argv), _env())
+    if args.distributed:
+        return distributed_sweep_cli(args, op, variants, shapes, dtype, store, run_id)
     results = {}
     with progress(args, len(shapes) * len(variants), "sweep") as step:
         for v in variants:
@@ -500,6 +502,35 @@ def cmd_sweep(args) -> int:
             )
     console().print(f"stored as run {run_id}" + (f"; plot: {args.plot}" if args.plot else ""))
     return 0
+
+
+def distributed_sweep_cli(args, op, variants, shapes, dtype, store, run_id) -> int:
+    from perfloop import comm
+    from perfloop.measurement import Measurement
+    from perfloop.ops.base import dtype_name
+
+    if not args.nproc:
+        raise UsageError("--distributed: give --nproc N (ranks to spawn), one device each")
+    try:
+        res = comm.spawn(args.nproc, "sweep_on_ranks", op.name, variants, shapes, dtype_name(dtype),
+                         args.budget)  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    errors = []
+    for p in res["points"]:  # stored once, by this process (rank 0's gather)
+        if "measurement" in p:
+            store.add(run_id, Measurement.from_dict(p["measurement"]), op=op.name, variant=p["variant"],
+                      shape=p["shape"], dtype=dtype_name(dtype))  # fmt: skip
+        else:
+            errors.append(p)
+    if args.json:
+        emit_json({"run_id": run_id, **res})
+    else:
+        table(f"{op.name} sweep on {args.nproc} ranks", ["variant", "shape", "rank", "median / error"],
+              [[p["variant"], "x".join(map(str, p["shape"])), p["rank"],
+                f"{Measurement.from_dict(p['measurement']).median_ms:.4f} ms" if "measurement" in p
+                else p["error"]] for p in res["points"]])  # fmt: skip
+    return FAILED if errors else 0
 
 
 def plot_sweep(results, path, title):
@@ -633,6 +664,55 @@ def cmd_compare(args) -> int:
     return FAILED if regressed else 0
 
 
+def cmd_comm(args) -> int:
+    from perfloop import comm
+
+    sizes = [int(s) for s in args.sizes] if args.sizes else comm.default_sizes(_cuda())
+    names = args.collective or list(comm.COLLECTIVES)
+    for n in names:
+        if n not in comm.COLLECTIVES:
+            raise UsageError(f"--collective: unknown {n!r}; valid: {', '.join(comm.COLLECTIVES)}")
+    if any(s <= 0 for s in sizes):
+        raise UsageError("--sizes: bytes per rank must be positive, e.g. --sizes 1024 1048576")
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:  # under torchrun
+        comm.init_from_env(args.timeout)
+        import torch.distributed as dist
+
+        rows = comm.run_collectives(sizes, names, args.iters)
+        if dist.get_rank() != 0:
+            dist.destroy_process_group()
+            return 0
+        dist.destroy_process_group()
+    elif args.nproc:
+        try:
+            rows = comm.spawn(args.nproc, "collectives_on_ranks", sizes, names, args.iters,
+                              timeout_s=args.timeout)  # fmt: skip
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        raise UsageError(
+            "world size 1: collectives need at least 2 ranks; run under "
+            "`torchrun --nproc-per-node 2 -m perfloop comm` or add --nproc 2"
+        )
+    store = open_store(args)
+    run_id = store.new_run(" ".join(sys.argv), _env())
+    store.add_artifact(run_id, "comm", {"rows": rows}, op="comm")
+    if args.json:
+        emit_json({"run_id": run_id, "rows": rows})
+    else:
+        table(f"collectives on {rows[0]['ranks']} ranks ({rows[0]['backend']})",
+              ["collective", "bytes/rank", "time (slowest rank)", "algbw GB/s", "busbw GB/s", "correct"],
+              [[r["collective"], r["bytes"], f"{r['time_ms']:.4f} ms", f"{r['algbw_gbps']:.2f}",
+                f"{r['busbw_gbps']:.2f}", "yes" if r["correct"] else "NO"] for r in rows])  # fmt: skip
+    return 0 if all(r["correct"] for r in rows) else FAILED
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def cmd_demo(args) -> int:
     from perfloop.demo import run_demo
 
@@ -740,6 +820,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write a log-log plot (PNG)")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--budget", type=float, default=1.0, help="seconds per point (default 1)")
+    p.add_argument("--distributed", action="store_true", help="shard the points across --nproc ranks")
+    p.add_argument("--nproc", type=int, help="ranks for --distributed (one GPU each)")
 
     p = verb("report", "tables and plots from stored results", cmd_report, db=True)
     p.add_argument("--html", metavar="DIR", help="write a static HTML report into DIR")
@@ -752,6 +834,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_a", help="run id (or 'previous')")
     p.add_argument("run_b", help="run id (or 'latest')")
     p.add_argument("--fail-above", metavar="PCT", help="exit 1 on a significant slowdown beyond PCT")
+
+    p = verb("comm", "collective bandwidth over torch.distributed (NCCL / gloo)", cmd_comm, db=True)
+    p.add_argument("--nproc", type=int, help="spawn this many ranks (else run under torchrun)")
+    p.add_argument("--collective", action="append", help="repeatable; default: all five")
+    p.add_argument("--sizes", nargs="+", help="bytes per rank (default 1 KB .. 1 GB, 16 MB on a CPU)")
+    p.add_argument("--iters", type=int, default=10, help="timed calls per size (default 10)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a stuck collective fails")
 
     p = verb("demo", "the whole loop on GELU, start to finish", cmd_demo, db=True)
     p.add_argument("--out", help="folder for the HTML report (default: next to the database)")

@@ -113,6 +113,27 @@ def _plots(op: str, rows: list[dict], out: Path) -> list[tuple[str, str]]:
     return made
 
 
+def _comm_plot(rows: list[dict], out: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for name in dict.fromkeys(r["collective"] for r in rows):
+        rs = [r for r in rows if r["collective"] == name]
+        ax.loglog([r["bytes"] for r in rs], [max(r["busbw_gbps"], 1e-6) for r in rs], "o-", label=name)
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"collectives on {rows[0]['ranks']} ranks ({rows[0]['backend']})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "comm_busbw.png", dpi=110)
+    plt.close(fig)
+    return "comm_busbw.png"
+
+
 # ------------------------------------------------------------------ html
 
 _CSS = """
@@ -224,6 +245,16 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
                 parts.append(f"<img src='{e(img)}' alt='{e(p.get('name', ''))}'>")
             if p.get("conclusion"):
                 parts.append(f"<p>{e(p['conclusion'])}</p>")
+    comm = [a for a in arts if a["kind"] == "comm"]
+    if comm:
+        parts.append("<h2>communication</h2>")
+        rows_c = comm[-1]["payload"]["rows"]
+        parts.append(_table(["collective", "bytes/rank", "ranks", "backend", "time ms", "algbw GB/s",
+                             "busbw GB/s", "correct"],
+                            [[r["collective"], r["bytes"], r["ranks"], r["backend"], f"{r['time_ms']:.4f}",
+                              f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}", r["correct"]]
+                             for r in rows_c]))  # fmt: skip
+        parts.append(f"<img src='{e(_comm_plot(rows_c, out))}' alt='bus bandwidth against size'>")
     envs = [r["env"] for r in rows if r.get("env")]
     if envs:
         env = envs[-1]

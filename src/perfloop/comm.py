@@ -1,0 +1,245 @@
+"""Collective benchmarks on torch.distributed (NCCL on GPUs, gloo on CPUs).
+
+`perfloop comm` times all-reduce, all-gather, reduce-scatter, broadcast and
+all-to-all over a range of sizes, on every rank, and reports per size the time of
+the slowest rank, the algorithm bandwidth (bytes / time) and the bus bandwidth
+(nccl-tests' formulas: what each link carried), after checking the result.
+
+Launch with `torchrun --nproc-per-node N -m perfloop comm`, or let it spawn its
+own ranks with `perfloop comm --nproc N`. NVLink multicast stays off in every
+process it starts (NCCL_NVLS_ENABLE=0 and friends), and every collective has a
+timeout, so a rank that dies ends the others with an error, not a hang.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+
+
+def bus_factor(name: str, n: int) -> float:
+    """busbw = algbw * factor (nccl-tests PERFORMANCE.md)."""
+    if name == "all_reduce":
+        return 2 * (n - 1) / n
+    if name in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0  # broadcast
+
+
+def default_sizes(on_gpu: bool) -> list[int]:
+    """Bytes per rank: 1 KB to 1 GB on GPUs, 1 KB to 16 MB on CPUs (gloo is slow)."""
+    top = 2**30 if on_gpu else 2**24
+    out, s = [], 2**10
+    while s <= top:
+        out.append(s)
+        s *= 4
+    return out
+
+
+def _run_one(name: str, nbytes: int, rank: int, world: int, device: str, dtype=torch.float32):
+    """Inputs (rank-dependent, never zeros) and three callables: reset, the collective, check.
+
+    The size is rounded down to a multiple of the world size (reduce-scatter and
+    all-to-all split it evenly); the bytes actually moved are returned with them.
+    """
+    elem = torch.empty((), dtype=dtype).element_size()
+    n = max(world, nbytes // elem // world * world)
+    base = torch.arange(n, device=device, dtype=dtype) % 97  # small integers: exact in fp32
+    x = base + rank + 1
+    total = world * (world + 1) / 2
+    if name == "all_reduce":
+        buf = x.clone()
+        return (n * elem, lambda: buf.copy_(x), lambda: dist.all_reduce(buf),
+                lambda: torch.equal(buf, base * world + total))  # fmt: skip
+    if name == "all_gather":
+        out = torch.empty(n * world, device=device, dtype=dtype)
+        want = torch.cat([base + r + 1 for r in range(world)])
+        return (n * elem, lambda: None, lambda: dist.all_gather_into_tensor(out, x),
+                lambda: torch.equal(out, want))  # fmt: skip
+    if name == "reduce_scatter":
+        big = torch.arange(n * world, device=device, dtype=dtype) % 97
+        inp = big + rank + 1
+        out = torch.empty(n, device=device, dtype=dtype)
+        want = big[rank * n : (rank + 1) * n] * world + total
+        return (n * world * elem, lambda: None, lambda: dist.reduce_scatter_tensor(out, inp),
+                lambda: torch.equal(out, want))  # fmt: skip
+    if name == "broadcast":
+        buf = x.clone()
+        return (n * elem, lambda: buf.copy_(x), lambda: dist.broadcast(buf, src=0),
+                lambda: torch.equal(buf, base + 1))  # fmt: skip
+    if name == "all_to_all":
+        out = torch.empty_like(x)
+        chunk = n // world
+        # rank r's j-th chunk comes from rank j's r-th chunk
+        want = torch.cat([base[rank * chunk : (rank + 1) * chunk] + j + 1 for j in range(world)])
+        return (n * elem, lambda: None, lambda: dist.all_to_all_single(out, x),
+                lambda: torch.equal(out, want))  # fmt: skip
+    raise ValueError(f"collective: unknown {name!r}; valid: {', '.join(COLLECTIVES)}")
+
+
+def _time(fn: Callable, device: str, iters: int) -> float:
+    """Median ms of one call on this rank (events on a GPU, a barrier'd clock on a CPU)."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        if device.startswith("cuda"):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_collectives(sizes: list[int], names=COLLECTIVES, iters: int = 10) -> list[dict]:
+    """On an initialized process group: every collective at every size; rows on rank 0."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    rows = []
+    for name in names:
+        for nbytes in sizes:
+            moved, reset, fn, check = _run_one(name, nbytes, rank, world, device)
+            reset()
+            fn()
+            ok = bool(check())  # checked once on fresh data; then timed as it stands
+            ms = _time(fn, device, iters)
+            gathered = [None] * world
+            dist.all_gather_object(gathered, (ms, ok))
+            slowest = max(t for t, _ in gathered)
+            algbw = moved / (slowest * 1e-3) / 1e9
+            rows.append({
+                "collective": name, "bytes": moved, "ranks": world, "backend": dist.get_backend(),
+                "time_ms": slowest, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(name, world),
+                "correct": all(o for _, o in gathered),
+            })  # fmt: skip
+    return rows
+
+
+def init_from_env(timeout_s: float = 60.0) -> None:
+    """Join the group torchrun (or comm's own spawner) described in the environment."""
+    for k, v in SAFE_ENV.items():
+        os.environ.setdefault(k, v)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=dt.timedelta(seconds=timeout_s))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawned(rank: int, world: int, port: int, fn_name: str, args: tuple, results):
+    os.environ.update(SAFE_ENV)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))  # fmt: skip
+    timeout = args[-1]
+    init_from_env(timeout)
+    try:
+        out = globals()[fn_name](*args[:-1])
+        if rank == 0:
+            results.put(out)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(nproc: int, fn_name: str, *args, timeout_s: float = 60.0):
+    """Run `fn_name(*args)` on `nproc` fresh ranks; returns rank 0's result.
+
+    A rank that fails makes the others fail within `timeout_s` (collective timeouts),
+    and the error is raised here; nothing hangs.
+    """
+    if not isinstance(nproc, int) or nproc < 2:
+        raise ValueError(f"--nproc: collectives need at least 2 ranks, got {nproc!r}")
+    if torch.cuda.is_available() and torch.cuda.device_count() < nproc:
+        raise ValueError(f"--nproc: {nproc} ranks but only {torch.cuda.device_count()} GPUs here")
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_spawned, args=(r, nproc, port, fn_name, (*args, timeout_s), results))
+             for r in range(nproc)]  # fmt: skip
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s * 4 + 60
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
+    if failed:
+        raise RuntimeError(f"ranks {failed} failed (exit codes); the others stopped, none hangs")
+    return results.get()
+
+
+def collectives_on_ranks(sizes, names, iters):
+    return run_collectives(sizes, names, iters)
+
+
+# ------------------------------------------------------------------ distributed sweeps
+
+
+def distributed_sweep(op_name: str, variants: list[str], shapes: list[tuple], dtype_name: str,
+                      budget_s: float = 1.0) -> dict:  # fmt: skip
+    """On an initialized group: shard (variant, shape) points across ranks, one device each,
+    bench them, gather every Measurement to rank 0. A point that fails is reported with its
+    error and costs only itself. Returns {"points": [...], "by_rank": {...}} on every rank."""
+    from perfloop import ops
+    from perfloop.ops.base import parse_dtype
+    from perfloop.timing import bench
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    op = ops.get(op_name)
+    dtype = parse_dtype(dtype_name)
+    points = [(v, tuple(s)) for v in variants for s in shapes]
+    mine = []
+    for i, (v, shape) in enumerate(points):
+        if i % world != rank:
+            continue
+        try:
+            inputs = op.make_inputs(shape, dtype=dtype, device=device, seed=i)
+            var = op.variant(v)
+            m = bench(lambda var=var, inputs=inputs: var(*inputs), work=op.work(shape, dtype),
+                      budget_s=budget_s)  # fmt: skip
+            mine.append({"variant": v, "shape": list(shape), "rank": rank, "measurement": m.to_dict()})
+        except Exception as exc:  # one point's failure is reported, the rest go on
+            mine.append({"variant": v, "shape": list(shape), "rank": rank,
+                         "error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
+    gathered = [None] * world
+    dist.all_gather_object(gathered, mine)
+    allpts = [p for part in gathered for p in part]
+    return {"points": allpts, "by_rank": {r: len(part) for r, part in enumerate(gathered)}}
+
+
+def sweep_on_ranks(op_name, variants, shapes, dtype_name, budget_s):
+    return distributed_sweep(op_name, variants, shapes, dtype_name, budget_s)
+
+
+def _fail_on_rank(rank_to_fail: int):
+    """For tests: one rank dies; the others must end with an error, not hang."""
+    if dist.get_rank() == rank_to_fail:
+        os._exit(3)
+    dist.all_reduce(torch.ones(4))
+    return "unreachable"

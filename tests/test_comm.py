@@ -1,0 +1,60 @@
+"""Collectives and distributed sweeps on torch.distributed with gloo: 2 ranks on the CPU."""
+
+import json
+import time
+
+import pytest
+
+from perfloop import comm
+from perfloop.cli import main
+from perfloop.report import render_html
+from perfloop.store import Store
+
+
+def test_bus_bandwidth_factors_follow_nccl_tests():
+    assert comm.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert comm.bus_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert comm.bus_factor("broadcast", 8) == 1.0
+
+
+def test_all_five_collectives_are_correct_and_timed_on_two_ranks(tmp_path, capsys):
+    db = str(tmp_path / "c.db")
+    # 1000 bytes does not divide evenly into 2 ranks of fp32 x 2: rounded, and reported as moved
+    rc = main(["comm", "--nproc", "2", "--sizes", "1000", "65536", "--iters", "3", "--json", "--db", db])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["rows"]
+    assert {r["collective"] for r in rows} == set(comm.COLLECTIVES)
+    assert all(r["correct"] and r["ranks"] == 2 and r["backend"] == "gloo" for r in rows)
+    assert all(r["time_ms"] > 0 and r["busbw_gbps"] > 0 for r in rows)
+    assert {r["bytes"] for r in rows if r["collective"] == "all_reduce"} == {1000, 65536}
+    page = render_html(Store(db), tmp_path / "rep").read_text()
+    assert "communication" in page and (tmp_path / "rep" / "comm_busbw.png").exists()
+
+
+def test_world_size_one_and_bad_arguments_are_clear(capsys, tmp_path):
+    db = str(tmp_path / "w.db")
+    assert main(["comm", "--db", db]) == 2
+    assert "world size 1" in capsys.readouterr().err
+    assert main(["comm", "--nproc", "1", "--db", db]) == 2
+    assert main(["comm", "--nproc", "2", "--collective", "allreduce", "--db", db]) == 2
+    assert "valid: all_reduce" in capsys.readouterr().err
+
+
+def test_a_rank_that_dies_ends_the_others_with_an_error_not_a_hang():
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match="failed"):
+        comm.spawn(2, "_fail_on_rank", 1, timeout_s=10)
+    assert time.monotonic() - t < 120
+
+
+def test_distributed_sweep_shards_points_and_stores_them_once(tmp_path, capsys):
+    db = str(tmp_path / "s.db")
+    rc = main(["sweep", "gelu", "--variant", "naive", "--variant", "builtin", "--shapes", "64x64",
+               "128x128", "--distributed", "--nproc", "2", "--budget", "0.2",
+               "--json", "--db", db])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["by_rank"] == {"0": 2, "1": 2}
+    assert {p["rank"] for p in out["points"]} == {0, 1}
+    assert len(Store(db).rows(out["run_id"])) == 4
