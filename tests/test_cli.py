@@ -3,11 +3,11 @@
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
 import perfloop as pl
+from helpers import busy
 from perfloop.cli import main
 from perfloop.store import Store
 
@@ -76,22 +76,13 @@ def test_bench_stores_rows_and_rejects_bad_shapes_and_dtypes(tmp_path, capsys):
     assert "fp32, fp16, bf16" in capsys.readouterr().err
 
 
-def _busy(ms):
-    def f():
-        end = time.perf_counter() + ms / 1e3
-        while time.perf_counter() < end:
-            pass
-
-    return f
-
-
 def test_compare_flags_a_real_slowdown_and_passes_noise(tmp_path, capsys):
     db = str(tmp_path / "c.db")
     s = Store(db)
     runs = []
     for ms in (1.0, 1.0, 1.6):  # the same function twice, then 60% slower
         run = s.new_run(f"busy {ms}")
-        s.add(run, pl.bench(_busy(ms), budget_s=0.4), op="busy", variant="v", shape=(1,), dtype="fp32")
+        s.add(run, pl.bench(busy(ms), budget_s=0.4), op="busy", variant="v", shape=(1,), dtype="fp32")
         runs.append(run)
     assert main(["compare", runs[0], runs[1], "--fail-above", "5%", "--db", db, "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)["rows"]

@@ -3,21 +3,12 @@
 import json
 import multiprocessing as mp
 import sqlite3
-import time
 
 import pytest
 
 import perfloop as pl
+from helpers import busy
 from perfloop.store import Store, StoreError
-
-
-def busy(ms):
-    def f():
-        end = time.perf_counter() + ms / 1e3
-        while time.perf_counter() < end:
-            pass
-
-    return f
 
 
 def test_rows_round_trip_with_raw_samples(tmp_path):

@@ -5,16 +5,8 @@ import pytest
 import torch
 
 import perfloop as pl
+from helpers import busy
 from perfloop.measurement import Measurement
-
-
-def busy(ms: float):
-    def f():
-        end = time.perf_counter() + ms / 1e3
-        while time.perf_counter() < end:
-            pass
-
-    return f
 
 
 def test_busy_wait_of_2ms_measures_within_5_percent():

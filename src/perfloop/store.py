@@ -188,33 +188,24 @@ class Store:
         why = "is ambiguous" if matches else "does not exist"
         raise StoreError(f"run {run_id!r} {why} in {self.path}; recent runs: {recent}")
 
+    def _select(self, table: str, **where) -> list[dict]:
+        """Rows of `table` matching the non-None column filters, oldest first."""
+        cols = {k: v for k, v in where.items() if v is not None}
+        q = f"SELECT * FROM {table}" + (" WHERE " + " AND ".join(f"{k} = ?" for k in cols) if cols else "")
+        return [dict(r) for r in self.conn.execute(q + " ORDER BY id", list(cols.values()))]
+
     def rows(self, run_id: str | None = None, op: str | None = None) -> list[dict]:
-        q = "SELECT * FROM measurements WHERE 1=1"
-        args: list = []
-        if run_id:
-            q += " AND run_id = ?"
-            args.append(run_id)
-        if op:
-            q += " AND op = ?"
-            args.append(op)
-        out = []
-        for r in self.conn.execute(q + " ORDER BY id", args):
-            d = dict(r)
+        out = self._select("measurements", run_id=run_id, op=op)
+        for d in out:
             for k in ("samples", "work", "meta", "warnings", "env"):
                 d[k] = json.loads(d[k]) if d[k] else None
-            out.append(d)
         return out
 
     def artifacts(self, run_id: str | None = None, kind: str | None = None) -> list[dict]:
-        q = "SELECT * FROM artifacts WHERE 1=1"
-        args: list = []
-        if run_id:
-            q += " AND run_id = ?"
-            args.append(run_id)
-        if kind:
-            q += " AND kind = ?"
-            args.append(kind)
-        return [dict(r) | {"payload": json.loads(r["payload"])} for r in self.conn.execute(q, args)]
+        return [
+            a | {"payload": json.loads(a["payload"])}
+            for a in self._select("artifacts", run_id=run_id, kind=kind)
+        ]
 
     def measurement(self, row: dict) -> Measurement:
         from perfloop.measurement import Work

@@ -136,6 +136,31 @@ def _bwd_preprocess(O, DO, Dl, SQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr
 
 
 @triton.jit
+def _tile(X, bh, S, offs, offs_d, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr):
+    """Rows `offs` of X viewed as contiguous (B*H, S, HEAD_DIM); zeros past the edges."""
+    mask = (offs[:, None] < S) & (offs_d[None, :] < HEAD_DIM)
+    x = tl.load(X + bh * S * HEAD_DIM + offs[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _p_and_ds(q, k, v, do, lse, di, offs_m, offs_n, SQ, SK, qk_scale,
+              CAUSAL: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """Recompute P = exp(q k^T * scale - L) for a (BLOCK_M, BLOCK_N) tile, and
+    dS = P * (dO V^T - D): what both backward kernels need."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    p = tl.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634)
+    valid = (offs_m[:, None] < SQ) & (offs_n[None, :] < SK)
+    if CAUSAL:
+        valid = valid & (offs_n[None, :] <= offs_m[:, None])
+    p = tl.where(valid, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    return p, p * (dp - di[:, None])
+
+
+@triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, L, Dl, DK, DV, sm_scale,
     H, SQ, SK,
@@ -146,16 +171,9 @@ def _bwd_dkdv_kernel(
     pid_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    kv_mask = (offs_n[:, None] < SK) & d_ok[None, :]
-    kv_off = bh * SK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
-    v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k = _tile(K, bh, SK, offs_n, offs_d, HEAD_DIM, UPCAST)
+    v = _tile(V, bh, SK, offs_n, offs_d, HEAD_DIM, UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     lo = 0
@@ -163,26 +181,16 @@ def _bwd_dkdv_kernel(
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
     qk_scale = sm_scale * 1.4426950408889634
     for start_m in range(lo, SQ, BLOCK_M):
-        offs_m = start_m + offs_m0
-        q_mask = (offs_m[:, None] < SQ) & d_ok[None, :]
-        q_off = bh * SQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        q = tl.load(Q + q_off, mask=q_mask, other=0.0)
-        do = tl.load(DO + q_off, mask=q_mask, other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _tile(Q, bh, SQ, offs_m, offs_d, HEAD_DIM, UPCAST)
+        do = _tile(DO, bh, SQ, offs_m, offs_d, HEAD_DIM, UPCAST)
         lse = tl.load(L + bh * SQ + offs_m, mask=offs_m < SQ, other=0.0)
         di = tl.load(Dl + bh * SQ + offs_m, mask=offs_m < SQ, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
-        p = tl.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634)
-        valid = (offs_m[:, None] < SQ) & (offs_n[None, :] < SK)
-        if CAUSAL:
-            valid = valid & (offs_n[None, :] <= offs_m[:, None])
-        p = tl.where(valid, p, 0.0)
+        p, ds = _p_and_ds(q, k, v, do, lse, di, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL, PRECISION)
         dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - di[:, None])
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+    kv_mask = (offs_n[:, None] < SK) & (offs_d[None, :] < HEAD_DIM)
+    kv_off = bh * SK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
@@ -194,19 +202,13 @@ def _bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
+    # one program per BLOCK_M queries, walking the keys
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    q_mask = (offs_m[:, None] < SQ) & d_ok[None, :]
-    q_off = bh * SQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(Q + q_off, mask=q_mask, other=0.0)
-    do = tl.load(DO + q_off, mask=q_mask, other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
+    q = _tile(Q, bh, SQ, offs_m, offs_d, HEAD_DIM, UPCAST)
+    do = _tile(DO, bh, SQ, offs_m, offs_d, HEAD_DIM, UPCAST)
     lse = tl.load(L + bh * SQ + offs_m, mask=offs_m < SQ, other=0.0)
     di = tl.load(Dl + bh * SQ + offs_m, mask=offs_m < SQ, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -215,23 +217,13 @@ def _bwd_dq_kernel(
     if CAUSAL:
         hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        kv_mask = (offs_n[:, None] < SK) & d_ok[None, :]
-        kv_off = bh * SK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        p = tl.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634)
-        valid = (offs_m[:, None] < SQ) & (offs_n[None, :] < SK)
-        if CAUSAL:
-            valid = valid & (offs_n[None, :] <= offs_m[:, None])
-        p = tl.where(valid, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - di[:, None])
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _tile(K, bh, SK, offs_n, offs_d, HEAD_DIM, UPCAST)
+        v = _tile(V, bh, SK, offs_n, offs_d, HEAD_DIM, UPCAST)
+        _, ds = _p_and_ds(q, k, v, do, lse, di, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL, PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    q_mask = (offs_m[:, None] < SQ) & (offs_d[None, :] < HEAD_DIM)
+    q_off = bh * SQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DQ + q_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
@@ -322,3 +314,33 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
 def attention(q, k, v, causal=False, out=None):
     o, _ = flash_attention(q, k, v, causal)
     return o if out is None else out.copy_(o)
+
+
+def asm_specs(ty: str) -> list[dict]:
+    """The three kernels of a call at head_dim 128, causal, as the GPU compiles them: the
+    head-dim strides are 1, which Triton's runtime turns into constants (so loads vectorize)."""
+    ptr = f"*{ty}"
+    strides = {}
+    for t, seq in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m")):
+        strides |= {f"s{t}b": "i32", f"s{t}h": "i32", f"s{t}{seq}": "i32", f"s{t}d": "constexpr"}
+    sizes = {"H": "i32", "SQ": "i32", "SK": "i32"}
+    fwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "L": "*fp32", "qk_scale": "fp32", **strides, **sizes}
+    unit = {"sqd": 1, "skd": 1, "svd": 1, "sod": 1}
+    common = {"HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": True, "UPCAST": False, "PRECISION": "tf32"}
+    bwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "L": "*fp32", "Dl": "*fp32"}
+    specs = []
+    for kernel, kind, sig, aligned in (
+        # pointers, and every stride and size that is a multiple of 16 (as at S=4096, D=128)
+        (_fwd_kernel, "fwd", fwd_sig, [i for i, (n, t) in enumerate(fwd_sig.items())
+                                       if t != "constexpr" and n not in ("qk_scale", "H")]),
+        (_bwd_dkdv_kernel, "dkdv", {**bwd_sig, "DK": ptr, "DV": ptr, "sm_scale": "fp32", **sizes},
+         list(range(8))),
+        (_bwd_dq_kernel, "dq", {**bwd_sig, "DQ": ptr, "sm_scale": "fp32", **sizes}, list(range(7))),
+    ):  # fmt: skip
+        cfg = _config(128, kind)
+        consts = {**common, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]}
+        if kind == "fwd":
+            consts |= unit
+        specs.append({"kernel": kernel, "signature": sig, "aligned": aligned, "constexprs": consts,
+                      "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})  # fmt: skip
+    return specs
