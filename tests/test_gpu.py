@@ -92,3 +92,14 @@ def test_flash_attention_memory_grows_linearly_with_sequence():
         peaks[s] = torch.cuda.max_memory_allocated() - base
         del q, k, v
     assert peaks[16384] / peaks[4096] < 5  # 4x the tokens: ~4x, where S^2 would be 16x
+
+
+def test_memory_snapshot_is_written_for_memory_viz(tmp_path):
+    import pickle
+
+    x = torch.randn(1024, 1024, device="cuda")
+    path = tmp_path / "snap.pickle"
+    p = pl.profile(lambda: (x @ x).relu(), memory_snapshot=path)
+    assert p.peak_memory_bytes >= 4 * 1024 * 1024
+    snap = pickle.loads(path.read_bytes())
+    assert "segments" in snap and "device_traces" in snap

@@ -115,3 +115,12 @@ def test_rules_without_work_say_what_is_missing():
     d = classify(device_ms=1.0, wall_ms=1.1, busy_fraction=0.9, distinct_kernels=1, launches=1,
                  work=None, ceilings=CEIL)  # fmt: skip
     assert d.bound == "unclear" and "work" in d.advice
+
+
+def test_memory_snapshot_without_a_gpu_is_a_clear_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only behaviour")
+    with pytest.raises(ValueError, match="memory_snapshot: CUDA memory snapshots need a CUDA GPU"):
+        pl.profile(torch.exp, torch.randn(8), memory_snapshot=tmp_path / "s.pickle")
+    with pytest.raises(ValueError, match="calls"):
+        pl.profile(torch.exp, torch.randn(8), calls=0)
