@@ -124,3 +124,24 @@ def test_memory_snapshot_without_a_gpu_is_a_clear_error(tmp_path):
         pl.profile(torch.exp, torch.randn(8), memory_snapshot=tmp_path / "s.pickle")
     with pytest.raises(ValueError, match="calls"):
         pl.profile(torch.exp, torch.randn(8), calls=0)
+
+
+@pytest.mark.parametrize(
+    "name, short",
+    [
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, float, float, "
+         "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 2ul> >(int, ...)",
+         "elementwise[mul, scalar]"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::tanh_kernel_cuda(at::Tensor"
+         "IteratorBase&)::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >",
+         "elementwise[tanh]"),
+        ("void (anonymous namespace)::gelu_vec_kernel<float, 1>(uint4 const*, uint4*, long)",
+         "gelu_vec_kernel"),
+        ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT"),
+        ("triton_poi_fused_add_mul_pow_tanh_0", "triton_poi_fused_add_mul_pow_tanh_0"),
+    ],
+)  # fmt: skip
+def test_kernel_names_are_shortened_readably(name, short):
+    from perfloop.profiling import short_name
+
+    assert short_name(name) == short

@@ -294,6 +294,13 @@ def bench_op(args, op, variants, shape, dtype, store=None, run_id=None, quiet=Fa
     return c, rows
 
 
+def _num(v) -> str:
+    """A rate with sensible digits: 4239, 52.1, 0.0123."""
+    if not v:
+        return "-"
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def print_bench_rows(rows, op, shape, dtype):
     from perfloop.measurement import fmt_ms
 
@@ -307,8 +314,8 @@ def print_bench_rows(rows, op, shape, dtype):
         line = [
             r["variant"], r["dtype"], fmt_ms(r["median_ms"]),
             f"{fmt_ms(r['ci95_ms'][0])}..{fmt_ms(r['ci95_ms'][1])}",
-            f"{r['gbps']:.0f}" if r["gbps"] else "-",
-            f"{r['tflops']:.2f}" if r["tflops"] else "-",
+            _num(r["gbps"]),
+            _num(r["tflops"]),
             f"{100 * r['sol']:.0f}%" if r["sol"] is not None else "-",
             f"{r['speedup']:.2f}x [{r['speedup_ci'][0]:.2f}, {r['speedup_ci'][1]:.2f}]{sig}",
         ]  # fmt: skip

@@ -94,9 +94,11 @@ def short_name(name: str) -> str:
     m = re.search(r"at::native::(?:\w+::)*(\w+)", name.replace("(anonymous namespace)::", ""))
     if m:
         return m.group(1)
-    name = re.sub(r"^void\s+", "", name)
+    if not re.search(r"[<(]|^void ", name):
+        return name[:60]  # already plain: aten::mul, triton_poi_..., nvjet_...
+    name = re.sub(r"^void\s+", "", name.replace("(anonymous namespace)::", ""))
     name = name.split("<", 1)[0].split("(", 1)[0]
-    return name[:60]
+    return name.rsplit("::", 1)[-1][:60]
 
 
 # --------------------------------------------------------------------- records
