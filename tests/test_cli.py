@@ -108,3 +108,19 @@ def test_report_exports_and_a_corrupt_db_is_a_usage_error(tmp_path, capsys):
     bad.write_text("garbage" * 50)
     assert main(["report", "--db", str(bad)]) == 2
     assert "not a usable perfloop database" in capsys.readouterr().err
+
+
+def test_perfloop_runs_without_triton_and_says_why():
+    code = (
+        "import sys, json, io, contextlib; sys.modules['triton'] = None\n"
+        "from perfloop.cli import main\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf): main(['list', '--json'])\n"
+        "rows = json.loads(buf.getvalue())\n"
+        "print(json.dumps({r['op'] + '/' + r['variant']: r['runs_here'] for r in rows}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    here = json.loads(p.stdout.strip().splitlines()[-1])
+    assert here["gelu/triton"].startswith("no: needs Triton")
+    assert here["gelu/naive"] == "yes"
