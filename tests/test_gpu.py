@@ -14,7 +14,9 @@ CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
 @pytest.mark.parametrize("op_name, variant", CASES, ids=[f"{o}-{v}" for o, v in CASES])
 def test_every_variant_on_the_gpu(op_name, variant):
     op = pl.ops.get(op_name)
-    recs = op.check(variant, device="cuda")
+    # torch.compile specializes per shape and dtype: a few shapes keep this test to seconds
+    kwargs = {"shapes": op.test_shapes[1:4]} if variant == "compiled" else {}
+    recs = op.check(variant, device="cuda", **kwargs)
     assert all(r["bad"] == 0 for r in recs)
 
 
