@@ -409,13 +409,13 @@ def run_nsys(args) -> int:
         return FAILED
     out = args.trace or f"perfloop-{args.op}-{args.variant}"
     cmd = [nsys, "profile", "-o", out, "--force-overwrite=true", "--trace=cuda,nvtx",
-           "--capture-range=nvtx", "--nvtx-capture=perfloop", "--capture-range-end=stop",
+           "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
            sys.executable, "-m", "perfloop", "profile", args.op, "--variant", args.variant,
            "--calls", str(args.calls)]  # fmt: skip
     if args.shape:
         cmd += ["--shape", args.shape]
     console().print("running: " + " ".join(cmd))
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env={**os.environ, "PERFLOOP_NSYS": "1"})
 
 
 def cmd_asm(args) -> int:

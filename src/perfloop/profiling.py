@@ -192,10 +192,8 @@ class Profile:
 
 
 def _annotation_names(events) -> set[str]:
-    """Names of record_function ranges on the host (their GPU mirrors share the name)."""
-    return {e.name for e in events if e.device_type == DeviceType.CPU and e.name == "perfloop"} | {
-        e.name for e in events if getattr(e, "is_user_annotation", False)
-    }
+    """Names of record_function ranges (annotate); their GPU-side mirrors share the name."""
+    return {e.name for e in events if getattr(e, "is_user_annotation", False)}
 
 
 def _union_ms(intervals: list[tuple[float, float]]) -> float:
@@ -268,14 +266,18 @@ def profile(
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         prof.__enter__()
     try:
+        nsys = on_cuda and os.environ.get("PERFLOOP_NSYS") == "1"
+        if nsys:  # `perfloop profile --nsys`: Nsight Systems captures exactly these calls
+            torch.cuda.profiler.start()
         t0 = time.perf_counter()
         host = 0.0
-        with annotate("perfloop"):  # the capture range `perfloop profile --nsys` asks for
-            for _ in range(calls):
-                h0 = time.perf_counter()
-                call()
-                host += time.perf_counter() - h0
-            sync()
+        for _ in range(calls):
+            h0 = time.perf_counter()
+            call()
+            host += time.perf_counter() - h0
+        sync()
+        if nsys:
+            torch.cuda.profiler.stop()
         wall_ms = (time.perf_counter() - t0) * 1e3
     finally:
         prof.__exit__(None, None, None)  # stopped cleanly even when fn raised
@@ -283,12 +285,13 @@ def profile(
     events = prof.events()
     # Device activity: kernels, memcpy, memset. Not the GPU-side mirrors of record_function
     # ranges (ours included), which span whole regions and are not work.
+    ranges = _annotation_names(events)
     dev = [
         e
         for e in events
         if e.device_type == DeviceType.CUDA
         and not getattr(e, "is_user_annotation", False)
-        and e.name not in _annotation_names(events)
+        and e.name not in ranges
     ]
     if on_cuda and not dev:
         warnings.append("no device activity was recorded (CUPTI unavailable?); CPU ops shown")
@@ -299,14 +302,8 @@ def profile(
             [e for e in dev if "memset" not in e.name.lower() and "memcpy" not in e.name.lower()]
         )
     else:
-        # Top-level CPU ops: those with no parent but perfloop's own capture range.
-        top = [
-            e
-            for e in events
-            if e.device_type == DeviceType.CPU
-            and e.name != "perfloop"
-            and (e.cpu_parent is None or e.cpu_parent.name == "perfloop")
-        ]
+        # Top-level CPU ops: those with no parent op.
+        top = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
         items = [(e.name, e.time_range.start, e.time_range.end) for e in top]
         launches = len(items)
     agg: dict[str, list] = {}
