@@ -129,3 +129,5 @@ def test_graph_on_cpu_and_empty_sizes_are_clear_errors():
         pl.sweep(lambda n: busy(0.01), sizes=[])
     with pytest.raises(ValueError, match="baseline"):
         pl.compare({"a": busy(0.01)}, baseline="zzz")
+    with pytest.raises(ValueError, match="min_rounds"):
+        pl.compare({"a": busy(0.01)}, min_rounds=0)

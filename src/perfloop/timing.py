@@ -241,15 +241,16 @@ def _prepare(
     return sampler, calls, est
 
 
-def _validate(fn, budget_s, target_ci, min_samples, max_samples, warmup_s, graph):
+def _validate(fn, budget_s, target_ci, min_samples, max_samples, warmup_s, graph, count="samples"):
     if not callable(fn):
         raise TypeError(f"fn: must be callable (a function of no arguments, or pass args), got {fn!r}")
     _check_positive("budget_s", budget_s)
     _check_positive("target_ci", target_ci)
-    _check_positive("min_samples", min_samples, integer=True)
-    _check_positive("max_samples", max_samples, integer=True)
+    lo, hi = f"min_{count}", f"max_{count}"  # "rounds" for compare
+    _check_positive(lo, min_samples, integer=True)
+    _check_positive(hi, max_samples, integer=True)
     if max_samples < min_samples:
-        raise ValueError(f"max_samples: {max_samples} is below min_samples={min_samples}")
+        raise ValueError(f"{hi}: {max_samples} is below {lo}={min_samples}")
     if isinstance(warmup_s, bool) or not isinstance(warmup_s, (int, float)) or warmup_s < 0:
         raise ValueError(f"warmup_s: must be a number >= 0, got {warmup_s!r}")
     if graph and not _device.has_cuda():
@@ -381,7 +382,9 @@ def compare(
     baseline = baseline if baseline is not None else next(iter(fns))
     if baseline not in fns:
         raise ValueError(f"baseline: {baseline!r} is not one of {sorted(fns)}")
-    _validate(next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False)
+    _validate(
+        next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False, "rounds"
+    )
     on_cuda = _device.has_cuda()
     t0 = time.perf_counter()
     samplers = {}
