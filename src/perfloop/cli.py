@@ -59,6 +59,16 @@ def progress(args, total: int, what: str):
         yield lambda desc=None: p.update(task, advance=1, description=desc or what)
 
 
+@contextmanager
+def status(args, text: str):
+    """A spinner on stderr for a step that takes seconds (only at a terminal, not with --json)."""
+    if sys.stderr.isatty() and not getattr(args, "json", False):
+        with console(True).status(text):
+            yield
+    else:
+        yield
+
+
 def table(title: str | None, headers: list[str], rows: list[list]) -> None:
     from rich.table import Table
 
@@ -338,7 +348,10 @@ def cmd_bench(args) -> int:
         raise UsageError(f"--variant: none of the asked variants of {op.name} can be timed here")
     store = open_store(args)
     run_id = store.new_run(" ".join(sys.argv), _env())
-    _, rows = bench_op(args, op, variants, shape, dtype, store, run_id)
+    with status(args, f"checking, then timing {len(variants)} variants of {op.name} interleaved"):
+        _, rows = bench_op(args, op, variants, shape, dtype, store, run_id, quiet=True)
+    if not args.json:
+        print_bench_rows(rows, op.name, shape, rows[0]["dtype"])
     if args.json:
         emit_json({"run_id": run_id, "rows": rows})
     else:
@@ -374,7 +387,8 @@ def cmd_profile(args) -> int:
     if args.nsys:
         return run_nsys(args)
     try:
-        p, d = profile_op(op, variant, shape, dtype, args.calls, args.trace, args.memory_snapshot)
+        with status(args, f"profiling {op.name}/{variant}"):
+            p, d = profile_op(op, variant, shape, dtype, args.calls, args.trace, args.memory_snapshot)
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     store = open_store(args)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from perfloop import ops
-from perfloop.cli import bench_op, console, device, open_store, profile_op, table
+from perfloop.cli import bench_op, console, device, open_store, print_bench_rows, profile_op, status, table
 from perfloop.device import ceilings, env_fingerprint
 from perfloop.measurement import fmt_ms
 from perfloop.ops.base import CheckFailed
@@ -73,7 +73,9 @@ def run_demo(args) -> int:
     table(None, ["variant", "check", "detail"], rows)
 
     out.rule("1 + 4. measure, then measure again: interleaved, L2 flushed, 95% CIs")
-    comp, bench_rows = bench_op(args, op, runnable, shape, dtype, store, run_id)
+    with status(args, "timing the variants, interleaved"):
+        _, bench_rows = bench_op(args, op, runnable, shape, dtype, store, run_id, quiet=True)
+    print_bench_rows(bench_rows, op.name, shape, "fp32")
     best = max((r for r in bench_rows if r["variant"] != "naive"), key=lambda r: r["speedup"],
                default=None)  # fmt: skip
     if best:
