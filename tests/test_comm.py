@@ -55,6 +55,27 @@ def test_distributed_sweep_shards_points_and_stores_them_once(tmp_path, capsys):
                "--json", "--db", db])  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["by_rank"] == {"0": 2, "1": 2}
-    assert {p["rank"] for p in out["points"]} == {0, 1}
-    assert len(Store(db).rows(out["run_id"])) == 4
+    assert out["by_rank"] == {"0": 2, "1": 2}  # sharded evenly
+    assert out["stored"] == 4 and out["missing"] == [] and out["rank_failure"] is None
+    rows = Store(db).rows(out["run_id"])
+    assert len(rows) == 4 and len({(r["variant"], r["shape"]) for r in rows}) == 4  # each point once
+
+
+def test_a_rank_that_dies_mid_sweep_loses_only_its_own_points(tmp_path, capsys):
+    import argparse
+
+    import perfloop as pl
+    from perfloop.cli import distributed_sweep_cli
+
+    s = Store(tmp_path / "d.db")
+    run = s.new_run("dying sweep")
+    op = pl.ops.get("gelu")
+    shapes = [(64,), (96,), (128,), (160,)]  # rank 0 takes 64 and 128, rank 1 takes 96 and 160
+    args = argparse.Namespace(nproc=2, budget=0.2, json=True)
+    rc = distributed_sweep_cli(args, op, ["builtin"], shapes, __import__("torch").float32, s, run,
+                               entry="_sweep_then_die")  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and "failed" in out["rank_failure"]
+    kept = {r["shape"] for r in Store(tmp_path / "d.db").rows(run)}
+    assert {"64", "128"} <= kept  # rank 0's points survive
+    assert "160" not in kept and ["builtin", "160"] in out["missing"]

@@ -525,33 +525,39 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def distributed_sweep_cli(args, op, variants, shapes, dtype, store, run_id) -> int:
+def distributed_sweep_cli(args, op, variants, shapes, dtype, store, run_id, entry="sweep_on_ranks") -> int:
     from perfloop import comm
-    from perfloop.measurement import Measurement
     from perfloop.ops.base import dtype_name
+    from perfloop.store import shape_str
 
     if not args.nproc:
         raise UsageError("--distributed: give --nproc N (ranks to spawn), one device each")
-    try:
-        res = comm.spawn(args.nproc, "sweep_on_ranks", op.name, variants, shapes, dtype_name(dtype),
-                         args.budget)  # fmt: skip
+    failure = None
+    try:  # each rank stores its own points as it measures them
+        res = comm.spawn(args.nproc, entry, op.name, variants, shapes, dtype_name(dtype), args.budget,
+                         store.path, run_id)  # fmt: skip
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    errors = []
-    for p in res["points"]:  # stored once, by this process (rank 0's gather)
-        if "measurement" in p:
-            store.add(run_id, Measurement.from_dict(p["measurement"]), op=op.name, variant=p["variant"],
-                      shape=p["shape"], dtype=dtype_name(dtype))  # fmt: skip
-        else:
-            errors.append(p)
+    except RuntimeError as exc:  # a rank died: what the others measured is already stored
+        failure = str(exc)
+        res = {"points": [], "by_rank": {}}
+    stored = {(r["variant"], r["shape"]): r for r in store.rows(run_id)}
+    wanted = [(v, shape_str(s)) for v in variants for s in shapes]
+    missing = [w for w in wanted if w not in stored]
+    errors = [p for p in res["points"] if "error" in p]
+    out = {"run_id": run_id, "stored": len(stored), "missing": missing, "errors": errors,
+           "rank_failure": failure, "by_rank": res["by_rank"]}  # fmt: skip
     if args.json:
-        emit_json({"run_id": run_id, **res})
+        emit_json(out)
     else:
-        table(f"{op.name} sweep on {args.nproc} ranks", ["variant", "shape", "rank", "median / error"],
-              [[p["variant"], "x".join(map(str, p["shape"])), p["rank"],
-                f"{Measurement.from_dict(p['measurement']).median_ms:.4f} ms" if "measurement" in p
-                else p["error"]] for p in res["points"]])  # fmt: skip
-    return FAILED if errors else 0
+        rows = [[v, s, f"{stored[(v, s)]['median_ms']:.4f} ms" if (v, s) in stored else "missing"]
+                for v, s in wanted]  # fmt: skip
+        table(f"{op.name} sweep on {args.nproc} ranks (run {run_id})", ["variant", "shape", "median"], rows)
+        for p in errors:
+            console().print(f"{p['variant']} {p['shape']} on rank {p['rank']}: {p['error']}", style="yellow")
+        if failure:
+            console().print(f"{failure}; {len(missing)} points lost, {len(stored)} kept", style="red")
+    return FAILED if (missing or errors) else 0
 
 
 def plot_sweep(results, path, title):

@@ -201,14 +201,21 @@ def collectives_on_ranks(sizes, names, iters):
 
 
 def distributed_sweep(op_name: str, variants: list[str], shapes: list[tuple], dtype_name: str,
-                      budget_s: float = 1.0) -> dict:  # fmt: skip
+                      budget_s: float = 1.0, db: str | None = None, run_id: str | None = None,
+                      on_point: Callable | None = None) -> dict:  # fmt: skip
     """On an initialized group: shard (variant, shape) points across ranks, one device each,
-    bench them, gather every Measurement to rank 0. A point that fails is reported with its
-    error and costs only itself. Returns {"points": [...], "by_rank": {...}} on every rank."""
+    bench them, gather every Measurement to rank 0. Returns {"points", "by_rank"} on every rank.
+
+    With `db` and `run_id`, each rank also stores each point the moment it is measured (the
+    store takes concurrent writers): a rank that dies loses only the points it had not
+    measured yet. A point that raises is reported with its error and costs only itself.
+    """
     from perfloop import ops
     from perfloop.ops.base import parse_dtype
+    from perfloop.store import Store
     from perfloop.timing import bench
 
+    store = Store(db) if db and run_id else None
     rank, world = dist.get_rank(), dist.get_world_size()
     device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
     op = ops.get(op_name)
@@ -223,18 +230,32 @@ def distributed_sweep(op_name: str, variants: list[str], shapes: list[tuple], dt
             var = op.variant(v)
             m = bench(lambda var=var, inputs=inputs: var(*inputs), work=op.work(shape, dtype),
                       budget_s=budget_s)  # fmt: skip
-            mine.append({"variant": v, "shape": list(shape), "rank": rank, "measurement": m.to_dict()})
+            rec = {"variant": v, "shape": list(shape), "rank": rank, "measurement": m.to_dict()}
+            if store is not None:
+                store.add(run_id, m, op=op_name, variant=v, shape=shape, dtype=dtype_name)
         except Exception as exc:  # one point's failure is reported, the rest go on
-            mine.append({"variant": v, "shape": list(shape), "rank": rank,
-                         "error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
+            rec = {"variant": v, "shape": list(shape), "rank": rank, "error": f"{type(exc).__name__}: {exc}"}
+        mine.append(rec)
+        if on_point is not None:
+            on_point(rec)
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     allpts = [p for part in gathered for p in part]
     return {"points": allpts, "by_rank": {r: len(part) for r, part in enumerate(gathered)}}
 
 
-def sweep_on_ranks(op_name, variants, shapes, dtype_name, budget_s):
-    return distributed_sweep(op_name, variants, shapes, dtype_name, budget_s)
+def sweep_on_ranks(op_name, variants, shapes, dtype_name, budget_s, db=None, run_id=None):
+    return distributed_sweep(op_name, variants, shapes, dtype_name, budget_s, db, run_id)
+
+
+def _sweep_then_die(op_name, variants, shapes, dtype_name, budget_s, db, run_id):
+    """For tests: rank 1 dies after its first point, mid-sweep."""
+
+    def on_point(rec):
+        if dist.get_rank() == 1:
+            os._exit(3)
+
+    return distributed_sweep(op_name, variants, shapes, dtype_name, budget_s, db, run_id, on_point)
 
 
 def _fail_on_rank(rank_to_fail: int):
