@@ -91,7 +91,7 @@ def _rowsum_drops_last_tile(x, out=None):
 def test_known_wrong_variants_are_rejected(op_name, bad, match):
     op = pl.ops.get(op_name)
     with (
-        pl.ops.base_temp_variant(op, "known_wrong", bad) as name,
+        pl.ops.temporary_variant(op, "known_wrong", bad) as name,
         pytest.raises(CheckFailed, match=match) as e,
     ):
         op.check(name, device="cpu", dtypes=[torch.float32])

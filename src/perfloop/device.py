@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -155,7 +154,6 @@ def env_fingerprint() -> dict:
         "precision": precision_flags(),
         "git": _git_sha(),
         "platform": f"{platform.system()} {platform.machine()}",
-        "argv0": Path(sys.argv[0]).name if sys.argv else None,
     }
 
 

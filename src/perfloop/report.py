@@ -81,36 +81,32 @@ def _plots(op: str, rows: list[dict], out: Path) -> list[tuple[str, str]]:
     at = sorted((r for r in rows if r["shape"] == big and not r["graph"]), key=lambda r: r["variant"])
     sol = [r for r in at if r.get("sol") is not None]
     if sol:
-        fig, ax = plt.subplots(figsize=(6.4, 3.2))
-        labels = [f"{r['variant']}\n{r['dtype']}" for r in sol]
-        ax.bar(labels, [100 * r["sol"] for r in sol], color="#4878a8")
-        ax.axhline(100, color="k", lw=0.8, ls="--")
-        ax.set_ylabel("% of measured ceiling")
-        ax.set_title(f"{op} {big}: speed of light")
-        name = f"{safe}_sol.png"
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
+        name = _bars(plt, out / f"{safe}_sol.png", sol, [100 * r["sol"] for r in sol], None, 100,
+                     "% of measured ceiling", f"{op} {big}: speed of light", "#4878a8")  # fmt: skip
         made.append((name, f"{op} {big}: % of the measured ceiling"))
     sp = [r for r in at if r.get("speedup") is not None]
     if sp:
-        fig, ax = plt.subplots(figsize=(6.4, 3.2))
-        labels = [f"{r['variant']}\n{r['dtype']}" for r in sp]
         vals = [r["speedup"] for r in sp]
-        err = [
-            [v - r["speedup_lo"] for v, r in zip(vals, sp, strict=True)],
-            [r["speedup_hi"] - v for v, r in zip(vals, sp, strict=True)],
-        ]
-        ax.bar(labels, vals, yerr=err, capsize=4, color="#6a9f58")
-        ax.axhline(1, color="k", lw=0.8, ls="--")
-        ax.set_ylabel(f"speed-up vs {sp[0].get('baseline') or 'baseline'} (95% CI)")
-        ax.set_title(f"{op} {big}: speed-up")
-        name = f"{safe}_speedup.png"
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
+        err = [[v - r["speedup_lo"] for v, r in zip(vals, sp, strict=True)],
+               [r["speedup_hi"] - v for v, r in zip(vals, sp, strict=True)]]  # fmt: skip
+        name = _bars(plt, out / f"{safe}_speedup.png", sp, vals, err, 1,
+                     f"speed-up vs {sp[0].get('baseline') or 'baseline'} (95% CI)",
+                     f"{op} {big}: speed-up", "#6a9f58")  # fmt: skip
         made.append((name, f"{op} {big}: speed-up with 95% CI"))
     return made
+
+
+def _bars(plt, path: Path, rows, values, err, ref, ylabel: str, title: str, color: str) -> str:
+    """One bar per (variant, dtype), a dashed line at `ref`; returns the file name."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    ax.bar([f"{r['variant']}\n{r['dtype']}" for r in rows], values, yerr=err, capsize=4, color=color)
+    ax.axhline(ref, color="k", lw=0.8, ls="--")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
 
 
 def _comm_plot(rows: list[dict], out: Path) -> str:

@@ -44,6 +44,13 @@ def relative_ci_halfwidth(samples: Sequence[float], confidence: float = 0.95) ->
     return (hi - lo) / 2.0 / med if med > 0 else math.inf
 
 
+def _interval(boot: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The central `confidence` interval of bootstrap replicates (percentile method)."""
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
 def paired_speedup(
     base: Sequence[float],
     cand: Sequence[float],
@@ -63,16 +70,14 @@ def paired_speedup(
         raise ValueError("base/cand: need the same number (>= 2) of paired samples")
     speedup = float(np.median(b) / np.median(c))
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(b), size=(n_boot, len(b)))
-    boot = np.median(b[idx], axis=1) / np.median(c[idx], axis=1)
-    alpha = 1.0 - confidence
-    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    idx = rng.integers(0, len(b), size=(n_boot, len(b)))  # the same rounds for both: pairs kept
+    lo, hi = _interval(np.median(b[idx], axis=1) / np.median(c[idx], axis=1), confidence)
     logr = np.log(b / c)
     if np.allclose(logr, 0.0):
         p = 1.0
     else:
         p = float(stats.wilcoxon(logr, zero_method="zsplit").pvalue)
-    return {"speedup": speedup, "ci": (float(lo), float(hi)), "p_value": p}
+    return {"speedup": speedup, "ci": (lo, hi), "p_value": p}
 
 
 def fit_power_floor(sizes: Sequence[float], times: Sequence[float]) -> dict:
@@ -149,7 +154,6 @@ def independent_ratio(
     rng = np.random.default_rng(seed)
     bx = np.median(x[rng.integers(0, len(x), size=(n_boot, len(x)))], axis=1)
     by = np.median(y[rng.integers(0, len(y), size=(n_boot, len(y)))], axis=1)
-    alpha = 1.0 - confidence
-    lo, hi = np.quantile(by / bx, [alpha / 2, 1 - alpha / 2])
+    lo, hi = _interval(by / bx, confidence)
     p = float(stats.mannwhitneyu(x, y, alternative="two-sided").pvalue)
-    return {"ratio": float(np.median(y) / np.median(x)), "ci": (float(lo), float(hi)), "p_value": p}
+    return {"ratio": float(np.median(y) / np.median(x)), "ci": (lo, hi), "p_value": p}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import random
 import time
@@ -480,15 +481,9 @@ def sweep(
     if not sizes:
         raise ValueError("sizes: empty; give at least one size, e.g. sizes=[1024, 4096, 16384]")
     # Bad bench arguments are the caller's mistake, not a size's: fail before measuring.
-    _validate(
-        factory,
-        bench_kwargs.get("budget_s", 1.0),
-        bench_kwargs.get("target_ci", 0.01),
-        bench_kwargs.get("min_samples", 10),
-        bench_kwargs.get("max_samples", 10_000),
-        bench_kwargs.get("warmup_s", 0.025),
-        bench_kwargs.get("graph", False),
-    )
+    opts = {n: p.default for n, p in inspect.signature(bench).parameters.items()} | bench_kwargs
+    _validate(factory, *(opts[n] for n in ("budget_s", "target_ci", "min_samples", "max_samples",
+                                           "warmup_s", "graph")))  # fmt: skip
     points = []
     for size in sizes:
         try:

@@ -51,7 +51,7 @@ __all__ = [
 
 
 @contextlib.contextmanager
-def base_temp_variant(op: Op, name: str, fn):
+def temporary_variant(op: Op, name: str, fn):
     """Register `fn` as a variant of `op` for the duration of a with-block (tests, experiments)."""
     op.add(Variant(name, fn=fn))
     try:

@@ -6,8 +6,8 @@
 // or 8 half), and the tanh is replaced by 0.5x(1+tanh u) = x / (1 + exp(-2u))
 // with the hardware exp (__expf): a few instructions instead of tanhf's
 // branchy polynomial. kUnroll vectors per thread are loaded before any is
-// used; on the H200 one was best (fp32 16384^2: 101% of the copy ceiling at 1,
-// 97.5% at 2, 4 and 8; benchmarks/results/2026-11-30-h200-run2.json, "tune").
+// used; on the H200 one was best (fp32 16384^2: 100.9% of the copy ceiling at 1,
+// 97.1-97.5% at 2, 4 and 8; benchmarks/results/2026-11-30-h200-run2.json, "tune").
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
