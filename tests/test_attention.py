@@ -9,8 +9,13 @@ from perfloop.ops.attention import reference, reference_lse
 triton_impl = pytest.importorskip("perfloop.ops.attention.triton_impl")
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-SHAPES = [  # (B, H, Sq, Sk, D, causal): seq 1, primes, Sq != Sk, head dims 16 and 40
+SHAPES = [  # (B, H, Sq, Sk, D, causal): seq 1, primes, Sq != Sk, head dims 16 and 40; and
+    # multiples of every tile, so the kernels' unmasked loops run too (causal, Sq < Sk, Sq > Sk)
     (1, 1, 1, 1, 16, False),
+    (1, 2, 32, 32, 16, True),
+    (1, 1, 32, 64, 32, True),
+    (1, 1, 64, 32, 32, False),
+    (1, 1, 48, 48, 32, True),
     (1, 2, 17, 17, 16, True),
     (1, 1, 33, 70, 40, True),
     (2, 1, 100, 37, 32, False),
@@ -98,3 +103,31 @@ def test_flash_torch_never_builds_a_seq_by_seq_tensor():
         torch.Tensor.__matmul__ = orig
     assert max(s[-1] * s[-2] for s in seen) <= 64 * 64
     _close(out, reference(q, k, v), 2e-5, "flash_torch")
+
+
+@pytest.mark.parametrize("tiles", [(32, 16), (16, 32)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 64, 64, 16, True), (1, 1, 50, 70, 16, True),
+                                   (1, 1, 70, 50, 16, False), (1, 1, 96, 64, 16, True)], ids=str)  # fmt: skip
+def test_unequal_tiles_split_the_loops_right(shape, tiles):
+    """BLOCK_M != BLOCK_N moves the diagonal band and the ragged tail inside the tiles:
+    the split into unmasked and masked loops must still visit every (query, key) once."""
+    bm, bn = tiles
+    q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=3)
+    scale = shape[4] ** -0.5
+    fwd = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1}
+    o, lse = triton_impl._forward(q, k, v, causal, scale, fwd)
+    g = torch.randn_like(o)
+    bwd = {"dkdv": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1},
+           "dq": {"BLOCK_M": bn, "BLOCK_N": bm, "num_warps": 4, "num_stages": 1}}  # fmt: skip
+    dq, dk, dv = triton_impl._backward(q, k, v, o, lse, g, causal, scale, bwd)
+    o_ref, dq_ref, dk_ref, dv_ref = _ref_grads(q, k, v, causal, g)
+    _close(o, o_ref, 2e-3, "out")
+    _close(lse, reference_lse(q, k, causal), 2e-3, "lse")
+    for got, want, what in ((dq, dq_ref, "dq"), (dk, dk_ref, "dk"), (dv, dv_ref, "dv")):
+        _close(got, want, 4e-3, what)
+
+
+def test_scale_must_be_positive():
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="scale: need a finite number > 0"):
+        triton_impl.flash_attention(q, q, q, scale=-1.0)

@@ -3,18 +3,28 @@
 Forward (one program per BLOCK_M queries of one (batch, head)): walk the keys in
 BLOCK_N tiles; s = q k^T in registers; keep the running row max m and sum l of
 exp(s - m), rescale the output accumulator when m grows; write O = acc / l and
-the row log-sum-exp L = m + log(l). With `causal`, tiles wholly above the
-diagonal are never visited (the loop stops at the block's last query).
+the row log-sum-exp L = m + log(l).
 
 Backward, with recomputation (nothing S x S was kept):
   D = rowsum(dO * O)                              (preprocess kernel)
   P = exp(q k^T * scale - L),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D)
   dK = dS^T q * scale        (one program per K/V tile, looping over queries)
   dQ = dS k * scale          (one program per query tile, looping over keys)
-Two kernels instead of atomics: each output tile has exactly one writer.
+Two kernels instead of atomics: each output tile has exactly one writer. The
+dK/dV kernel computes the transposed tiles P^T = exp(k q^T ...) and dS^T
+directly, so they feed the next matmul as they are: transposing a tile held in
+registers would cost a round trip through shared memory per step.
 
-Exponentials run in base 2 (exp2), with log2(e) folded into the scale: one
-multiply fewer per score.
+What keeps the inner loops short -- on Hopper the exponentials and the other
+per-score work, not the matmuls, are the limit:
+- exponentials in base 2 (exp2), with log2(e) folded into the scale, and the
+  scale applied inside the exp2's argument as one fused multiply-add;
+- masks only where they can change something: every loop over tiles is split
+  into tiles that need no mask (wholly inside the sequence and, with `causal`,
+  wholly below the diagonal) and the few that do (the diagonal band, a ragged
+  last tile). Tiles wholly above the diagonal are never visited;
+- causal forward programs start with the longest rows, so the short ones fill
+  the tail of the launch.
 """
 
 from __future__ import annotations
@@ -29,40 +39,48 @@ from perfloop.ops.attention import validate
 from perfloop.ops.base import interpreting
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _load(base, rows, n_rows, offs_d, stride_row, stride_d, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
+          UPCAST: tl.constexpr, TRANS: tl.constexpr = False):  # fmt: skip
+    """Rows `rows` (< n_rows) of a (seq, HEAD_DIM) matrix, as (rows, d) or, with TRANS,
+    (d, rows); zeros outside. MASK=False: the caller knows every row and column is in bounds."""
+    if TRANS:
+        ptrs = base + rows[None, :] * stride_row + offs_d[:, None] * stride_d
+        inside = (rows[None, :] < n_rows) & (offs_d[:, None] < HEAD_DIM)
+    else:
+        ptrs = base + rows[:, None] * stride_row + offs_d[None, :] * stride_d
+        inside = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+    if MASK:
+        x = tl.load(ptrs, mask=inside, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
 def _fwd_tiles(
-    q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
-    d_ok, lo, hi, MASK_CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d, lo, hi,
+    MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        kt = tl.load(  # k^T tile: (BLOCK_D, BLOCK_N)
-            k_base + cols[None, :] * skn + offs_d[:, None] * skd,
-            mask=(cols[None, :] < SK) & d_ok[:, None],
-            other=0.0,
-        )
-        if UPCAST:
-            kt = kt.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # log2 domain
-        valid = cols[None, :] < SK
-        if MASK_CAUSAL:
-            valid = valid & (cols[None, :] <= offs_m[:, None])
-        s = tl.where(valid, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
+        kt = _load(k_base, cols, SK, offs_d, skn, skd, HEAD_DIM, MASK or MASK_D, UPCAST, True)
+        s = tl.dot(q, kt, input_precision=PRECISION)  # raw scores; the scale goes into exp2
+        if MASK:
+            valid = cols[None, :] < SK
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= offs_m[:, None])
+            s = tl.where(valid, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # log2 domain (scale > 0)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_base + cols[:, None] * svn + offs_d[None, :] * svd,
-            mask=(cols[:, None] < SK) & d_ok[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            v = v.to(tl.float32)
+        v = _load(v_base, cols, SK, offs_d, svn, svd, HEAD_DIM, MASK or MASK_D, UPCAST)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return m_i, l_i, acc
@@ -74,49 +92,47 @@ def _fwd_kernel(
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
     H, SQ, SK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
+    if CAUSAL:  # the longest rows first: the short ones fill the launch's tail
+        pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    q = tl.load(
-        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-        mask=(offs_m[:, None] < SQ) & d_ok[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
+    MASK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    q = _load(Q + b * sqb + h * sqh, offs_m, SQ, offs_d, sqm, sqd, HEAD_DIM, MASK_D or not EVEN_M, UPCAST)
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # Causal: tiles wholly below the diagonal need no mask, tiles past the block's last
-    # query are never visited, and only the band of tiles crossing the diagonal is masked.
-    mid = SK
+    # [0, mid): no mask; [mid, hi): the diagonal band (causal) and a ragged last tile.
+    # Causal tiles past the block's last query are never visited.
     hi = SK
+    mid = SK
+    if not EVEN_N:
+        mid = SK // BLOCK_N * BLOCK_N
     if CAUSAL:
         hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)
-        mid = tl.minimum(hi, (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N)
+        mid = tl.minimum(mid, (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N)
     m_i, l_i, acc = _fwd_tiles(
         q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
-        d_ok, 0, mid, False, UPCAST, PRECISION, BLOCK_N,
+        0, mid, False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N,
     )  # fmt: skip
-    if CAUSAL:
-        m_i, l_i, acc = _fwd_tiles(
-            q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n,
-            offs_d, d_ok, mid, hi, True, UPCAST, PRECISION, BLOCK_N,
-        )  # fmt: skip
+    m_i, l_i, acc = _fwd_tiles(
+        q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
+        mid, hi, True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N,
+    )  # fmt: skip
     acc = acc / l_i[:, None]
     row_ok = offs_m < SQ
     tl.store(
         O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
         acc.to(O.dtype.element_ty),
-        mask=row_ok[:, None] & d_ok[None, :],
+        mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
     )
     tl.store(L + bh * SQ + offs_m, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
 
@@ -136,28 +152,40 @@ def _bwd_preprocess(O, DO, Dl, SQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr
 
 
 @triton.jit
-def _tile(X, bh, S, offs, offs_d, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr):
-    """Rows `offs` of X viewed as contiguous (B*H, S, HEAD_DIM); zeros past the edges."""
-    mask = (offs[:, None] < S) & (offs_d[None, :] < HEAD_DIM)
-    x = tl.load(X + bh * S * HEAD_DIM + offs[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
-    if UPCAST:
-        x = x.to(tl.float32)
-    return x
+def _rows(X, bh, offs, S, MASK: tl.constexpr):
+    """Per-row values (L or D) of (B*H, S) at rows `offs`; zeros past the end."""
+    if MASK:
+        return tl.load(X + bh * S + offs, mask=offs < S, other=0.0)
+    return tl.load(X + bh * S + offs)
 
 
 @triton.jit
-def _p_and_ds(q, k, v, do, lse, di, offs_m, offs_n, SQ, SK, qk_scale,
-              CAUSAL: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    """Recompute P = exp(q k^T * scale - L) for a (BLOCK_M, BLOCK_N) tile, and
-    dS = P * (dO V^T - D): what both backward kernels need."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    p = tl.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634)
-    valid = (offs_m[:, None] < SQ) & (offs_n[None, :] < SK)
-    if CAUSAL:
-        valid = valid & (offs_n[None, :] <= offs_m[:, None])
-    p = tl.where(valid, p, 0.0)
-    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-    return p, p * (dp - di[:, None])
+def _dkdv_tiles(
+    dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, lo, hi, qk_scale,
+    MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    q_base = Q + bh * SQ * HEAD_DIM
+    do_base = DO + bh * SQ * HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load(q_base, offs_m, SQ, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK or MASK_D, UPCAST)
+        do = _load(do_base, offs_m, SQ, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK or MASK_D, UPCAST)
+        lse2 = _rows(L, bh, offs_m, SQ, MASK) * 1.4426950408889634
+        di = _rows(Dl, bh, offs_m, SQ, MASK)
+        # the transposed tiles (keys x queries), so P^T and dS^T feed the matmuls as they are
+        st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+        pt = tl.exp2(st * qk_scale - lse2[None, :])
+        if MASK:
+            valid = offs_m[None, :] < SQ
+            if CAUSAL:
+                valid = valid & (offs_n[:, None] <= offs_m[None, :])
+            pt = tl.where(valid, pt, 0.0)
+        dv += tl.dot(pt.to(do.dtype), do, input_precision=PRECISION)
+        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        dst = pt * (dpt - di[None, :])
+        dk += tl.dot(dst.to(q.dtype), q, input_precision=PRECISION)
+    return dk, dv
 
 
 @triton.jit
@@ -165,34 +193,69 @@ def _bwd_dkdv_kernel(
     Q, K, V, DO, L, Dl, DK, DV, sm_scale,
     H, SQ, SK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
-    # all tensors contiguous (B*H, S, HEAD_DIM); one program per BLOCK_N keys
+    # all tensors contiguous (B*H, S, HEAD_DIM); one program per BLOCK_N keys, walking the queries
     pid_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _tile(K, bh, SK, offs_n, offs_d, HEAD_DIM, UPCAST)
-    v = _tile(V, bh, SK, offs_n, offs_d, HEAD_DIM, UPCAST)
+    MASK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    kv_base = bh * SK * HEAD_DIM
+    k = _load(K + kv_base, offs_n, SK, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK_D or not EVEN_N, UPCAST)
+    v = _load(V + kv_base, offs_n, SK, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK_D or not EVEN_N, UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    lo = 0
-    if CAUSAL:  # queries above this key tile see none of it
-        lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
     qk_scale = sm_scale * 1.4426950408889634
-    for start_m in range(lo, SQ, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _tile(Q, bh, SQ, offs_m, offs_d, HEAD_DIM, UPCAST)
-        do = _tile(DO, bh, SQ, offs_m, offs_d, HEAD_DIM, UPCAST)
-        lse = tl.load(L + bh * SQ + offs_m, mask=offs_m < SQ, other=0.0)
-        di = tl.load(Dl + bh * SQ + offs_m, mask=offs_m < SQ, other=0.0)
-        p, ds = _p_and_ds(q, k, v, do, lse, di, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL, PRECISION)
-        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+    # query tiles: [lo, mid) the diagonal band (causal), [mid, m_even) no mask,
+    # [max(mid, m_even), SQ) a ragged last tile; queries above the keys see none of them
+    m_even = SQ
+    if not EVEN_M:
+        m_even = SQ // BLOCK_M * BLOCK_M
+    lo = 0
+    mid = 0
+    if CAUSAL:
+        lo = n0 // BLOCK_M * BLOCK_M
+        mid = tl.maximum(lo, tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, m_even))
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, lo, mid, qk_scale,
+                             True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_M)  # fmt: skip
+    dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, mid, m_even, qk_scale,
+                         False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_M)  # fmt: skip
+    if not EVEN_M:
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, tl.maximum(mid, m_even),
+                             SQ, qk_scale, True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION,
+                             BLOCK_M)  # fmt: skip
     kv_mask = (offs_n[:, None] < SK) & (offs_d[None, :] < HEAD_DIM)
-    kv_off = bh * SK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    kv_off = kv_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_tiles(
+    dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, lo, hi, qk_scale,
+    MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    k_base = K + bh * SK * HEAD_DIM
+    v_base = V + bh * SK * HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt = _load(k_base, offs_n, SK, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK or MASK_D, UPCAST, True)
+        vt = _load(v_base, offs_n, SK, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK or MASK_D, UPCAST, True)
+        s = tl.dot(q, kt, input_precision=PRECISION)
+        p = tl.exp2(s * qk_scale - lse2[:, None])
+        if MASK:
+            valid = offs_n[None, :] < SK
+            if CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(valid, p, 0.0)
+        dp = tl.dot(do, vt, input_precision=PRECISION)
+        ds = p * (dp - di[:, None])
+        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
+    return dq
 
 
 @triton.jit
@@ -200,49 +263,65 @@ def _bwd_dq_kernel(
     Q, K, V, DO, L, Dl, DQ, sm_scale,
     H, SQ, SK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     # one program per BLOCK_M queries, walking the keys
     pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _tile(Q, bh, SQ, offs_m, offs_d, HEAD_DIM, UPCAST)
-    do = _tile(DO, bh, SQ, offs_m, offs_d, HEAD_DIM, UPCAST)
-    lse = tl.load(L + bh * SQ + offs_m, mask=offs_m < SQ, other=0.0)
-    di = tl.load(Dl + bh * SQ + offs_m, mask=offs_m < SQ, other=0.0)
+    MASK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    q_base = bh * SQ * HEAD_DIM
+    q = _load(Q + q_base, offs_m, SQ, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK_D or not EVEN_M, UPCAST)
+    do = _load(DO + q_base, offs_m, SQ, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK_D or not EVEN_M, UPCAST)
+    lse2 = _rows(L, bh, offs_m, SQ, not EVEN_M) * 1.4426950408889634
+    di = _rows(Dl, bh, offs_m, SQ, not EVEN_M)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
     hi = SK
+    mid = SK
+    if not EVEN_N:
+        mid = SK // BLOCK_N * BLOCK_N
     if CAUSAL:
         hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _tile(K, bh, SK, offs_n, offs_d, HEAD_DIM, UPCAST)
-        v = _tile(V, bh, SK, offs_n, offs_d, HEAD_DIM, UPCAST)
-        _, ds = _p_and_ds(q, k, v, do, lse, di, offs_m, offs_n, SQ, SK, qk_scale, CAUSAL, PRECISION)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        mid = tl.minimum(mid, (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N)
+    dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, 0, mid, qk_scale,
+                   False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N)  # fmt: skip
+    dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, mid, hi, qk_scale,
+                   True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N)  # fmt: skip
     q_mask = (offs_m[:, None] < SQ) & (offs_d[None, :] < HEAD_DIM)
-    q_off = bh * SQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(DQ + q_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
+    tl.store(DQ + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)  # fmt: skip
+
+
+# Tiles (BLOCK_M queries x BLOCK_N keys), warps and pipeline stages per kernel and head dim.
+CONFIGS = {
+    "fwd": {64: (64, 64, 4, 3), 128: (64, 64, 4, 3)},
+    "dkdv": {64: (32, 128, 4, 5), 128: (32, 128, 4, 5)},
+    "dq": {64: (128, 32, 4, 5), 128: (128, 32, 4, 5)},
+}
 
 
 def _config(head_dim: int, kind: str) -> dict:
     """Tile sizes and warps per kernel; small tiles in the interpreter (it is numpy)."""
     if interpreting():
         return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    if kind == "fwd":
-        # measured on the H200 (benchmarks/results/2026-11-30-h200-attn-tune-experiments.json):
-        # 64x64, 4 warps, 3 stages was best for head dims 64 and 128, causal or not
-        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    if kind == "dkdv":
-        return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
-    return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}  # dq
+    table = CONFIGS[kind]
+    bm, bn, w, st = table[64 if head_dim <= 64 else 128]
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
 
 
 def _precision(dtype: torch.dtype) -> str:
     # fp32 follows PyTorch's TF32 switch, as cuBLAS does; halves always use tensor cores
     return "tf32" if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def _shape_consts(d: int, sq: int, sk: int, cfg: dict) -> dict:
+    return {"HEAD_DIM": d, "BLOCK_D": max(16, triton.next_power_of_2(d)),
+            "EVEN_M": sq % cfg["BLOCK_M"] == 0, "EVEN_N": sk % cfg["BLOCK_N"] == 0}  # fmt: skip
 
 
 def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
@@ -255,14 +334,14 @@ def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     _fwd_kernel[grid](
         q, k, v, o, lse, scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        h, sq, sk,
-        HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), CAUSAL=causal,
-        UPCAST=interpreting(), PRECISION=_precision(q.dtype), **cfg,
+        h, sq, sk, CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype),
+        **_shape_consts(d, sq, sk, cfg), **cfg,
     )  # fmt: skip
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | None = None):
+    """dq, dk, dv; `cfgs` ({"dkdv": cfg, "dq": cfg}) overrides the tiles, for tuning."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
@@ -270,15 +349,15 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
     dl = torch.empty_like(lse)
     _bwd_preprocess[(triton.cdiv(sq, 64), b * h)](o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=64)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM=d, BLOCK_D=block_d, CAUSAL=causal, UPCAST=interpreting(),
-                  PRECISION=_precision(q.dtype))  # fmt: skip
-    cfg = _config(d, "dkdv")
+    common = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype))
+    cfgs = cfgs or {}
+    cfg = cfgs.get("dkdv") or _config(d, "dkdv")
     _bwd_dkdv_kernel[(triton.cdiv(sk, cfg["BLOCK_N"]), b * h)](
-        q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk, **common, **cfg
+        q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk, **common, **_shape_consts(d, sq, sk, cfg), **cfg
     )
-    cfg = _config(d, "dq")
+    cfg = cfgs.get("dq") or _config(d, "dq")
     _bwd_dq_kernel[(triton.cdiv(sq, cfg["BLOCK_M"]), b * h)](
-        q, k, v, do, lse, dl, dq, scale, h, sq, sk, **common, **cfg
+        q, k, v, do, lse, dl, dq, scale, h, sq, sk, **common, **_shape_consts(d, sq, sk, cfg), **cfg
     )
     return dq, dk, dv
 
@@ -308,6 +387,8 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
     if q.numel() == 0 or k.shape[2] == 0:
         raise ValueError("q, k, v: empty sequence; attention needs at least one query and one key")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: need a finite number > 0 (default 1/sqrt(head_dim)), got {scale!r}")
     return FlashAttention.apply(q, k, v, bool(causal), float(scale))
 
 
@@ -326,7 +407,8 @@ def asm_specs(ty: str) -> list[dict]:
     sizes = {"H": "i32", "SQ": "i32", "SK": "i32"}
     fwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "L": "*fp32", "qk_scale": "fp32", **strides, **sizes}
     unit = {"sqd": 1, "skd": 1, "svd": 1, "sod": 1}
-    common = {"HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": True, "UPCAST": False, "PRECISION": "tf32"}
+    common = {"HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": True, "EVEN_M": True, "EVEN_N": True,
+              "UPCAST": False, "PRECISION": "tf32"}
     bwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "L": "*fp32", "Dl": "*fp32"}
     specs = []
     for kernel, kind, sig, aligned in (
