@@ -407,8 +407,15 @@ def asm_specs(ty: str) -> list[dict]:
     sizes = {"H": "i32", "SQ": "i32", "SK": "i32"}
     fwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "L": "*fp32", "qk_scale": "fp32", **strides, **sizes}
     unit = {"sqd": 1, "skd": 1, "svd": 1, "sod": 1}
-    common = {"HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": True, "EVEN_M": True, "EVEN_N": True,
-              "UPCAST": False, "PRECISION": "tf32"}
+    common = {
+        "HEAD_DIM": 128,
+        "BLOCK_D": 128,
+        "CAUSAL": True,
+        "EVEN_M": True,
+        "EVEN_N": True,
+        "UPCAST": False,
+        "PRECISION": "tf32",
+    }
     bwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "L": "*fp32", "Dl": "*fp32"}
     specs = []
     for kernel, kind, sig, aligned in (
