@@ -135,6 +135,21 @@ def test_non_contiguous_and_empty_inputs_are_handled():
         assert op.run("triton", empty).numel() == 0
 
 
+@pytest.mark.parametrize("block", [16, 128], ids=lambda b: f"block{b}")
+def test_split_softmax_shares_row_stats_between_chunks(block):
+    """Rows cut into many chunks: in the interpreter each row's last chunk combines the
+    published stats, the others take the fallback path; both must be right."""
+    pytest.importorskip("triton")
+    from perfloop.ops.softmax.triton_impl import softmax_split
+
+    op = pl.ops.get("softmax")
+    for shape in [(5, 1000), (3, 4, 129), (1, 17)]:
+        (x,) = op.make_inputs(shape, seed=4)
+        y = softmax_split(x, block=block)
+        torch.testing.assert_close(y.double(), op.reference(x), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="out: need a contiguous"):
+        softmax_split(x, out=torch.empty(3))
+
 def test_work_models_count_the_fewest_bytes():
     w = pl.ops.get("gelu").work((16384, 16384), torch.float32)
     assert w.bytes == 2 * 16384 * 16384 * 4

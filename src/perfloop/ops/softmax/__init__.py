@@ -86,3 +86,11 @@ OP.add(
         doc="rows of any length: online max/sum pass, then a reversed normalize pass",
     )
 )
+OP.add(
+    Variant(
+        "triton_split",
+        loader="perfloop.ops.softmax.triton_impl:softmax_split",
+        needs=("triton",),
+        doc="long rows in one read: chunks held in registers by programs that share row stats",
+    )
+)

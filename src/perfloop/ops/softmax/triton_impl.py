@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor
+from perfloop.ops.base import check_tensor, interpreting
 
 MAX_ROW_BLOCK = 16384  # columns kept in registers by one program (64 KiB of fp32)
 
@@ -36,6 +36,26 @@ def softmax_row_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.const
 
 
 @triton.jit
+def _row_stats(x_row, n_cols, BLOCK: tl.constexpr):
+    """(max, sum of exp(x - max)) of one row, streamed in BLOCK tiles (online softmax)."""
+    m = tl.full([BLOCK], -float("inf"), tl.float32)  # per-lane running max
+    l = tl.zeros([BLOCK], tl.float32)  # per-lane running sum of exp(x - m)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        # lanes that have seen only padding keep m = -inf: guard the inf - inf
+        alpha = tl.where(m == -float("inf"), 0.0, tl.exp(m - m_new))
+        p = tl.where(mask, tl.exp(x - m_new), 0.0)
+        l = l * alpha + p
+        m = m_new
+    m_row = tl.max(m, axis=0)
+    l_row = tl.sum(tl.where(m == -float("inf"), 0.0, l * tl.exp(m - m_row)), axis=0)
+    return m_row, l_row
+
+
+@triton.jit
 def softmax_online_kernel(
     x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, BLOCK: tl.constexpr,
     REVERSE: tl.constexpr = True,
@@ -46,20 +66,7 @@ def softmax_online_kernel(
     for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
         x_row = x_ptr + row * stride_x
         y_row = y_ptr + row * stride_y
-        m = tl.full([BLOCK], -float("inf"), tl.float32)  # per-lane running max
-        l = tl.zeros([BLOCK], tl.float32)  # per-lane running sum of exp(x - m)
-        for start in range(0, n_cols, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < n_cols
-            x = tl.load(x_row + offs, mask=mask, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m, x)
-            # lanes that have seen only padding keep m = -inf: guard the inf - inf
-            alpha = tl.where(m == -float("inf"), 0.0, tl.exp(m - m_new))
-            p = tl.where(mask, tl.exp(x - m_new), 0.0)
-            l = l * alpha + p
-            m = m_new
-        m_row = tl.max(m, axis=0)
-        l_row = tl.sum(tl.where(m == -float("inf"), 0.0, l * tl.exp(m - m_row)), axis=0)
+        m_row, l_row = _row_stats(x_row, n_cols, BLOCK)
         inv = 1.0 / l_row
         n_tiles = tl.cdiv(n_cols, BLOCK)
         for i in range(0, n_tiles):
@@ -71,12 +78,52 @@ def softmax_online_kernel(
             tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def softmax_split_kernel(
+    x_ptr, y_ptr, stats_ptr, count_ptr, n_rows, n_cols, stride_x, stride_y, n_chunks, spin_limit,
+    BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    # Persistent; work item i is chunk i % n_chunks of row i // n_chunks. The grid is a
+    # multiple of n_chunks and every program is resident, so a row's chunks run together.
+    for item in range(tl.program_id(0), n_rows * n_chunks, tl.num_programs(0)):
+        row = (item // n_chunks).to(tl.int64)
+        chunk = item % n_chunks
+        offs = chunk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n_cols
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=-float("inf")).to(tl.float32)
+        m = tl.max(x, axis=0)  # every chunk holds at least one column: m is finite
+        l = tl.sum(tl.exp(x - m), axis=0)
+        stat = stats_ptr + (row * n_chunks + chunk) * 2
+        tl.store(stat, m)
+        tl.store(stat + 1, l)
+        # publish (release: the stats are visible before the count), then wait for the row
+        seen = tl.atomic_add(count_ptr + row, 1, sem="release") + 1
+        tries = 0
+        while (seen < n_chunks) & (tries < spin_limit):
+            seen = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+            tries += 1
+        if seen >= n_chunks:
+            c = tl.arange(0, MAX_CHUNKS)
+            row_stats = stats_ptr + row * n_chunks * 2 + c * 2
+            cm = tl.load(row_stats, mask=c < n_chunks, other=-float("inf"), cache_modifier=".cg")
+            cl = tl.load(row_stats + 1, mask=c < n_chunks, other=0.0, cache_modifier=".cg")
+            m_row = tl.max(cm, axis=0)
+            l_row = tl.sum(cl * tl.exp(cm - m_row), axis=0)
+        else:
+            # The other chunks are not running (the Triton interpreter runs programs one
+            # at a time; on a GPU, a grid larger than what fits): read the row instead.
+            # (in small tiles: the chunk in registers already takes most of them)
+            m_row, l_row = _row_stats(x_ptr + row * stride_x, n_cols, 512)
+        y = tl.exp(x - m_row) / l_row
+        tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def _prepare(x: torch.Tensor, out: torch.Tensor | None):
     check_tensor("x", x)
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = torch.empty_like(x2) if out is None else out
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
         raise ValueError(f"out: need a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     return x2, y.view(-1, x.shape[-1])
@@ -120,6 +167,57 @@ def softmax_online(
     return y2.view(x.shape)
 
 
+def softmax_split(
+    x: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block: int = 8192,
+    num_warps: int = 8,
+    spin_limit: int | None = None,
+) -> torch.Tensor:
+    """Long rows in one read: each row is split into chunks held in registers by
+    programs that run together; each publishes its chunk's (max, sum) and waits for
+    the row's others, then normalizes the chunk it still holds. One read, one write
+    -- where online softmax reads the row twice."""
+    x2, y2 = _prepare(x, out)
+    n_rows, n_cols = x2.shape
+    if x2.numel() == 0:
+        return y2.view(x.shape)
+    block = min(block, max(16, triton.next_power_of_2(n_cols)))
+    n_chunks = triton.cdiv(n_cols, block)
+    stats = torch.empty((n_rows, n_chunks, 2), dtype=torch.float32, device=x2.device)
+    count = torch.zeros(n_rows, dtype=torch.int32, device=x2.device)
+    if spin_limit is None:  # ~1 s of polling on a GPU; the interpreter can never wait
+        spin_limit = 0 if interpreting() else 1 << 20
+    args = (x2, y2, stats, count, n_rows, n_cols, x2.stride(0), y2.stride(0), n_chunks, spin_limit)
+    consts = {"BLOCK": block, "MAX_CHUNKS": max(2, triton.next_power_of_2(n_chunks)), "num_warps": num_warps}
+    items = n_rows * n_chunks
+    resident = _resident_programs(softmax_split_kernel, args, consts, x2.device)
+    grid = min(items, max(n_chunks, resident // n_chunks * n_chunks))
+    softmax_split_kernel[(grid,)](*args, **consts)
+    return y2.view(x.shape)
+
+
+def _resident_programs(kernel, args, consts: dict, device: torch.device) -> int:
+    """How many programs of `kernel` fit on the GPU at once (registers, shared memory, threads)."""
+    if device.type != "cuda":
+        return 4
+    props = torch.cuda.get_device_properties(device)
+    threads = 32 * consts["num_warps"]
+    per_sm = props.max_threads_per_multi_processor // threads
+    try:
+        k = kernel.warmup(*args, grid=(1,), **consts)
+        k._init_handles()
+        regs = (k.n_regs + 7) // 8 * 8  # allocated per warp in units of 256 registers
+        per_sm = min(per_sm, props.regs_per_multiprocessor // (regs * threads))
+        smem = k.metadata.shared
+        if smem:
+            per_sm = min(per_sm, props.shared_memory_per_multiprocessor // (smem + 1024))
+    except Exception:  # unknown compiler internals: assume one program per SM
+        per_sm = 1
+    return max(1, per_sm) * props.multi_processor_count
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -127,7 +225,7 @@ def _num_sms(device: torch.device) -> int:
 
 
 def asm_specs(ty: str) -> list[dict]:
-    """The launches `perfloop asm` compiles: 4096-column rows, and the online kernel."""
+    """The launches `perfloop asm` compiles: 4096-column rows, the online and the split kernels."""
     sig = {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "n_cols": "i32", "stride_x": "i32",
            "stride_y": "i32"}  # fmt: skip
     return [
@@ -147,5 +245,15 @@ def asm_specs(ty: str) -> list[dict]:
             "aligned": [0, 1, 3, 4, 5],
             "num_warps": 8,
             "elements_per_thread": 4096 // 256,
+        },
+        {
+            "kernel": softmax_split_kernel,
+            "signature": {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "stats_ptr": "*fp32", "count_ptr": "*i32",
+                          "n_rows": "i32", "n_cols": "i32", "stride_x": "i32", "stride_y": "i32",
+                          "n_chunks": "i32", "spin_limit": "i32"},
+            "constexprs": {"BLOCK": 8192, "MAX_CHUNKS": 32},
+            "aligned": [0, 1, 2, 3, 5, 6, 7, 8],
+            "num_warps": 8,
+            "elements_per_thread": 8192 // 256,
         },
     ]  # fmt: skip
