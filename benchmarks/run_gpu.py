@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import statistics
 import sys
 import time
 import traceback
@@ -71,6 +73,29 @@ def _cupti_ms(fn, calls=20):
     return p.device_ms_per_call, p
 
 
+def _cupti_of_bench(fn):
+    """The CUPTI kernel time of bench's own samples: the same calls, each after bench's L2
+    flush (a fill kernel on an int32 buffer), which splits the trace into samples."""
+    from torch.autograd import DeviceType
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        m = pl.bench(fn)
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)  # fmt: skip
+    per_sample, cur = [], None
+    for e in kernels:
+        if "FillFunctor<int>" in e.name:
+            if cur:
+                per_sample.append(cur)
+            cur = 0.0
+        elif cur is not None:
+            cur += (e.time_range.end - e.time_range.start) / 1e3
+    if cur:
+        per_sample.append(cur)
+    return statistics.median(per_sample), len(per_sample), m
+
+
 def section_harness(res: Results, ceil: dict):
     from triton.testing import do_bench
 
@@ -96,7 +121,12 @@ def section_harness(res: Results, ceil: dict):
         t = time.perf_counter()
         db = do_bench(fn, return_mode="median")
         db_wall = time.perf_counter() - t
+        same_ms, same_n, m_prof = _cupti_of_bench(fn)
         cases[name] = {
+            "cupti_same_calls_ms": same_ms,
+            "cupti_same_calls_n": same_n,
+            "perfloop_over_cupti_same_calls": m.median_ms / same_ms,
+            "perfloop_profiled_over_cupti_same_calls": m_prof.median_ms / same_ms,
             "cupti_ms": cupti,
             "perfloop_ms": m.median_ms,
             "perfloop_ci_ms": m.ci95_ms,
@@ -126,6 +156,9 @@ def section_harness(res: Results, ceil: dict):
         "graph_calls_per_sample": gr.meta["calls_per_sample"],
         "do_bench_ms": db,
         "graph_over_cupti": gr.median_ms / cupti,
+        "graph_kernel_ms": gr.meta.get("graph_kernel_ms"),
+        "graph_kernel_over_cupti": gr.meta.get("graph_kernel_ms", float("nan")) / cupti,
+        "graph_warnings": list(gr.warnings),
         "events_over_cupti": ev.median_ms / cupti,
         "kernels": p.distinct_kernels,
         "launches": p.launches_per_call,
@@ -154,7 +187,7 @@ OP_RUNS = [
     ("gelu", torch.float32, None, ["naive", "builtin", "compiled", "triton", "cuda"]),
     ("gelu", torch.bfloat16, None, ["naive", "builtin", "compiled", "triton", "cuda"]),
     ("softmax", torch.float32, None, ["naive", "builtin", "compiled", "triton"]),
-    ("softmax", torch.float32, (1024, 262144), ["builtin", "compiled", "triton_online"]),
+    ("softmax", torch.float32, (1024, 262144), ["builtin", "compiled", "triton_online", "triton_split"]),
     ("rowsum", torch.float32, None, ["builtin", "compiled", "triton"]),
     ("matmul_relu", torch.bfloat16, None, ["naive", "compiled", "triton"]),
     ("matmul_relu", torch.float16, None, ["naive", "compiled", "triton"]),
@@ -284,24 +317,19 @@ def section_tune(res: Results, ceil: dict):
         },
         ("softmax 1024x262144", 2 * s2.nbytes): {
             "torch.softmax": lambda: torch.softmax(s2, -1),
+            "online b4096 w8 p8": lambda: str_.softmax_online(s2),
             **{
-                f"online b{b} w{w} p{p}": (
-                    lambda b=b, w=w, p=p: str_.softmax_online(s2, block=b, num_warps=w, programs_per_sm=p)
-                )
-                for b, w, p in [
-                    (4096, 16, 1),
-                    (8192, 32, 1),
-                    (4096, 8, 2),
-                    (4096, 8, 8),
-                    (4096, 4, 8),
-                    (2048, 4, 16),
-                    (1024, 4, 16),
-                    (8192, 8, 8),
-                    (4096, 8, 16),
-                    (2048, 8, 8),
-                ]  # fmt: skip
-            },
-            "online b4096 w8 p8 forward": lambda: str_.softmax_online(s2, reverse=False),  # fmt: skip
+                f"split b{b} w{w}": (lambda b=b, w=w: str_.softmax_split(s2, block=b, num_warps=w))
+                for b, w in [
+                    (4096, 4),
+                    (4096, 8),
+                    (8192, 8),
+                    (8192, 16),
+                    (16384, 16),
+                    (16384, 32),
+                    (32768, 32),
+                ]
+            },  # fmt: skip
         },
         ("rowsum 16384^2", x32.nbytes): {
             "x.sum": lambda: x32.sum(-1),
@@ -312,7 +340,10 @@ def section_tune(res: Results, ceil: dict):
         },
     }
     out = {}
+    only = os.environ.get("TUNE", "")  # e.g. TUNE="softmax 1024": the cases whose name has it
     for (name, nbytes), fns in cases.items():
+        if only and only not in name:
+            continue
         out[name] = {}
         for label, fn in fns.items():
             try:
@@ -437,32 +468,54 @@ def section_attention(res: Results, ceil: dict):
 
 
 def section_attn_tune(res: Results, ceil: dict):
-    """Forward tile configs of the Triton FlashAttention, against SDPA, bf16 B=4 H=16 S=4096."""
-    from perfloop.ops.attention.triton_impl import _forward
+    """Tile configs of the Triton FlashAttention kernels, bf16 B=4 H=16 S=4096: the forward
+    against SDPA's forward, each backward kernel (the other at its default) against SDPA's
+    backward (forward + backward minus forward)."""
+    from perfloop.ops.attention.triton_impl import _backward, _config, _forward
 
     op = pl.ops.get("attention")
     out = []
-    configs = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
-               (128, 64, 8, 4)]  # fmt: skip
+    fwd_cfgs = [(64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (64, 32, 4, 4), (128, 64, 8, 3),
+                (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4), (128, 64, 8, 4)]  # fmt: skip
+    dkdv_cfgs = [(32, 128, 4, 5), (32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 4, 3), (32, 64, 4, 4),
+                 (64, 64, 4, 3), (16, 128, 4, 5), (32, 128, 8, 4)]  # fmt: skip
+    dq_cfgs = [(128, 32, 4, 5), (128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4),
+               (128, 64, 4, 3), (128, 32, 8, 4)]  # fmt: skip
+    as_cfg = lambda c: dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), c, strict=True))  # noqa: E731
     for d in (64, 128):
         for causal in (False, True):
             shape = (4, 16, 4096, 4096, d, causal)
             q, k, v, _ = op.make_inputs(shape, dtype=torch.bfloat16, device=DEV, seed=9)
             flops = op.work(shape, torch.bfloat16).flops
-            m = pl.bench(F.scaled_dot_product_attention, q, k, v, is_causal=causal, budget_s=0.3)
-            sdpa = flops / (m.median_ms * 1e-3) / 1e12
-            for bm, bn, w, st in configs:
-                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+            g = torch.randn_like(q)
+            sdpa_f = pl.bench(F.scaled_dot_product_attention, q, k, v, is_causal=causal, budget_s=0.3)
+            sdpa_fb = pl.bench(_attn_fns(qg, kg, vg, causal, g)["fwd+bwd"]["sdpa"], budget_s=0.5)
+            sdpa_b_ms = sdpa_fb.median_ms - sdpa_f.median_ms
+            o, lse = _forward(q, k, v, causal, d**-0.5)
+            points = [("fwd", c) for c in fwd_cfgs] + [("dkdv", c) for c in dkdv_cfgs]
+            points += [("dq", c) for c in dq_cfgs]
+            for kind, c in points:
+                cfg = as_cfg(c)
                 try:
-                    m = pl.bench(_forward, q, k, v, causal, d**-0.5, cfg, budget_s=0.3)
+                    if kind == "fwd":
+                        m = pl.bench(_forward, q, k, v, causal, d**-0.5, cfg, budget_s=0.3)
+                        ratio = sdpa_f.median_ms / m.median_ms
+                    else:
+                        args = (q, k, v, o, lse, g, causal, d**-0.5, {kind: cfg})
+                        m = pl.bench(_backward, *args, budget_s=0.3)
+                        ratio = sdpa_b_ms / m.median_ms
                 except Exception as exc:
-                    log(f"attn tune d={d} {cfg}: {type(exc).__name__}: {str(exc)[:200]}")
+                    log(f"attn tune d={d} causal={causal} {kind} {c}: {type(exc).__name__}: {str(exc)[:200]}")
                     continue
-                tf = flops / (m.median_ms * 1e-3) / 1e12
-                out.append({"head_dim": d, "causal": causal, **cfg, "tflops": tf, "sdpa_tflops": sdpa,
-                            "ratio": tf / sdpa})  # fmt: skip
-                log(f"attn tune d={d} causal={causal} {bm}x{bn} w{w} s{st}: {tf:6.1f} TFLOP/s "
-                    f"= {tf / sdpa:.3f} of SDPA ({sdpa:.1f})")  # fmt: skip
+                row = {"head_dim": d, "causal": causal, "kernel": kind, **cfg, "ms": m.median_ms,
+                       "sdpa_ms": sdpa_f.median_ms if kind == "fwd" else sdpa_b_ms, "ratio": ratio,
+                       "default": cfg == _config(d, kind)}  # fmt: skip
+                if kind == "fwd":
+                    row["tflops"] = flops / (m.median_ms * 1e-3) / 1e12
+                out.append(row)
+                log(f"attn tune d={d} causal={causal} {kind:4} {c}: {m.median_ms:.3f} ms = "
+                    f"{ratio:.3f} of SDPA" + (" (default)" if row["default"] else ""))  # fmt: skip
                 res.put("attn_tune", out)
 
 

@@ -47,6 +47,9 @@ def test_graph_replay_removes_launch_overhead():
     graph = pl.bench(naive, x, graph=True)
     assert graph.median_ms < plain.median_ms
     assert graph.meta["calls_per_sample"] > 1
+    # the kernels' own time (CUPTI) is under the replay time, and a few us for 8 tiny kernels
+    assert graph.meta["graph_kernels_per_call"] == pytest.approx(8, abs=0.5)
+    assert 0 < graph.meta["graph_kernel_ms"] <= graph.median_ms
 
 
 def test_graph_capture_failure_is_a_clear_error():

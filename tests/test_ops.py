@@ -150,6 +150,7 @@ def test_split_softmax_shares_row_stats_between_chunks(block):
     with pytest.raises(ValueError, match="out: need a contiguous"):
         softmax_split(x, out=torch.empty(3))
 
+
 def test_work_models_count_the_fewest_bytes():
     w = pl.ops.get("gelu").work((16384, 16384), torch.float32)
     assert w.bytes == 2 * 16384 * 16384 * 4
