@@ -520,7 +520,7 @@ def section_attn_tune(res: Results, ceil: dict):
 
 
 def section_experiments(res: Results, ceil: dict):
-    """Every `perfloop experiment`, quick sizes, stored (and so in the report)."""
+    """Every `perfloop experiment`, stored (and so in the report); EXP_QUICK=1 for quick sizes."""
     from perfloop import experiments
     from perfloop.store import Store
 
@@ -530,12 +530,14 @@ def section_experiments(res: Results, ceil: dict):
         run = store.new_run(f"experiment {name}", pl.env_fingerprint())
         t = time.perf_counter()
         try:
-            r = experiments.get(name)(quick=True, store=store, run_id=run, out_dir="/tmp/perfloop-exp")
+            quick = os.environ.get("EXP_QUICK", "0") == "1"
+            plots = res.path.parent / "experiments"
+            r = experiments.get(name)(quick=quick, store=store, run_id=run, out_dir=str(plots))
         except Exception as exc:
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
             log(f"experiment {name}: {exc}")
             continue
-        out[name] = {k: r[k] for k in ("table", "conclusion", "plots")}
+        out[name] = {k: r[k] for k in ("table", "conclusion", "plots")} | {"quick": quick}
         log(f"experiment {name} ({time.perf_counter() - t:.0f} s): {r['conclusion']}")
         res.put("experiments", out)
 

@@ -297,20 +297,26 @@ def _bwd_dq_kernel(
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)  # fmt: skip
 
 
-# Tiles (BLOCK_M queries x BLOCK_N keys), warps and pipeline stages per kernel and head dim.
+# Tiles (BLOCK_M queries x BLOCK_N keys), warps and pipeline stages per kernel and head dim
+# (<= 64, else 128), for 16-bit inputs: the best measured on the H200, bf16 B=4 H=16 S=4096,
+# causal or not (benchmarks/results/2026-11-30-h200-run4-tune.json). fp32 tiles take twice
+# the shared memory per stage: smaller, two stages, inside the 227 KiB an SM has.
 CONFIGS = {
     "fwd": {64: (64, 64, 4, 3), 128: (64, 64, 4, 3)},
-    "dkdv": {64: (32, 128, 4, 5), 128: (32, 128, 4, 5)},
-    "dq": {64: (128, 32, 4, 5), 128: (128, 32, 4, 5)},
+    "dkdv": {64: (32, 64, 4, 4), 128: (64, 128, 8, 3)},
+    "dq": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3)},
 }
+CONFIGS_FP32 = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}
 
 
-def _config(head_dim: int, kind: str) -> dict:
+def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tile sizes and warps per kernel; small tiles in the interpreter (it is numpy)."""
     if interpreting():
         return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    table = CONFIGS[kind]
-    bm, bn, w, st = table[64 if head_dim <= 64 else 128]
+    if dtype == torch.float32:
+        bm, bn, w, st = CONFIGS_FP32[kind]
+    else:
+        bm, bn, w, st = CONFIGS[kind][64 if head_dim <= 64 else 128]
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
 
 
@@ -329,7 +335,7 @@ def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     sk = k.shape[2]
     o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-    cfg = cfg or _config(d, "fwd")
+    cfg = cfg or _config(d, "fwd", q.dtype)
     grid = (triton.cdiv(sq, cfg["BLOCK_M"]), b * h)
     _fwd_kernel[grid](
         q, k, v, o, lse, scale * LOG2E,
@@ -351,11 +357,11 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | None
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype))
     cfgs = cfgs or {}
-    cfg = cfgs.get("dkdv") or _config(d, "dkdv")
+    cfg = cfgs.get("dkdv") or _config(d, "dkdv", q.dtype)
     _bwd_dkdv_kernel[(triton.cdiv(sk, cfg["BLOCK_N"]), b * h)](
         q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk, **common, **_shape_consts(d, sq, sk, cfg), **cfg
     )
-    cfg = cfgs.get("dq") or _config(d, "dq")
+    cfg = cfgs.get("dq") or _config(d, "dq", q.dtype)
     _bwd_dq_kernel[(triton.cdiv(sq, cfg["BLOCK_M"]), b * h)](
         q, k, v, do, lse, dl, dq, scale, h, sq, sk, **common, **_shape_consts(d, sq, sk, cfg), **cfg
     )

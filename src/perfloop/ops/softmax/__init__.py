@@ -4,8 +4,8 @@ Napkin math: the fewest bytes are one read and one write of x. The naive
 version (max, sub, exp, sum, div) reads x 4 times, writes 3 intermediates and
 the output: ~7-8 passes. A row that fits in one block needs one pass (read once,
 write once); a row too long for one block needs a second read (online softmax:
-running max and sum in pass 1, normalize in pass 2), which perfloop's kernel
-takes in reverse so the row's tail is still in L2.
+running max and sum in pass 1, normalize in pass 2) -- or a split of the row
+across programs that share their chunks' stats (one read, see triton_impl).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ OP.add(
         "triton",
         loader="perfloop.ops.softmax.triton_impl:softmax",
         needs=("triton",),
-        doc="one row per program, the whole row in registers (long rows: online)",
+        doc="one row per program, the whole row in registers (long rows: split)",
     )
 )
 OP.add(
@@ -83,7 +83,7 @@ OP.add(
         "triton_online",
         loader="perfloop.ops.softmax.triton_impl:softmax_online",
         needs=("triton",),
-        doc="rows of any length: online max/sum pass, then a reversed normalize pass",
+        doc="rows of any length: online max/sum pass, then a normalize pass (2 reads)",
     )
 )
 OP.add(

@@ -1,15 +1,24 @@
-"""Softmax in Triton: a row in one block, and an online version for long rows.
+"""Softmax in Triton: a row in one block, and two ways for rows too long for one.
 
 `softmax_row_kernel`: one program per row, the row held in registers -- one
 read, one write, the ideal. Works up to MAX_ROW_BLOCK columns.
 
-`softmax_online_kernel`: any row length. Pass 1 streams the row keeping a
-running max m and a running sum l of exp(x - m) (rescaled when m grows);
-pass 2 writes exp(x - m) / l: 2 reads + 1 write, where torch.softmax's
-kernel makes about 4 passes at 1024 x 262144. Pass 2 can walk the row
-backwards so the tiles pass 1 read last might still be in L2; measured on the
-H200 that buys nothing (0.8095 vs 0.8128 ms forwards, inside the noise), with
-about 8 programs per SM in flight either way.
+`softmax_online_kernel`: any row length, one program per row. Pass 1 streams
+the row keeping a running max m and a running sum l of exp(x - m) (rescaled
+when m grows); pass 2 writes exp(x - m) / l: 2 reads + 1 write, where
+torch.softmax's kernel makes about 4 passes at 1024 x 262144. (Walking pass 2
+backwards, so the tiles pass 1 read last might still be in L2, bought nothing
+on the H200: 0.8095 vs 0.8128 ms.)
+
+`softmax_split_kernel`: any row length in one read. A row is cut into chunks,
+one per program, each held in registers; a program publishes its chunk's
+(max, sum) and waits, on an atomic count, for the row's other chunks, then
+combines the row's stats and writes its chunk: 1 read + 1 write. It needs the
+row's programs resident together: the grid is persistent and sized to what
+fits; if the others never come (the interpreter runs programs one at a time)
+the waiting program reads the row itself. On the H200 at 1024 x 262144 fp32:
+0.649 ms, 1.58x torch.softmax and 1.25x the online kernel
+(benchmarks/results/2026-11-30-h200-run4-tune.json).
 """
 
 from __future__ import annotations
@@ -137,7 +146,7 @@ def softmax(
     if x2.numel() == 0:
         return y2.view(x.shape)
     if n_cols > MAX_ROW_BLOCK:
-        return softmax_online(x, out=y2.view(x.shape))
+        return softmax_split(x, out=y2.view(x.shape))
     block = triton.next_power_of_2(n_cols)
     # enough warps that a lane holds <= 16 elements (no spills), at least 4
     warps = num_warps or min(32, max(4, block // (32 * 16)))
