@@ -181,16 +181,27 @@ def spawn(nproc: int, fn_name: str, *args, timeout_s: float = 60.0):
              for r in range(nproc)]  # fmt: skip
     for p in procs:
         p.start()
+    # Read rank 0's result while the ranks run: a result larger than the pipe's buffer
+    # (64 KiB) blocks its sender until someone reads, so joining first would deadlock.
     deadline = time.monotonic() + timeout_s * 4 + 60
+    out, got = None, False
+    while time.monotonic() < deadline:
+        if not got and not results.empty():
+            out, got = results.get(), True
+        if not any(p.is_alive() for p in procs):
+            break
+        time.sleep(0.02)
     for p in procs:
-        p.join(max(1.0, deadline - time.monotonic()))
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
+        if p.is_alive():
+            p.kill()
+        p.join()
+    if not got and not results.empty():
+        out, got = results.get(), True
     failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
     if failed:
-        raise RuntimeError(f"ranks {failed} failed (exit codes); the others stopped, none hangs")
-    return results.get()
+        raise RuntimeError(f"ranks {failed} failed (exit codes; None: killed at the deadline); "
+                           "the others stopped, none hangs")  # fmt: skip
+    return out
 
 
 def collectives_on_ranks(sizes, names, iters):
@@ -246,6 +257,11 @@ def distributed_sweep(op_name: str, variants: list[str], shapes: list[tuple], dt
 
 def sweep_on_ranks(op_name, variants, shapes, dtype_name, budget_s, db=None, run_id=None):
     return distributed_sweep(op_name, variants, shapes, dtype_name, budget_s, db, run_id)
+
+
+def _big_result(nbytes: int) -> str:
+    """For tests: a result larger than a pipe's buffer."""
+    return "x" * nbytes
 
 
 def _sweep_then_die(op_name, variants, shapes, dtype_name, budget_s, db, run_id):
