@@ -28,6 +28,9 @@ def test_all_five_collectives_are_correct_and_timed_on_two_ranks(tmp_path, capsy
     assert all(r["correct"] and r["ranks"] == 2 and r["backend"] == "gloo" for r in rows)
     assert all(r["time_ms"] > 0 and r["busbw_gbps"] > 0 for r in rows)
     assert {r["bytes"] for r in rows if r["collective"] == "all_reduce"} == {1000, 65536}
+    # nccl-tests' size: all-gather counts its gathered output, reduce-scatter its full input
+    for name in ("all_gather", "reduce_scatter"):
+        assert {r["bytes"] for r in rows if r["collective"] == name} == {2000, 131072}
     page = render_html(Store(db), tmp_path / "rep").read_text()
     assert "communication" in page and (tmp_path / "rep" / "comm_busbw.png").exists()
 

@@ -49,7 +49,9 @@ def _run_one(name: str, nbytes: int, rank: int, world: int, device: str, dtype=t
     """Inputs (rank-dependent, never zeros) and three callables: reset, the collective, check.
 
     The size is rounded down to a multiple of the world size (reduce-scatter and
-    all-to-all split it evenly); the bytes actually moved are returned with them.
+    all-to-all split it evenly). The bytes returned are nccl-tests' size, on which its
+    algbw and busbw formulas rest: each rank's largest buffer -- the gathered output of
+    all-gather and the full input of reduce-scatter (world x the per-rank piece).
     """
     elem = torch.empty((), dtype=dtype).element_size()
     n = max(world, nbytes // elem // world * world)
@@ -63,7 +65,7 @@ def _run_one(name: str, nbytes: int, rank: int, world: int, device: str, dtype=t
     if name == "all_gather":
         out = torch.empty(n * world, device=device, dtype=dtype)
         want = torch.cat([base + r + 1 for r in range(world)])
-        return (n * elem, lambda: None, lambda: dist.all_gather_into_tensor(out, x),
+        return (n * world * elem, lambda: None, lambda: dist.all_gather_into_tensor(out, x),
                 lambda: torch.equal(out, want))  # fmt: skip
     if name == "reduce_scatter":
         big = torch.arange(n * world, device=device, dtype=dtype) % 97

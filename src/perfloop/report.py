@@ -119,7 +119,7 @@ def _comm_plot(rows: list[dict], out: Path) -> str:
     for name in dict.fromkeys(r["collective"] for r in rows):
         rs = [r for r in rows if r["collective"] == name]
         ax.loglog([r["bytes"] for r in rs], [max(r["busbw_gbps"], 1e-6) for r in rs], "o-", label=name)
-    ax.set_xlabel("bytes per rank")
+    ax.set_xlabel("bytes (nccl-tests size: each rank's largest buffer)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title(f"collectives on {rows[0]['ranks']} ranks ({rows[0]['backend']})")
     ax.grid(True, which="both", alpha=0.3)
@@ -245,7 +245,7 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
     if comm:
         parts.append("<h2>communication</h2>")
         rows_c = comm[-1]["payload"]["rows"]
-        parts.append(_table(["collective", "bytes/rank", "ranks", "backend", "time ms", "algbw GB/s",
+        parts.append(_table(["collective", "bytes (nccl-tests size)", "ranks", "backend", "time ms", "algbw GB/s",
                              "busbw GB/s", "correct"],
                             [[r["collective"], r["bytes"], r["ranks"], r["backend"], f"{r['time_ms']:.4f}",
                               f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}", r["correct"]]
