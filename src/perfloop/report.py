@@ -245,7 +245,7 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
     if comm:
         parts.append("<h2>communication</h2>")
         rows_c = comm[-1]["payload"]["rows"]
-        parts.append(_table(["collective", "bytes (nccl-tests size)", "ranks", "backend", "time ms", "algbw GB/s",
+        parts.append(_table(["collective", "bytes (nccl-tests)", "ranks", "backend", "time ms", "algbw GB/s",
                              "busbw GB/s", "correct"],
                             [[r["collective"], r["bytes"], r["ranks"], r["backend"], f"{r['time_ms']:.4f}",
                               f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}", r["correct"]]
