@@ -728,7 +728,8 @@ def cmd_comm(args) -> int:
         emit_json({"run_id": run_id, "rows": rows})
     else:
         table(f"collectives on {rows[0]['ranks']} ranks ({rows[0]['backend']})",
-              ["collective", "bytes (nccl-tests)", "time (slowest rank)", "algbw GB/s", "busbw GB/s", "correct"],
+              ["collective", "bytes (nccl-tests)", "time (slowest rank)", "algbw GB/s", "busbw GB/s",
+               "correct"],
               [[r["collective"], r["bytes"], f"{r['time_ms']:.4f} ms", f"{r['algbw_gbps']:.2f}",
                 f"{r['busbw_gbps']:.2f}", "yes" if r["correct"] else "NO"] for r in rows])  # fmt: skip
     return 0 if all(r["correct"] for r in rows) else FAILED
