@@ -29,8 +29,9 @@ def decode(name: str) -> dict:
         info["arch"] = m.group(1)
     if m := re.search(r"tilesize(\d+x\d+x\d+)", low) or re.search(r"_(\d{2,3}x\d{2,3}(?:_\d+x\d+)?)_", low):
         info["tile"] = m.group(1)
-    for pat, dt in (("bf16", "bf16"), ("f16", "fp16"), ("h_", "fp16"), ("tf32", "tf32"),
-                    ("sgemm", "fp32"), ("s1688", "tf32"), ("f32", "fp32")):  # fmt: skip
+    # (nvjet names carry no data type: their `_h_`/`_v_` is not fp16, so it is not read as such)
+    for pat, dt in (("bf16", "bf16"), ("f16", "fp16"), ("tf32", "tf32"), ("sgemm", "fp32"),
+                    ("s1688", "tf32"), ("f32", "fp32")):  # fmt: skip
         if pat in low:
             info["dtype"] = dt
             break
@@ -58,7 +59,8 @@ def matmul_dispatch(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             info = decode(main.name)
             t = pl.bench(torch.matmul, a, b, budget_s=0.3 if quick else 0.5).median_ms
             rows.append([f"{m_}x{n_}x{k_}", pl.ops.dtype_name(dtype), main.short[:48], info["library"],
-                         info["arch"], info["tile"], info["dtype"], ms(t),
+                         info["arch"], info["tile"],
+                         info["dtype"] if info["dtype"] != "?" else "? (not in the name)", ms(t),
                          2 * m_ * n_ * k_ / (t * 1e-3) / 1e12])  # fmt: skip
     kernels = {r[2] for r in rows}
     if dev == "cuda":
