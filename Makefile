@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 READY  := $(VENV)/.perfloop-ready
 
-.PHONY: demo test lint gpu-check setup clean
+.PHONY: demo test lint gpu-check multi-gpu-check setup clean
 
 setup: $(READY)
 
@@ -40,6 +40,9 @@ test: $(READY) $(CHROMIUM) lint
 # On the GPU machine as its image stands (system python3, no install, no network):
 gpu-check:
 	bash scripts/gpu-check
+
+multi-gpu-check:
+	bash scripts/multi-gpu-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
