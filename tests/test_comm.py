@@ -51,7 +51,6 @@ def test_a_rank_that_dies_ends_the_others_with_an_error_not_a_hang():
     assert time.monotonic() - t < 120
 
 
-
 def test_a_result_larger_than_a_pipe_comes_back_without_waiting_for_the_deadline():
     """Rank 0's result travels through a pipe: 1 MiB blocks its sender until read (a
     sharded sweep's Measurements did, on two H200s, until the spawner's deadline)."""
@@ -59,6 +58,7 @@ def test_a_result_larger_than_a_pipe_comes_back_without_waiting_for_the_deadline
     out = comm.spawn(2, "_big_result", 1 << 20, timeout_s=30)
     assert out == "x" * (1 << 20)
     assert time.monotonic() - t < 60  # the deadline is 4 x 30 + 60 s
+
 
 def test_distributed_sweep_shards_points_and_stores_them_once(tmp_path, capsys):
     db = str(tmp_path / "s.db")

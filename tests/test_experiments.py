@@ -51,10 +51,32 @@ def test_lm_step_measures_forward_backward_and_adamw(store):
 
 
 def test_experiments_show_in_the_report(store):
+    """Every experiment run above has its section, and at least one plot, in the report."""
     s, d = store
     page = render_html(s, d / "report").read_text()
-    assert "experiment: matmul-scaling" in page and "matmul_scaling.png" in page
-    assert (d / "report" / "matmul_scaling.png").exists()
+    plots = {"matmul-scaling": "matmul_scaling.png", "mlp-scaling": "mlp_scaling.png",
+             "launch-overhead": "launch_overhead.png", "sync-pitfall": "sync_pitfall.png",
+             "warmup": "warmup.png", "lm-step": "lm_step_time.png",
+             "matmul-dispatch": "matmul_dispatch.png"}  # fmt: skip
+    for name, png in plots.items():
+        assert f"experiment: {name}" in page and f"src='{png}'" in page, name
+        assert (d / "report" / png).stat().st_size > 1000, png
+
+
+def test_times_in_tables_read_back_for_plots(tmp_path):
+    from perfloop.experiments._common import ms, parse_ms
+    from perfloop.experiments.lm import plot_lm_step
+
+    for t in (4.2e-4, 3.3e-3, 0.08698, 8.327, 1234.5):  # 420 ns .. 1.23 s
+        assert parse_ms(ms(t)) == pytest.approx(t, rel=5e-3)
+    assert parse_ms("-") is None and parse_ms("n/a") is None
+    rows = [  # as lm-step writes them on a GPU: a size that did not fit leaves a gap
+        ["xl", "fp32", "AdamW step", "366.393 ms", "38.24 GiB"],
+        ["xl", "bf16 autocast", "AdamW step", "186.779 ms", "38.20 GiB"],
+        ["2.7B", "fp32", "does not fit in memory", "-", "-"],
+    ]
+    paths = plot_lm_step(rows, tmp_path)
+    assert [p.rsplit("/", 1)[-1] for p in paths] == ["lm_step_time.png", "lm_step_memory.png"]
 
 
 def test_unknown_experiment_and_bad_parameters_are_usage_errors(capsys, tmp_path):

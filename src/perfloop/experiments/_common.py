@@ -40,6 +40,56 @@ def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict, l
     return str(path)
 
 
+def plot_bars(path: Path, title: str, ylabel: str, groups: dict, log: bool = True) -> str:
+    """groups: {group label: {bar label: value}}, drawn side by side per group; returns the path.
+    Values that are None (not measured, did not fit) leave a gap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(b for bars in groups.values() for b in bars))
+    width = 0.8 / max(len(names), 1)
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(groups) + 2), 4))
+    for i, name in enumerate(names):
+        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
+        ys = [bars.get(name) for bars in groups.values()]
+        ax.bar([x for x, y in zip(xs, ys, strict=True) if y is not None], [y for y in ys if y is not None],
+               width, label=name)  # fmt: skip
+    ax.set_xticks(range(len(groups)))
+    crowded = len(groups) > 4
+    ax.set_xticklabels(list(groups), rotation=20 if crowded else 0, ha="right" if crowded else "center",
+                       fontsize=8)  # fmt: skip
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    if len(names) > 1:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+_UNITS_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def parse_ms(cell) -> float | None:
+    """A table cell written by `ms()` ("8.327 ms", "86.98 us") back to milliseconds; None for
+    cells that hold no time ("-", "n/a"). The plots are drawn from the table, so a stored
+    result can be drawn again."""
+    if isinstance(cell, (int, float)):
+        return float(cell)
+    value, _, unit = str(cell).partition(" ")
+    try:
+        return float(value) * _UNITS_MS[unit]
+    except (KeyError, ValueError):
+        return None
+
+
 def finish(name, headers, rows, conclusion, plots, store=None, run_id=None, extra=None) -> dict:
     """The experiment's result: table, conclusion (from the numbers), plots; stored if asked."""
     result = {

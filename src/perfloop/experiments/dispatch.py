@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import torch
 
 import perfloop as pl
-from perfloop.experiments._common import device, finish, ms
+from perfloop.experiments._common import device, finish, ms, plot_bars
 
 
 def decode(name: str) -> dict:
@@ -73,5 +74,14 @@ def matmul_dispatch(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             f"on the CPU all {len(rows)} calls go through {', '.join(sorted(kernels))} to the CPU "
             "BLAS; its kernel choice is not visible to the profiler -- run this on a GPU"
         )
+    plot = plot_matmul_dispatch(rows, Path(out_dir or "."))
     return finish("matmul-dispatch", ["shape MxNxK", "dtype", "kernel", "library", "arch", "tile",
-                  "math", "median", "TFLOP/s"], rows, conclusion, [], store, run_id)  # fmt: skip
+                  "math", "median", "TFLOP/s"], rows, conclusion, [plot], store, run_id)  # fmt: skip
+
+
+def plot_matmul_dispatch(rows, out: Path) -> str:
+    groups: dict = {}
+    for shape, dtype, *_, tflops in rows:
+        groups.setdefault(shape, {})[dtype] = float(tflops)
+    return plot_bars(out / "matmul_dispatch.png", "`a @ b`: TFLOP/s of the kernel each shape got",
+                     "TFLOP/s (log)", groups)  # fmt: skip

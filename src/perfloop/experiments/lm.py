@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import perfloop as pl
-from perfloop.experiments._common import device, finish, ms
+from perfloop.experiments._common import device, finish, ms, parse_ms, plot_bars
 
 
 @dataclass(frozen=True)
@@ -151,5 +152,25 @@ def lm_step(quick=False, store=None, run_id=None, out_dir=None, context: int = 2
             parts.append(f"{name}: a bf16-autocast AdamW step runs {speed:.2f}x as fast as fp32; "
                          f"forward + backward costs {bwd:.1f}x a forward")  # fmt: skip
     conclusion = "; ".join(parts) or "no size fit in memory"
+    plots = plot_lm_step(rows, Path(out_dir or "."))
     return finish("lm-step", ["size", "precision", "what", "median", "peak memory"], rows,
-                  f"batch {batch}, context {context}: {conclusion}", [], store, run_id)  # fmt: skip
+                  f"batch {batch}, context {context}: {conclusion}", plots, store, run_id)  # fmt: skip
+
+
+def plot_lm_step(rows, out: Path) -> list[str]:
+    """Time per pass and size, fp32 against bf16 autocast; the AdamW step's peak memory."""
+    times: dict = {}
+    memory: dict = {}
+    for size, precision, what, median, peak in rows:
+        t = parse_ms(median)
+        if t is None:  # "does not fit in memory"
+            continue
+        times.setdefault(f"{size} {what}", {})[precision] = t
+        if what == "AdamW step" and str(peak).endswith("GiB"):
+            memory.setdefault(size, {})[precision] = float(str(peak).split()[0])
+    plots = [plot_bars(out / "lm_step_time.png", "LM: forward, forward + backward, AdamW step",
+                       "ms (log)", times)]  # fmt: skip
+    if memory:
+        plots.append(plot_bars(out / "lm_step_memory.png", "LM: peak memory of an AdamW step", "GiB",
+                               memory, log=False))  # fmt: skip
+    return plots

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 import perfloop as pl
-from perfloop.experiments._common import device, finish, ms, plot_lines, sync
+from perfloop.experiments._common import device, finish, ms, parse_ms, plot_bars, plot_lines, sync
 from perfloop.ops.gelu.torch_impl import _naive as gelu_naive
 
 
@@ -46,8 +46,16 @@ def launch_overhead(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             "no GPU: no launches to amortize and no CUDA graphs; on the CPU the op costs "
             f"{rows[0][4]} eager and {rows[1][4]} compiled"
         )
+    plot = plot_launch_overhead(rows, Path(out_dir or "."))
     return finish("launch-overhead", ["how", "launches/call", "host/call", "device/call", "median"],
-                  rows, conclusion, [], store, run_id)  # fmt: skip
+                  rows, conclusion, [plot], store, run_id)  # fmt: skip
+
+
+def plot_launch_overhead(rows, out: Path) -> str:
+    groups = {r[0]: {"host time/call": parse_ms(r[2]), "device time/call": parse_ms(r[3]),
+                     "measured/call": parse_ms(r[4])} for r in rows}  # fmt: skip
+    return plot_bars(out / "launch_overhead.png", "a small op: where the time of a call goes",
+                     "ms per call (log)", groups)  # fmt: skip
 
 
 def sync_pitfall(quick=False, store=None, run_id=None, out_dir=None) -> dict:
@@ -84,7 +92,13 @@ def sync_pitfall(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             f"on the CPU work is synchronous: {ms(no_sync)} without sync, {ms(with_sync)} with, "
             f"{ms(m.median_ms)} by bench -- the pitfall needs a GPU to show"
         )
-    return finish("sync-pitfall", ["timer", "per call"], rows, conclusion, [], store, run_id)
+    plot = plot_sync_pitfall(rows, Path(out_dir or "."))
+    return finish("sync-pitfall", ["timer", "per call"], rows, conclusion, [plot], store, run_id)
+
+
+def plot_sync_pitfall(rows, out: Path) -> str:
+    groups = {r[0]: {"per call": parse_ms(r[1])} for r in rows}
+    return plot_bars(out / "sync_pitfall.png", "the same work, three timers", "ms per call (log)", groups)
 
 
 def warmup(quick=False, store=None, run_id=None, out_dir=None) -> dict:
