@@ -292,6 +292,8 @@ def bench_op(args, op, variants, shape, dtype, store=None, run_id=None, quiet=Fa
         }  # fmt: skip
         if v in graph:
             row["graph_median_ms"] = graph[v].median_ms
+            row["graph_kernel_ms"] = graph[v].meta.get("graph_kernel_ms")
+            row["warnings"] += [f"graph: {w}" for w in graph[v].warnings]
         rows.append(row)
         if store is not None:
             store.add(run_id, m, op=op.name, variant=v, shape=shape, dtype=dtype_name(dtype),
@@ -317,7 +319,7 @@ def print_bench_rows(rows, op, shape, dtype):
     headers = ["variant", "dtype", "median", "95% CI", "GB/s", "TFLOP/s", "% SOL", "speed-up"]
     has_graph = any("graph_median_ms" in r for r in rows)
     if has_graph:
-        headers.append("graph replay")
+        headers += ["graph replay", "its kernels"]
     out = []
     for r in rows:
         sig = "" if r["significant"] in (None, True) else " (n.s.)"
@@ -331,6 +333,7 @@ def print_bench_rows(rows, op, shape, dtype):
         ]  # fmt: skip
         if has_graph:
             line.append(fmt_ms(r["graph_median_ms"]) if "graph_median_ms" in r else "-")
+            line.append(fmt_ms(r["graph_kernel_ms"]) if r.get("graph_kernel_ms") else "-")
         out.append(line)
     shape_s = "x".join(map(str, shape))
     table(f"{op} {shape_s} {dtype} (speed-up vs {rows[0]['baseline']})", headers, out)

@@ -318,7 +318,9 @@ def bench(
     Warm-up by time (at least one call); then samples until the 95% CI of the
     median is within `target_ci` of it, or `budget_s` is spent. On a GPU: CUDA
     events, L2 flushed between samples (`flush_l2=False` for warm-cache numbers),
-    `graph=True` to replay CUDA-graph captures (device time without launch cost).
+    `graph=True` to replay CUDA-graph captures (device time without launch cost; one replay is
+    also profiled, and `meta["graph_kernel_ms"]` holds the kernels' own time per call, so the
+    GPU's gaps between dependent kernels show -- with a warning when they are over 15%).
 
     >>> import torch, perfloop as pl
     >>> x = torch.randn(1 << 16)

@@ -18,21 +18,23 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict, log: bool = True) -> str:
-    """series: {label: (xs, ys)}; returns the file name written."""
+def _figure(width: float = 6.4):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    for label, (xs, ys) in series.items():
-        (ax.loglog if log else ax.plot)(xs, ys, "o-", label=label)
-    ax.set_xlabel(xlabel)
+    return plt.subplots(figsize=(width, 4))
+
+
+def _save(fig, ax, path: Path, title: str, ylabel: str, legend: bool, grid_axis: str = "both") -> str:
+    import matplotlib.pyplot as plt
+
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.grid(True, axis=grid_axis, which="both", alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -40,17 +42,21 @@ def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict, l
     return str(path)
 
 
+def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict, log: bool = True) -> str:
+    """series: {label: (xs, ys)}; returns the file name written."""
+    fig, ax = _figure()
+    for label, (xs, ys) in series.items():
+        (ax.loglog if log else ax.plot)(xs, ys, "o-", label=label)
+    ax.set_xlabel(xlabel)
+    return _save(fig, ax, path, title, ylabel, legend=True)
+
+
 def plot_bars(path: Path, title: str, ylabel: str, groups: dict, log: bool = True) -> str:
     """groups: {group label: {bar label: value}}, drawn side by side per group; returns the path.
     Values that are None (not measured, did not fit) leave a gap."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(dict.fromkeys(b for bars in groups.values() for b in bars))
     width = 0.8 / max(len(names), 1)
-    fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(groups) + 2), 4))
+    fig, ax = _figure(max(6.4, 0.9 * len(groups) + 2))
     for i, name in enumerate(names):
         xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
         ys = [bars.get(name) for bars in groups.values()]
@@ -62,16 +68,7 @@ def plot_bars(path: Path, title: str, ylabel: str, groups: dict, log: bool = Tru
                        fontsize=8)  # fmt: skip
     if log:
         ax.set_yscale("log")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    if len(names) > 1:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, ax, path, title, ylabel, legend=len(names) > 1, grid_axis="y")
 
 
 _UNITS_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
