@@ -187,7 +187,8 @@ def softmax_split(
     """Long rows in one read: each row is split into chunks held in registers by
     programs that run together; each publishes its chunk's (max, sum) and waits for
     the row's others, then normalizes the chunk it still holds. One read, one write
-    -- where online softmax reads the row twice."""
+    -- where online softmax reads the row twice. A row with more chunks than the GPU
+    holds programs at once (over ~4M fp32 columns on an H200) goes to the online kernel."""
     x2, y2 = _prepare(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
@@ -202,6 +203,10 @@ def softmax_split(
     consts = {"BLOCK": block, "MAX_CHUNKS": max(2, triton.next_power_of_2(n_chunks)), "num_warps": num_warps}
     items = n_rows * n_chunks
     resident = _resident_programs(softmax_split_kernel, args, consts, x2.device)
+    if x2.device.type == "cuda" and n_chunks > resident:
+        # a row's chunks cannot all be resident at once: they would wait on each other
+        # until the spin limit; the two-read online kernel has no such limit
+        return softmax_online(x, out=y2.view(x.shape))
     grid = min(items, max(n_chunks, resident // n_chunks * n_chunks))
     softmax_split_kernel[(grid,)](*args, **consts)
     return y2.view(x.shape)
