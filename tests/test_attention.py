@@ -131,3 +131,37 @@ def test_scale_must_be_positive():
     q = torch.randn(1, 1, 4, 16)
     with pytest.raises(ValueError, match="scale: need a finite number > 0"):
         triton_impl.flash_attention(q, q, q, scale=-1.0)
+
+
+def test_a_config_that_does_not_fit_steps_down_and_is_remembered(monkeypatch):
+    """On a GPU with less shared memory than the H200 the table's tiles raise OutOfResources
+    at launch: fewer stages, then smaller tiles, until one fits; the next call starts there."""
+    from triton.runtime.errors import OutOfResources
+
+    class Kernel:  # stands in for a Triton kernel: records each launch's config
+        def __init__(self):
+            self.tried = []
+
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                cfg = {k: kw[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+                self.tried.append(cfg)
+                if cfg["num_stages"] > 2 or cfg["BLOCK_N"] > 32:  # "~100 KB a block"
+                    raise OutOfResources(164864, 101376, "shared memory")
+
+            return run
+
+    monkeypatch.setattr(triton_impl, "interpreting", lambda: False)  # the GPU tables, not the interpreter's
+    monkeypatch.setattr(triton_impl, "_FITTED", {})
+    q = torch.randn(1, 1, 256, 128, dtype=torch.bfloat16)
+    k = Kernel()
+    launch = lambda cfg=None: triton_impl._launch(  # noqa: E731
+        k, "dkdv", cfg, lambda c: (1, 1), (), {}, 128, 256, 256, q
+    )
+    launch()
+    assert [(c["BLOCK_N"], c["num_stages"]) for c in k.tried] == [(128, 3), (128, 2), (64, 2), (32, 2)]
+    k.tried.clear()
+    launch()
+    assert [(c["BLOCK_N"], c["num_stages"]) for c in k.tried] == [(32, 2)]
+    with pytest.raises(OutOfResources):  # a config asked for by name is not swapped behind one's back
+        launch({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3})

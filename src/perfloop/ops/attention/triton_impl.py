@@ -330,19 +330,58 @@ def _shape_consts(d: int, sq: int, sk: int, cfg: dict) -> dict:
             "EVEN_M": sq % cfg["BLOCK_M"] == 0, "EVEN_N": sk % cfg["BLOCK_N"] == 0}  # fmt: skip
 
 
+try:
+    from triton.runtime.errors import OutOfResources as _OutOfResources
+except ImportError:  # pragma: no cover - very old Triton
+
+    class _OutOfResources(Exception):
+        pass
+
+
+_FITTED: dict = {}  # (kernel, head dim, dtype, device) -> the config that fit this GPU
+
+
+def _smaller(cfg: dict) -> dict | None:
+    """The next config to try when one does not fit: one pipeline stage fewer (down to 2),
+    then the larger tile side halved (down to 16)."""
+    if cfg["num_stages"] > 2:
+        return {**cfg, "num_stages": cfg["num_stages"] - 1}
+    side = "BLOCK_N" if cfg["BLOCK_N"] >= cfg["BLOCK_M"] else "BLOCK_M"
+    if cfg[side] > 16:
+        return {**cfg, side: cfg[side] // 2}
+    return None
+
+
+def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: dict, d, sq, sk, q) -> None:
+    """Launch with the table's config for this head dim and dtype, stepping down to smaller
+    ones where it does not fit (an RTX card has ~100 KB of shared memory a block, the H200
+    227 KB); what fit is remembered. An explicit `cfg` (tuning) launches as it is, or fails."""
+    key = (kind, d, q.dtype, q.device)
+    explicit = cfg is not None
+    cfg = cfg or _FITTED.get(key) or _config(d, kind, q.dtype)
+    while True:
+        try:
+            kernel[grid_of(cfg)](*args, **consts, **_shape_consts(d, sq, sk, cfg), **cfg)
+        except _OutOfResources:
+            smaller = None if explicit else _smaller(cfg)
+            if smaller is None:
+                raise
+            cfg = smaller
+            continue
+        if not explicit:
+            _FITTED[key] = cfg
+        return
+
+
 def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     b, h, sq, d = q.shape
     sk = k.shape[2]
     o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-    cfg = cfg or _config(d, "fwd", q.dtype)
-    grid = (triton.cdiv(sq, cfg["BLOCK_M"]), b * h)
-    _fwd_kernel[grid](
-        q, k, v, o, lse, scale * LOG2E,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        h, sq, sk, CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype),
-        **_shape_consts(d, sq, sk, cfg), **cfg,
-    )  # fmt: skip
+    args = (q, k, v, o, lse, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *o.stride(), h, sq, sk)
+    consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype))
+    _launch(_fwd_kernel, "fwd", cfg, lambda c: (triton.cdiv(sq, c["BLOCK_M"]), b * h), args, consts,
+            d, sq, sk, q)  # fmt: skip
     return o, lse
 
 
@@ -355,16 +394,12 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | None
     dl = torch.empty_like(lse)
     _bwd_preprocess[(triton.cdiv(sq, 64), b * h)](o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=64)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype))
+    consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype))
     cfgs = cfgs or {}
-    cfg = cfgs.get("dkdv") or _config(d, "dkdv", q.dtype)
-    _bwd_dkdv_kernel[(triton.cdiv(sk, cfg["BLOCK_N"]), b * h)](
-        q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk, **common, **_shape_consts(d, sq, sk, cfg), **cfg
-    )
-    cfg = cfgs.get("dq") or _config(d, "dq", q.dtype)
-    _bwd_dq_kernel[(triton.cdiv(sq, cfg["BLOCK_M"]), b * h)](
-        q, k, v, do, lse, dl, dq, scale, h, sq, sk, **common, **_shape_consts(d, sq, sk, cfg), **cfg
-    )
+    _launch(_bwd_dkdv_kernel, "dkdv", cfgs.get("dkdv"), lambda c: (triton.cdiv(sk, c["BLOCK_N"]), b * h),
+            (q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip
+    _launch(_bwd_dq_kernel, "dq", cfgs.get("dq"), lambda c: (triton.cdiv(sq, c["BLOCK_M"]), b * h),
+            (q, k, v, do, lse, dl, dq, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip
     return dq, dk, dv
 
 
