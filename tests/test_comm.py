@@ -60,6 +60,18 @@ def test_a_result_larger_than_a_pipe_comes_back_without_waiting_for_the_deadline
     assert time.monotonic() - t < 60  # the deadline is 4 x 30 + 60 s
 
 
+def test_sharding_balances_the_work_not_the_count():
+    """A sweep's sizes grow geometrically: by index, rank 0 of 2 would get 1+4+16+64 of
+    1+2+...+128; by cost each rank gets about half of the total."""
+    costs = [2.0**i for i in range(8)]
+    owner = comm.shard(costs, 2)
+    loads = [sum(c for c, r in zip(costs, owner, strict=True) if r == rank) for rank in range(2)]
+    assert max(loads) <= sum(costs) / 2 + max(costs) / 2
+    assert loads == [128, 127]
+    assert comm.shard([1.0] * 5, 3) == [0, 1, 2, 0, 1]  # equal costs: round-robin
+    assert sorted(set(comm.shard(costs, 4))) == [0, 1, 2, 3]
+
+
 def test_distributed_sweep_shards_points_and_stores_them_once(tmp_path, capsys):
     db = str(tmp_path / "s.db")
     rc = main(["sweep", "gelu", "--variant", "naive", "--variant", "builtin", "--shapes", "64x64",
@@ -82,12 +94,13 @@ def test_a_rank_that_dies_mid_sweep_loses_only_its_own_points(tmp_path, capsys):
     s = Store(tmp_path / "d.db")
     run = s.new_run("dying sweep")
     op = pl.ops.get("gelu")
-    shapes = [(64,), (96,), (128,), (160,)]  # rank 0 takes 64 and 128, rank 1 takes 96 and 160
+    shapes = [(64,), (96,), (128,), (160,)]  # by cost: rank 0 takes 160 and 64, rank 1 96 and 128
+    assert comm.shard([comm._cost(op, sh, __import__("torch").float32) for sh in shapes], 2) == [0, 1, 1, 0]
     args = argparse.Namespace(nproc=2, budget=0.2, json=True)
     rc = distributed_sweep_cli(args, op, ["builtin"], shapes, __import__("torch").float32, s, run,
                                entry="_sweep_then_die")  # fmt: skip
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and "failed" in out["rank_failure"]
     kept = {r["shape"] for r in Store(tmp_path / "d.db").rows(run)}
-    assert {"64", "128"} <= kept  # rank 0's points survive
-    assert "160" not in kept and ["builtin", "160"] in out["missing"]
+    assert {"64", "160"} <= kept  # rank 0's points survive; rank 1 died after its first (96)
+    assert "128" not in kept and ["builtin", "128"] in out["missing"]

@@ -234,9 +234,10 @@ def distributed_sweep(op_name: str, variants: list[str], shapes: list[tuple], dt
     op = ops.get(op_name)
     dtype = parse_dtype(dtype_name)
     points = [(v, tuple(s)) for v in variants for s in shapes]
+    owner = shard([_cost(op, shape, dtype) for _, shape in points], world)
     mine = []
     for i, (v, shape) in enumerate(points):
-        if i % world != rank:
+        if owner[i] != rank:
             continue
         try:
             inputs = op.make_inputs(shape, dtype=dtype, device=device, seed=i)
@@ -255,6 +256,25 @@ def distributed_sweep(op_name: str, variants: list[str], shapes: list[tuple], dt
     dist.all_gather_object(gathered, mine)
     allpts = [p for part in gathered for p in part]
     return {"points": allpts, "by_rank": {r: len(part) for r, part in enumerate(gathered)}}
+
+
+def _cost(op, shape, dtype) -> float:
+    """A point's expected time, up to a constant: its bytes or its flops, whichever bounds it
+    (a fixed launch cost keeps tiny points from counting as free)."""
+    w = op.work(shape, dtype)
+    return max(w.bytes / 1e9, (w.flops or 0) / 50e12) + 1e-5
+
+
+def shard(costs: list[float], world: int) -> list[int]:
+    """The rank of each point: the costliest first, each to the least-loaded rank (LPT), so
+    the ranks finish together and N ranks take ~1/N of the time; every rank computes the same."""
+    load = [0.0] * world
+    owner = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += costs[i]
+    return owner
 
 
 def sweep_on_ranks(op_name, variants, shapes, dtype_name, budget_s, db=None, run_id=None):
