@@ -48,7 +48,7 @@ OP = Op(
     make_inputs=make_inputs,
     work=work,
     # columns: 1, primes, non-powers of two, one past a block; one row longer
-    # than the one-block kernel's limit exercises the online path
+    # than the one-block kernel's limit exercises the long-row (split) path
     test_shapes=[(1, 1), (3, 7), (5, 1000), (2, 1025), (17, 97), (3, 4, 129), (2, 20011)],
     bench_shape_gpu=(16384, 4096),
     bench_shape_cpu=(2048, 1024),
