@@ -64,8 +64,9 @@ def test_experiments_show_in_the_report(store):
 
 
 def test_times_in_tables_read_back_for_plots(tmp_path):
-    from perfloop.experiments._common import ms, parse_ms
+    from perfloop.experiments._common import ms
     from perfloop.experiments.lm import plot_lm_step
+    from perfloop.measurement import parse_ms
 
     for t in (4.2e-4, 3.3e-3, 0.08698, 8.327, 1234.5):  # 420 ns .. 1.23 s
         assert parse_ms(ms(t)) == pytest.approx(t, rel=5e-3)

@@ -39,19 +39,32 @@ class AsmError(RuntimeError):
     """The kernel cannot be inspected here; the message says what is needed."""
 
 
+def limits_of(props) -> dict:
+    """SM_LIMITS with the per-SM numbers of the GPU `props` describes (torch's device properties)."""
+    return {**SM_LIMITS,
+            "regs": getattr(props, "regs_per_multiprocessor", SM_LIMITS["regs"]),
+            "threads": getattr(props, "max_threads_per_multi_processor", SM_LIMITS["threads"]),
+            "smem": getattr(props, "shared_memory_per_multiprocessor", SM_LIMITS["smem"])}  # fmt: skip
+
+
+def blocks_per_sm(regs: int, threads: int, smem: int, limits: dict = SM_LIMITS) -> tuple[int, str]:
+    """How many blocks of a kernel fit on one SM at once, and what limits it."""
+    warps = max(1, threads // 32)
+    per_warp = -(-regs * 32 // limits["reg_granularity"]) * limits["reg_granularity"]
+    fits = {
+        "threads": limits["threads"] // threads,  # first: on a tie, the hard limit
+        "registers": limits["regs"] // max(per_warp * warps, 1),
+        "shared memory": limits["smem"] // (smem + limits["smem_per_block_reserved"]),
+        "blocks per SM": limits["blocks"],
+    }
+    by = min(fits, key=fits.get)
+    return fits[by], by
+
+
 def occupancy(regs: int, threads: int, smem: int) -> tuple[float, str]:
     """Fraction of the SM's warp slots a kernel can fill, and what limits it."""
-    warps = max(1, threads // 32)
-    per_warp = -(-regs * 32 // SM_LIMITS["reg_granularity"]) * SM_LIMITS["reg_granularity"]
-    limits = {
-        "threads": SM_LIMITS["threads"] // threads,  # first: on a tie, the hard limit
-        "registers": SM_LIMITS["regs"] // max(per_warp * warps, 1),
-        "shared memory": SM_LIMITS["smem"] // (smem + SM_LIMITS["smem_per_block_reserved"]),
-        "blocks per SM": SM_LIMITS["blocks"],
-    }
-    by = min(limits, key=limits.get)
-    blocks = limits[by]
-    return min(1.0, blocks * warps * 32 / SM_LIMITS["threads"]), by
+    blocks, by = blocks_per_sm(regs, threads, smem)
+    return min(1.0, blocks * max(1, threads // 32) * 32 / SM_LIMITS["threads"]), by
 
 
 def vector_widths(ptx: str) -> dict[str, int]:

@@ -262,3 +262,18 @@ def fmt_ms(ms: float) -> str:
     if ms >= 1e-3:
         return f"{ms * 1e3:.2f} us"
     return f"{ms * 1e6:.0f} ns"
+
+
+_UNITS_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def parse_ms(cell) -> float | None:
+    """fmt_ms's text ("8.327 ms", "86.98 us") back to milliseconds; None for text that holds
+    no time ("-", "n/a"): experiments draw their plots from their stored tables with it."""
+    if isinstance(cell, (int, float)):
+        return float(cell)
+    value, _, unit = str(cell).partition(" ")
+    try:
+        return float(value) * _UNITS_MS[unit]
+    except (KeyError, ValueError):
+        return None

@@ -208,30 +208,30 @@ class _CpuSampler:
         return out
 
 
-def _graph_gaps(sampler: _CudaSampler, samples: list[float], meta: dict) -> list[str]:
+def _graph_gaps(sampler: _CudaSampler, samples: list[float]) -> tuple[dict, list[str]]:
     """A graph replay still pays the GPU's gap between dependent kernels. Profile one
-    replay (CUPTI) for the kernels' own time and say how much of the sample is gaps."""
+    replay (CUPTI) for the kernels' own time: (meta entries, warnings) saying how much of
+    the sample is gaps."""
     if torch.autograd.profiler._is_profiler_enabled:  # a profiler is already recording
-        return []
+        return {}, []
     from perfloop.profiling import profile
 
     try:
         p = profile(sampler.graph.replay, calls=1, warmup=0)
     except Exception:  # CUPTI unavailable: the replay time stands alone
-        return []
+        return {}, []
     if p.kind != "cuda" or p.device_ms_per_call <= 0:
-        return []
+        return {}, []
     reps = sampler.calls_per_sample
     kernel_ms = p.device_ms_per_call / reps
     launches = p.launches_per_call / reps
-    meta["graph_kernel_ms"] = kernel_ms
-    meta["graph_kernels_per_call"] = launches
+    meta = {"graph_kernel_ms": kernel_ms, "graph_kernels_per_call": launches}
     median = stats.quantile(samples, 0.5)
     ratio = median / kernel_ms
     if ratio <= 1.15:
-        return []
+        return meta, []
     gap_us = (median - kernel_ms) * 1e3 / max(launches, 1)
-    return [
+    return meta, [
         f"graph replay is {ratio:.2f}x the kernels' own time ({kernel_ms * 1e3:.2f} us a call, "
         f"CUPTI): the rest is the GPU's gap between {launches:.0f} dependent kernels "
         f"(~{gap_us:.2f} us each); fusing them into fewer kernels removes it"
@@ -362,7 +362,8 @@ def bench(
         )
     graph_meta: dict = {}
     if on_cuda and sampler.graph is not None:
-        warns += _graph_gaps(sampler, samples, graph_meta)
+        graph_meta, graph_warns = _graph_gaps(sampler, samples)
+        warns += graph_warns
     meta = {
         **graph_meta,
         "stop_reason": reason,

@@ -71,22 +71,6 @@ def plot_bars(path: Path, title: str, ylabel: str, groups: dict, log: bool = Tru
     return _save(fig, ax, path, title, ylabel, legend=len(names) > 1, grid_axis="y")
 
 
-_UNITS_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
-
-
-def parse_ms(cell) -> float | None:
-    """A table cell written by `ms()` ("8.327 ms", "86.98 us") back to milliseconds; None for
-    cells that hold no time ("-", "n/a"). The plots are drawn from the table, so a stored
-    result can be drawn again."""
-    if isinstance(cell, (int, float)):
-        return float(cell)
-    value, _, unit = str(cell).partition(" ")
-    try:
-        return float(value) * _UNITS_MS[unit]
-    except (KeyError, ValueError):
-        return None
-
-
 def finish(name, headers, rows, conclusion, plots, store=None, run_id=None, extra=None) -> dict:
     """The experiment's result: table, conclusion (from the numbers), plots; stored if asked."""
     result = {

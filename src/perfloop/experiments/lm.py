@@ -12,7 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import perfloop as pl
-from perfloop.experiments._common import device, finish, ms, parse_ms, plot_bars
+from perfloop.experiments._common import device, finish, ms, plot_bars
+from perfloop.measurement import parse_ms
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 import perfloop as pl
-from perfloop.experiments._common import device, finish, ms, parse_ms, plot_bars, plot_lines, sync
+from perfloop.experiments._common import device, finish, ms, plot_bars, plot_lines, sync
+from perfloop.measurement import parse_ms
 from perfloop.ops.gelu.torch_impl import _naive as gelu_naive
 
 

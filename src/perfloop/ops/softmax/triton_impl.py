@@ -215,21 +215,17 @@ def softmax_split(
 def _resident_programs(kernel, args, consts: dict, device: torch.device) -> int:
     """How many programs of `kernel` fit on the GPU at once (registers, shared memory, threads)."""
     if device.type != "cuda":
-        return 4
-    props = torch.cuda.get_device_properties(device)
-    threads = 32 * consts["num_warps"]
-    per_sm = props.max_threads_per_multi_processor // threads
+        return _num_sms(device)
+    from perfloop.asm import blocks_per_sm, limits_of
+
     try:
         k = kernel.warmup(*args, grid=(1,), **consts)
         k._init_handles()
-        regs = (k.n_regs + 7) // 8 * 8  # allocated per warp in units of 256 registers
-        per_sm = min(per_sm, props.regs_per_multiprocessor // (regs * threads))
-        smem = k.metadata.shared
-        if smem:
-            per_sm = min(per_sm, props.shared_memory_per_multiprocessor // (smem + 1024))
+        limits = limits_of(torch.cuda.get_device_properties(device))
+        per_sm, _ = blocks_per_sm(k.n_regs, 32 * consts["num_warps"], k.metadata.shared, limits)
     except Exception:  # unknown compiler internals: assume one program per SM
         per_sm = 1
-    return max(1, per_sm) * props.multi_processor_count
+    return max(1, per_sm) * _num_sms(device)
 
 
 def _num_sms(device: torch.device) -> int:
