@@ -212,10 +212,21 @@ def softmax_split(
     return y2.view(x.shape)
 
 
+_RESIDENT: dict = {}  # (kernel, device, dtype, constexprs) -> programs that fit at once
+
+
 def _resident_programs(kernel, args, consts: dict, device: torch.device) -> int:
-    """How many programs of `kernel` fit on the GPU at once (registers, shared memory, threads)."""
+    """How many programs of `kernel` fit on the GPU at once (registers, shared memory, threads);
+    worked out once per compiled variant, not on every call."""
     if device.type != "cuda":
         return _num_sms(device)
+    key = (kernel, device, args[0].dtype, tuple(sorted(consts.items())))
+    if key not in _RESIDENT:
+        _RESIDENT[key] = _count_resident(kernel, args, consts, device)
+    return _RESIDENT[key]
+
+
+def _count_resident(kernel, args, consts: dict, device: torch.device) -> int:
     from perfloop.asm import blocks_per_sm, limits_of
 
     try:
