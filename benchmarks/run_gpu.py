@@ -475,13 +475,29 @@ def section_attn_tune(res: Results, ceil: dict):
 
     op = pl.ops.get("attention")
     out = []
-    fwd_cfgs = [(64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (64, 32, 4, 4), (128, 64, 8, 3),
-                (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4), (128, 64, 8, 4)]  # fmt: skip
+    # (BLOCK_M, BLOCK_N, warps, stages, TMA): at head dim 128 three stages of 64x128 K and V
+    # tiles fill half the SM's shared memory (one 4-warp block an SM); two stages fit two
+    fwd_cfgs = [
+        (bm, bn, w, st, tma)
+        for tma in (False, True)
+        for bm, bn, w, st in [
+            (64, 64, 4, 3),
+            (64, 64, 4, 2),
+            (128, 64, 8, 3),
+            (128, 64, 8, 2),
+            (128, 128, 8, 2),
+            (64, 128, 4, 2),
+            (64, 32, 4, 3),
+            (128, 32, 4, 3),
+        ]
+    ]
     dkdv_cfgs = [(32, 128, 4, 5), (32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 4, 3), (32, 64, 4, 4),
                  (64, 64, 4, 3), (16, 128, 4, 5), (32, 128, 8, 4)]  # fmt: skip
     dq_cfgs = [(128, 32, 4, 5), (128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4),
                (128, 64, 4, 3), (128, 32, 8, 4)]  # fmt: skip
-    as_cfg = lambda c: dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), c, strict=True))  # noqa: E731
+    names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA")
+    as_cfg = lambda c: dict(zip(names, c, strict=False))  # noqa: E731  (bwd configs: 4 fields)
+    kinds = os.environ.get("ATTN_TUNE_KINDS", "fwd,dkdv,dq").split(",")
     for d in (64, 128):
         for causal in (False, True):
             shape = (4, 16, 4096, 4096, d, causal)
@@ -493,12 +509,16 @@ def section_attn_tune(res: Results, ceil: dict):
             sdpa_fb = pl.bench(_attn_fns(qg, kg, vg, causal, g)["fwd+bwd"]["sdpa"], budget_s=0.5)
             sdpa_b_ms = sdpa_fb.median_ms - sdpa_f.median_ms
             o, lse = _forward(q, k, v, causal, d**-0.5)
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             points = [("fwd", c) for c in fwd_cfgs] + [("dkdv", c) for c in dkdv_cfgs]
-            points += [("dq", c) for c in dq_cfgs]
+            points = [p for p in points + [("dq", c) for c in dq_cfgs] if p[0] in kinds]
             for kind, c in points:
                 cfg = as_cfg(c)
                 try:
                     if kind == "fwd":
+                        err = (_forward(q, k, v, causal, d**-0.5, cfg)[0] - ref).abs().max().item()
+                        if err > 2e-2:
+                            raise AssertionError(f"max abs err {err:.3g} against SDPA's output")
                         m = pl.bench(_forward, q, k, v, causal, d**-0.5, cfg, budget_s=0.3)
                         ratio = sdpa_f.median_ms / m.median_ms
                     else:

@@ -65,11 +65,17 @@ def _load(base, rows, n_rows, offs_d, stride_row, stride_d, HEAD_DIM: tl.constex
 def _fwd_tiles(
     q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d, lo, hi,
     MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False,
+    kv_row=0,
 ):  # fmt: skip
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        kt = _load(k_base, cols, SK, offs_d, skn, skd, HEAD_DIM, MASK or MASK_D, UPCAST, True)
+        if TMA:  # k_base, v_base: descriptors over (B*H*SK, HEAD_DIM); the tile is in bounds
+            kt = k_base.load([kv_row + start_n, 0]).T
+            if UPCAST:
+                kt = kt.to(tl.float32)
+        else:
+            kt = _load(k_base, cols, SK, offs_d, skn, skd, HEAD_DIM, MASK or MASK_D, UPCAST, True)
         s = tl.dot(q, kt, input_precision=PRECISION)  # raw scores; the scale goes into exp2
         if MASK:
             valid = cols[None, :] < SK
@@ -80,7 +86,12 @@ def _fwd_tiles(
         p = tl.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load(v_base, cols, SK, offs_d, svn, svd, HEAD_DIM, MASK or MASK_D, UPCAST)
+        if TMA:
+            v = v_base.load([kv_row + start_n, 0])
+            if UPCAST:
+                v = v.to(tl.float32)
+        else:
+            v = _load(v_base, cols, SK, offs_d, svn, svd, HEAD_DIM, MASK or MASK_D, UPCAST)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return m_i, l_i, acc
@@ -93,20 +104,33 @@ def _fwd_kernel(
     H, SQ, SK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, TMA: tl.constexpr = False,
 ):  # fmt: skip
+    # TMA: Q, K, V, O are tensor descriptors over (B*H*S, HEAD_DIM) views (contiguous inputs,
+    # every tile inside its head: EVEN_M, EVEN_N, BLOCK_D == HEAD_DIM); the copy engine moves
+    # the tiles, so no registers go to addresses. Else they are pointers, with strides.
     pid_m = tl.program_id(0)
     if CAUSAL:  # the longest rows first: the short ones fill the launch's tail
         pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1).to(tl.int64)
+    bh32 = tl.program_id(1)
+    bh = bh32.to(tl.int64)
     b, h = bh // H, bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     MASK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    q = _load(Q + b * sqb + h * sqh, offs_m, SQ, offs_d, sqm, sqd, HEAD_DIM, MASK_D or not EVEN_M, UPCAST)
-    k_base = K + b * skb + h * skh
-    v_base = V + b * svb + h * svh
+    q_row = bh32 * SQ + pid_m * BLOCK_M  # TMA coordinates are 32-bit: the host checks B*H*S < 2**31
+    kv_row = bh32 * SK
+    if TMA:
+        q = Q.load([q_row, 0])
+        if UPCAST:
+            q = q.to(tl.float32)
+        k_base = K
+        v_base = V
+    else:
+        q = _load(Q + b * sqb + h * sqh, offs_m, SQ, offs_d, sqm, sqd, HEAD_DIM, MASK_D or not EVEN_M, UPCAST)
+        k_base = K + b * skb + h * skh
+        v_base = V + b * svb + h * svh
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -121,19 +145,22 @@ def _fwd_kernel(
         mid = tl.minimum(mid, (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N)
     m_i, l_i, acc = _fwd_tiles(
         q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
-        0, mid, False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N,
+        0, mid, False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N, TMA, kv_row,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_tiles(
         q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
-        mid, hi, True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N,
+        mid, hi, True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N, TMA, kv_row,
     )  # fmt: skip
     acc = acc / l_i[:, None]
     row_ok = offs_m < SQ
-    tl.store(
-        O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
-        acc.to(O.dtype.element_ty),
-        mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
-    )
+    if TMA:
+        O.store([q_row, 0], acc.to(O.dtype))
+    else:
+        tl.store(
+            O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+            acc.to(O.dtype.element_ty),
+            mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
+        )
     tl.store(L + bh * SQ + offs_m, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
 
 
@@ -307,17 +334,22 @@ CONFIGS = {
     "dq": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3)},
 }
 CONFIGS_FP32 = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}
+FWD_TMA = True  # the forward's tiles through TMA descriptors where they fit (`_tma_fits`)
 
 
 def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tile sizes and warps per kernel; small tiles in the interpreter (it is numpy)."""
     if interpreting():
-        return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    if dtype == torch.float32:
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    elif dtype == torch.float32:
         bm, bn, w, st = CONFIGS_FP32[kind]
+        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
     else:
         bm, bn, w, st = CONFIGS[kind][64 if head_dim <= 64 else 128]
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+    if kind == "fwd":
+        cfg["TMA"] = FWD_TMA
+    return cfg
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -352,16 +384,19 @@ def _smaller(cfg: dict) -> dict | None:
     return None
 
 
-def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: dict, d, sq, sk, q) -> None:
+def _launch(kernel, kind: str, cfg: dict | None, grid_of, args, consts: dict, d, sq, sk, q) -> None:
     """Launch with the table's config for this head dim and dtype, stepping down to smaller
     ones where it does not fit (an RTX card has ~100 KB of shared memory a block, the H200
-    227 KB); what fit is remembered. An explicit `cfg` (tuning) launches as it is, or fails."""
+    227 KB); what fit is remembered. An explicit `cfg` (tuning) launches as it is, or fails.
+    `args`: the kernel's arguments, or a function of the config that returns them and the
+    config to launch (the forward's TMA descriptors carry the tile shape)."""
     key = (kind, d, q.dtype, q.device)
     explicit = cfg is not None
     cfg = cfg or _FITTED.get(key) or _config(d, kind, q.dtype)
     while True:
+        launch_args, launch_cfg = args(cfg) if callable(args) else (args, cfg)
         try:
-            kernel[grid_of(cfg)](*args, **consts, **_shape_consts(d, sq, sk, cfg), **cfg)
+            kernel[grid_of(cfg)](*launch_args, **consts, **_shape_consts(d, sq, sk, cfg), **launch_cfg)
         except _OutOfResources:
             smaller = None if explicit else _smaller(cfg)
             if smaller is None:
@@ -373,12 +408,44 @@ def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: d
         return
 
 
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - Triton < 3.4: pointer loads only
+    TensorDescriptor = None
+
+
+def _tma_fits(q, k, v, cfg: dict) -> bool:
+    """Whether the forward can move its tiles with TMA descriptors: Hopper or newer (or the
+    interpreter, for tests), contiguous (B, H, S, D) inputs, a power-of-two head dim, every
+    tile inside one head (S a multiple of the tile) and 32-bit row coordinates."""
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    if TensorDescriptor is None or d != triton.next_power_of_2(d) or d < 16:
+        return False
+    if not interpreting() and (q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] < 9):
+        return False
+    if sq % cfg["BLOCK_M"] or sk % cfg["BLOCK_N"] or b * h * max(sq, sk) >= 2**31:
+        return False
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+
+
 def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
+    """(o, lse). The config's "TMA" (the table's, or a tuning config's) asks for descriptor
+    loads; they are used where `_tma_fits`, else the same kernel loads through pointers."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
     o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-    args = (q, k, v, o, lse, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *o.stride(), h, sq, sk)
+    tail = (lse, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *o.stride(), h, sq, sk)
+
+    def args(c):
+        if c.get("TMA") and _tma_fits(q, k, v, c):
+            blocks = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_N"], c["BLOCK_M"])
+            pairs = zip((q, k, v, o), blocks, strict=True)
+            descs = [TensorDescriptor.from_tensor(t.view(-1, d), [bl, d]) for t, bl in pairs]
+            return (*descs, *tail), c
+        return (q, k, v, o, *tail), {**c, "TMA": False}
+
     consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype))
     _launch(_fwd_kernel, "fwd", cfg, lambda c: (triton.cdiv(sq, c["BLOCK_M"]), b * h), args, consts,
             d, sq, sk, q)  # fmt: skip
