@@ -475,18 +475,27 @@ def section_attn_tune(res: Results, ceil: dict):
 
     op = pl.ops.get("attention")
     out = []
-    # (BLOCK_M, BLOCK_N, warps, stages, TMA, OVERLAP): at head dim 128 three stages of 64x128 K
-    # and V tiles take half the SM's shared memory; OVERLAP buffers one K tile more
-    fwd_cfgs = [(64, 64, 4, 3, False, False), (64, 64, 4, 3, True, False)] + [
-        (bm, bn, w, st, tma, True)
+    # (BLOCK_M, BLOCK_N, warps, stages, TMA): at head dim 128 three stages of 64x128 K and V
+    # tiles fill half the SM's shared memory (one 4-warp block an SM); two stages fit two
+    fwd_cfgs = [
+        (bm, bn, w, st, tma)
         for tma in (False, True)
-        for bm, bn, w, st in [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 8, 2), (64, 32, 4, 3)]
+        for bm, bn, w, st in [
+            (64, 64, 4, 3),
+            (64, 64, 4, 2),
+            (128, 64, 8, 3),
+            (128, 64, 8, 2),
+            (128, 128, 8, 2),
+            (64, 128, 4, 2),
+            (64, 32, 4, 3),
+            (128, 32, 4, 3),
+        ]
     ]
     dkdv_cfgs = [(32, 128, 4, 5), (32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 4, 3), (32, 64, 4, 4),
                  (64, 64, 4, 3), (16, 128, 4, 5), (32, 128, 8, 4)]  # fmt: skip
     dq_cfgs = [(128, 32, 4, 5), (128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4),
                (128, 64, 4, 3), (128, 32, 8, 4)]  # fmt: skip
-    names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA", "OVERLAP")
+    names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA")
     as_cfg = lambda c: dict(zip(names, c, strict=False))  # noqa: E731  (bwd configs: 4 fields)
     kinds = os.environ.get("ATTN_TUNE_KINDS", "fwd,dkdv,dq").split(",")
     for d in (64, 128):

@@ -62,81 +62,38 @@ def _load(base, rows, n_rows, offs_d, stride_row, stride_d, HEAD_DIM: tl.constex
 
 
 @triton.jit
-def _kv_tile(base, start_n, cols, SK, offs_d, stride_n, stride_d, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
-             UPCAST: tl.constexpr, TRANS: tl.constexpr, TMA: tl.constexpr, kv_row):  # fmt: skip
-    """Keys `cols` of K (as (d, n) with TRANS) or V: by TMA (`base` a descriptor over
-    (B*H*SK, HEAD_DIM); the tile is in bounds) or through pointers."""
-    if TMA:
-        x = base.load([kv_row + start_n, 0])
-        if TRANS:
-            x = x.T
-        if UPCAST:
-            x = x.to(tl.float32)
-    else:
-        x = _load(base, cols, SK, offs_d, stride_n, stride_d, HEAD_DIM, MASK, UPCAST, TRANS)
-    return x
-
-
-@triton.jit
-def _fwd_update(
-    s, start_n, v_base, m_i, l_i, acc, qk_scale, svn, svd, SK, offs_m, offs_n, offs_d,
-    MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, kv_row,
-):  # fmt: skip
-    """One key tile's step of the online softmax, from its raw scores `s`."""
-    cols = start_n + offs_n
-    if MASK:
-        valid = cols[None, :] < SK
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= offs_m[:, None])
-        s = tl.where(valid, s, -float("inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # log2 domain (scale > 0)
-    p = tl.exp2(s * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = _kv_tile(v_base, start_n, cols, SK, offs_d, svn, svd, HEAD_DIM, MASK or MASK_D, UPCAST, False, TMA,
-                 kv_row)  # fmt: skip
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _fwd_tiles(
     q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d, lo, hi,
     MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False,
-    kv_row=0, OVERLAP: tl.constexpr = False,
+    kv_row=0,
 ):  # fmt: skip
-    """Key tiles [lo, hi). OVERLAP: the next tile's q k^T is issued before this tile's
-    softmax, so the tensor cores work while the exponentials run (FlashAttention-3's
-    intra-warpgroup overlap); it costs one more score tile in registers."""
-    if OVERLAP:
-        if lo < hi:
-            kt = _kv_tile(k_base, lo, lo + offs_n, SK, offs_d, skn, skd, HEAD_DIM, MASK or MASK_D, UPCAST,
-                          True, TMA, kv_row)  # fmt: skip
-            s = tl.dot(q, kt, input_precision=PRECISION)
-            for start_n in range(lo + BLOCK_N, hi, BLOCK_N):
-                kt = _kv_tile(k_base, start_n, start_n + offs_n, SK, offs_d, skn, skd, HEAD_DIM,
-                              MASK or MASK_D, UPCAST, True, TMA, kv_row)  # fmt: skip
-                s_next = tl.dot(q, kt, input_precision=PRECISION)
-                m_i, l_i, acc = _fwd_update(
-                    s, start_n - BLOCK_N, v_base, m_i, l_i, acc, qk_scale, svn, svd, SK, offs_m, offs_n,
-                    offs_d, MASK, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, TMA, kv_row,
-                )  # fmt: skip
-                s = s_next
-            m_i, l_i, acc = _fwd_update(
-                s, hi - BLOCK_N, v_base, m_i, l_i, acc, qk_scale, svn, svd, SK, offs_m, offs_n, offs_d,
-                MASK, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, TMA, kv_row,
-            )  # fmt: skip
-    else:
-        for start_n in range(lo, hi, BLOCK_N):
-            kt = _kv_tile(k_base, start_n, start_n + offs_n, SK, offs_d, skn, skd, HEAD_DIM, MASK or MASK_D,
-                          UPCAST, True, TMA, kv_row)  # fmt: skip
-            s = tl.dot(q, kt, input_precision=PRECISION)  # raw scores; the scale goes into exp2
-            m_i, l_i, acc = _fwd_update(
-                s, start_n, v_base, m_i, l_i, acc, qk_scale, svn, svd, SK, offs_m, offs_n, offs_d,
-                MASK, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, TMA, kv_row,
-            )  # fmt: skip
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if TMA:  # k_base, v_base: descriptors over (B*H*SK, HEAD_DIM); the tile is in bounds
+            kt = k_base.load([kv_row + start_n, 0]).T
+            if UPCAST:
+                kt = kt.to(tl.float32)
+        else:
+            kt = _load(k_base, cols, SK, offs_d, skn, skd, HEAD_DIM, MASK or MASK_D, UPCAST, True)
+        s = tl.dot(q, kt, input_precision=PRECISION)  # raw scores; the scale goes into exp2
+        if MASK:
+            valid = cols[None, :] < SK
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= offs_m[:, None])
+            s = tl.where(valid, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # log2 domain (scale > 0)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if TMA:
+            v = v_base.load([kv_row + start_n, 0])
+            if UPCAST:
+                v = v.to(tl.float32)
+        else:
+            v = _load(v_base, cols, SK, offs_d, svn, svd, HEAD_DIM, MASK or MASK_D, UPCAST)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
     return m_i, l_i, acc
 
 
@@ -147,7 +104,7 @@ def _fwd_kernel(
     H, SQ, SK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr, TMA: tl.constexpr = False, OVERLAP: tl.constexpr = False,
+    PRECISION: tl.constexpr, TMA: tl.constexpr = False,
 ):  # fmt: skip
     # TMA: Q, K, V, O are tensor descriptors over (B*H*S, HEAD_DIM) views (contiguous inputs,
     # every tile inside its head: EVEN_M, EVEN_N, BLOCK_D == HEAD_DIM); the copy engine moves
@@ -188,7 +145,7 @@ def _fwd_kernel(
         mid = tl.minimum(mid, (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N)
     m_i, l_i, acc = _fwd_tiles(
         q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
-        0, mid, False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N, TMA, kv_row, OVERLAP,
+        0, mid, False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N, TMA, kv_row,
     )  # fmt: skip
     m_i, l_i, acc = _fwd_tiles(
         q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
@@ -378,7 +335,6 @@ CONFIGS = {
 }
 CONFIGS_FP32 = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}
 FWD_TMA = True  # the forward's tiles through TMA descriptors where they fit (`_tma_fits`)
-FWD_OVERLAP = True  # the next tile's q k^T issued before this tile's softmax (`_fwd_tiles`)
 
 
 def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -392,7 +348,7 @@ def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> di
         bm, bn, w, st = CONFIGS[kind][64 if head_dim <= 64 else 128]
         cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
     if kind == "fwd":
-        cfg |= {"TMA": FWD_TMA, "OVERLAP": FWD_OVERLAP}
+        cfg["TMA"] = FWD_TMA
     return cfg
 
 
