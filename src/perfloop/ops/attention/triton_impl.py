@@ -334,7 +334,10 @@ CONFIGS = {
     "dq": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3)},
 }
 CONFIGS_FP32 = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}
-FWD_TMA = True  # the forward's tiles through TMA descriptors where they fit (`_tma_fits`)
+# The forward's tiles through TMA descriptors where they fit (`_tma_fits`): fewer registers
+# (138 vs 155 at head dim 128), but no faster on the H200 -- 0.903 vs 0.975 of SDPA at d=64,
+# 0.785 vs 0.798 at d=128 (causal: 0.839 vs 0.820; run7-fwd-tune): loads are not the limit.
+FWD_TMA = False
 
 
 def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> dict:
