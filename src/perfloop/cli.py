@@ -513,10 +513,11 @@ def cmd_sweep(args) -> int:
     from perfloop.measurement import fmt_ms
 
     for v, s in results.items():
-        rows = [[shape_str(p.size), fmt_ms(p.measurement.median_ms) if p.measurement else "error",
-                 f"{p.measurement.gbps:.0f}" if p.measurement and p.measurement.gbps else "-",
-                 p.error or ""] for p in s.points]  # fmt: skip
-        table(f"{op.name}/{v} {dtype_name(dtype)}", ["shape", "median", "GB/s", "error"], rows)
+        m = [p.measurement for p in s.points]
+        rows = [[shape_str(p.size), fmt_ms(mi.median_ms) if mi else "error",
+                 f"{mi.gbps:.3g}" if mi and mi.gbps else "-", f"{mi.tflops:.3g}" if mi and mi.tflops else "-",
+                 p.error or ""] for p, mi in zip(s.points, m, strict=True)]  # fmt: skip
+        table(f"{op.name}/{v} {dtype_name(dtype)}", ["shape", "median", "GB/s", "TFLOP/s", "error"], rows)
         if s.fit:
             f = s.fit
             knee = f"{f['knee']:.3g}" if f.get("knee") else "n/a"
