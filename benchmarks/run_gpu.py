@@ -187,8 +187,8 @@ OP_RUNS = [
     ("gelu", torch.float32, None, ["naive", "builtin", "compiled", "triton", "cuda"]),
     ("gelu", torch.bfloat16, None, ["naive", "builtin", "compiled", "triton", "cuda"]),
     ("softmax", torch.float32, None, ["naive", "builtin", "compiled", "triton"]),
-    # "triton" is softmax(): the split kernel for rows > 16384 columns, the online one past
-    # what the GPU holds resident (8M columns: 1024 chunks a row > 4 programs x 132 SMs)
+    # "triton" is softmax(): the split kernel for rows > 16384 columns; two passes, every chunk
+    # in parallel, past what the GPU holds resident (8M columns: 1024 chunks a row)
     (
         "softmax",
         torch.float32,
@@ -196,6 +196,7 @@ OP_RUNS = [
         ["builtin", "compiled", "triton", "triton_online", "triton_split"],
     ),
     ("softmax", torch.float32, (16, 8388608), ["builtin", "triton", "triton_online"]),
+    ("softmax", torch.float32, (1, 67108864), ["builtin", "triton", "triton_online"]),
     ("rowsum", torch.float32, None, ["builtin", "compiled", "triton"]),
     ("matmul_relu", torch.bfloat16, None, ["naive", "compiled", "triton"]),
     ("matmul_relu", torch.float16, None, ["naive", "compiled", "triton"]),
@@ -225,7 +226,10 @@ def section_checks(res: Results):
 
 def section_ops(res: Results, ceil: dict):
     rows = []
+    only = os.environ.get("OPS", "")  # e.g. OPS=softmax: only that op's runs
     for name, dtype, shape, variants in OP_RUNS:
+        if only and name not in only.split(","):
+            continue
         tf32 = dtype == "tf32"  # fp32 storage, TF32 tensor cores allowed for this run
         dtype = torch.float32 if tf32 else dtype
         torch.backends.cuda.matmul.allow_tf32 = tf32

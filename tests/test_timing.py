@@ -131,3 +131,28 @@ def test_graph_on_cpu_and_empty_sizes_are_clear_errors():
         pl.compare({"a": busy(0.01)}, baseline="zzz")
     with pytest.raises(ValueError, match="min_rounds"):
         pl.compare({"a": busy(0.01)}, min_rounds=0)
+
+
+@pytest.mark.parametrize("launches, advice", [(8, "fusing them into fewer kernels"),
+                                              (1, "give each call more work")])  # fmt: skip
+def test_graph_gap_warning_fits_the_number_of_kernels(monkeypatch, launches, advice):
+    """The replay's excess over its kernels' CUPTI time: between many dependent kernels, fuse
+    them; with one kernel a call there is nothing to fuse -- the advice must say so."""
+    import types
+
+    import perfloop.profiling
+    from perfloop import timing
+
+    reps = 4
+    fake = types.SimpleNamespace(
+        kind="cuda", device_ms_per_call=reps * 0.002, launches_per_call=reps * launches
+    )
+    monkeypatch.setattr(perfloop.profiling, "profile", lambda fn, calls, warmup: fake)
+    sampler = types.SimpleNamespace(graph=types.SimpleNamespace(replay=lambda: None), calls_per_sample=reps)
+    meta, warnings = timing._graph_gaps(sampler, [0.004, 0.0041, 0.0039])
+    assert meta == {"graph_kernel_ms": 0.002, "graph_kernels_per_call": launches}
+    assert len(warnings) == 1 and "2.00x the kernels' own time" in warnings[0] and advice in warnings[0]
+    gap = (0.004 - 0.002) * 1e3 / launches
+    assert f"~{gap:.2f} us" in warnings[0]
+    meta, warnings = timing._graph_gaps(sampler, [0.0021])  # within 15%: no warning
+    assert warnings == []

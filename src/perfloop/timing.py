@@ -231,9 +231,14 @@ def _graph_gaps(sampler: _CudaSampler, samples: list[float]) -> tuple[dict, list
     if ratio <= 1.15:
         return meta, []
     gap_us = (median - kernel_ms) * 1e3 / max(launches, 1)
+    head = f"graph replay is {ratio:.2f}x the kernels' own time ({kernel_ms * 1e3:.2f} us a call, CUPTI): "
+    if launches < 1.5:  # one kernel a call: nothing to fuse; the gap is to the next call's kernel
+        return meta, [
+            head + f"the rest is the GPU's ~{gap_us:.2f} us from one kernel to the next, a floor "
+            "for a one-kernel call; give each call more work (a larger size, a batch) to amortize it"
+        ]
     return meta, [
-        f"graph replay is {ratio:.2f}x the kernels' own time ({kernel_ms * 1e3:.2f} us a call, "
-        f"CUPTI): the rest is the GPU's gap between {launches:.0f} dependent kernels "
+        head + f"the rest is the GPU's gap between {launches:.0f} dependent kernels "
         f"(~{gap_us:.2f} us each); fusing them into fewer kernels removes it"
     ]
 

@@ -30,6 +30,7 @@ import triton.language as tl
 from perfloop.ops.base import check_tensor, interpreting
 
 MAX_ROW_BLOCK = 16384  # columns kept in registers by one program (64 KiB of fp32)
+MAX_TWO_PASS_CHUNKS = 8192  # a row's chunk stats one program combines (64M columns at 8192)
 
 
 @triton.jit
@@ -88,43 +89,68 @@ def softmax_online_kernel(
 
 
 @triton.jit
+def _combined_stats(stats_ptr, row, n_chunks, MAX_CHUNKS: tl.constexpr):
+    """The row's (max, sum of exp(x - max)) from its chunks' published (max, sum) pairs."""
+    c = tl.arange(0, MAX_CHUNKS)
+    row_stats = stats_ptr + row * n_chunks * 2 + c * 2
+    cm = tl.load(row_stats, mask=c < n_chunks, other=-float("inf"), cache_modifier=".cg")
+    cl = tl.load(row_stats + 1, mask=c < n_chunks, other=0.0, cache_modifier=".cg")
+    m_row = tl.max(cm, axis=0)
+    return m_row, tl.sum(cl * tl.exp(cm - m_row), axis=0)
+
+
+@triton.jit
 def softmax_split_kernel(
     x_ptr, y_ptr, stats_ptr, count_ptr, n_rows, n_cols, stride_x, stride_y, n_chunks, spin_limit,
-    BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr, PHASE: tl.constexpr = 0,
 ):  # fmt: skip
-    # Persistent; work item i is chunk i % n_chunks of row i // n_chunks. The grid is a
-    # multiple of n_chunks and every program is resident, so a row's chunks run together.
+    # Persistent; work item i is chunk i % n_chunks of row i // n_chunks. PHASE 0: the grid
+    # is a multiple of n_chunks and every program is resident, so a row's chunks run
+    # together and wait for each other. Rows with more chunks than fit at once take three
+    # launches instead: PHASE 1 publishes every chunk's stats, softmax_combine_kernel combines
+    # each row's, PHASE 2 reads the chunk again and writes it (two reads, like online softmax,
+    # but every chunk in parallel, where online softmax runs one program a row).
     for item in range(tl.program_id(0), n_rows * n_chunks, tl.num_programs(0)):
         row = (item // n_chunks).to(tl.int64)
         chunk = item % n_chunks
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n_cols
         x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=-float("inf")).to(tl.float32)
-        m = tl.max(x, axis=0)  # every chunk holds at least one column: m is finite
-        l = tl.sum(tl.exp(x - m), axis=0)
-        stat = stats_ptr + (row * n_chunks + chunk) * 2
-        tl.store(stat, m)
-        tl.store(stat + 1, l)
-        # publish (release: the stats are visible before the count), then wait for the row
-        seen = tl.atomic_add(count_ptr + row, 1, sem="release") + 1
-        tries = 0
-        while (seen < n_chunks) & (tries < spin_limit):
-            seen = tl.atomic_add(count_ptr + row, 0, sem="acquire")
-            tries += 1
-        if seen >= n_chunks:
-            c = tl.arange(0, MAX_CHUNKS)
-            row_stats = stats_ptr + row * n_chunks * 2 + c * 2
-            cm = tl.load(row_stats, mask=c < n_chunks, other=-float("inf"), cache_modifier=".cg")
-            cl = tl.load(row_stats + 1, mask=c < n_chunks, other=0.0, cache_modifier=".cg")
-            m_row = tl.max(cm, axis=0)
-            l_row = tl.sum(cl * tl.exp(cm - m_row), axis=0)
+        if PHASE == 2:  # stats_ptr: each row's combined (max, sum), from softmax_combine_kernel
+            m_row = tl.load(stats_ptr + row * 2)
+            l_row = tl.load(stats_ptr + row * 2 + 1)
         else:
-            # The other chunks are not running (the Triton interpreter runs programs one
-            # at a time; on a GPU, a grid larger than what fits): read the row instead.
-            # (in small tiles: the chunk in registers already takes most of them)
-            m_row, l_row = _row_stats(x_ptr + row * stride_x, n_cols, 512)
-        y = tl.exp(x - m_row) / l_row
-        tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+            m = tl.max(x, axis=0)  # every chunk holds at least one column: m is finite
+            l = tl.sum(tl.exp(x - m), axis=0)
+            stat = stats_ptr + (row * n_chunks + chunk) * 2
+            tl.store(stat, m)
+            tl.store(stat + 1, l)
+            m_row, l_row = m, l  # PHASE 1 stops here (writes nothing)
+            if PHASE == 0:
+                # publish (release: the stats are visible before the count), then wait for the row
+                seen = tl.atomic_add(count_ptr + row, 1, sem="release") + 1
+                tries = 0
+                while (seen < n_chunks) & (tries < spin_limit):
+                    seen = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+                    tries += 1
+                if seen >= n_chunks:
+                    m_row, l_row = _combined_stats(stats_ptr, row, n_chunks, MAX_CHUNKS)
+                else:
+                    # The other chunks are not running (the Triton interpreter runs programs
+                    # one at a time; on a GPU, a grid larger than what fits): read the row
+                    # instead (in small tiles: the chunk in registers already takes most of them)
+                    m_row, l_row = _row_stats(x_ptr + row * stride_x, n_cols, 512)
+        if PHASE != 1:
+            y = tl.exp(x - m_row) / l_row
+            tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_combine_kernel(stats_ptr, row_stats_ptr, n_chunks, MAX_CHUNKS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    m_row, l_row = _combined_stats(stats_ptr, row, n_chunks, MAX_CHUNKS)
+    tl.store(row_stats_ptr + row * 2, m_row)
+    tl.store(row_stats_ptr + row * 2 + 1, l_row)
 
 
 def _prepare(x: torch.Tensor, out: torch.Tensor | None):
@@ -183,12 +209,15 @@ def softmax_split(
     block: int = 8192,
     num_warps: int = 8,
     spin_limit: int | None = None,
+    two_pass: bool | None = None,
 ) -> torch.Tensor:
     """Long rows in one read: each row is split into chunks held in registers by
     programs that run together; each publishes its chunk's (max, sum) and waits for
     the row's others, then normalizes the chunk it still holds. One read, one write
     -- where online softmax reads the row twice. A row with more chunks than the GPU
-    holds programs at once (over ~4M fp32 columns on an H200) goes to the online kernel."""
+    holds programs at once (over ~4M fp32 columns on an H200) cannot wait like that: it
+    takes two passes over the data, every chunk in parallel (`two_pass`; None: when
+    needed); past MAX_TWO_PASS_CHUNKS chunks a row, the online kernel."""
     x2, y2 = _prepare(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
@@ -203,10 +232,18 @@ def softmax_split(
     consts = {"BLOCK": block, "MAX_CHUNKS": max(2, triton.next_power_of_2(n_chunks)), "num_warps": num_warps}
     items = n_rows * n_chunks
     resident = _resident_programs(softmax_split_kernel, args, consts, x2.device)
-    if x2.device.type == "cuda" and n_chunks > resident:
-        # a row's chunks cannot all be resident at once: they would wait on each other
-        # until the spin limit; the two-read online kernel has no such limit
-        return softmax_online(x, out=y2.view(x.shape))
+    if two_pass is None:  # a row's chunks cannot all be resident at once: they would wait on
+        # each other until the spin limit
+        two_pass = x2.device.type == "cuda" and n_chunks > resident
+    if two_pass:
+        if n_chunks > MAX_TWO_PASS_CHUNKS:  # the combine's stats would not fit in registers
+            return softmax_online(x, out=y2.view(x.shape))
+        softmax_split_kernel[(items,)](*args, **consts, PHASE=1)
+        row_stats = torch.empty((n_rows, 2), dtype=torch.float32, device=x2.device)
+        softmax_combine_kernel[(n_rows,)](stats, row_stats, n_chunks, MAX_CHUNKS=consts["MAX_CHUNKS"],
+                                          num_warps=4 if n_chunks <= 1024 else 8)  # fmt: skip
+        softmax_split_kernel[(items,)](x2, y2, row_stats, *args[3:], **consts, PHASE=2)
+        return y2.view(x.shape)
     grid = min(items, max(n_chunks, resident // n_chunks * n_chunks))
     softmax_split_kernel[(grid,)](*args, **consts)
     return y2.view(x.shape)
