@@ -98,6 +98,22 @@ def _fwd_tiles(
 
 
 @triton.jit
+def _key_range(pid_m, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+               CAUSAL: tl.constexpr):  # fmt: skip
+    """(mid, hi) for query block pid_m: key tiles [0, mid) need no mask; [mid, hi) are the
+    diagonal band (causal) and a ragged last tile. Causal tiles past the block's last query
+    are never visited."""
+    hi = SK
+    mid = SK
+    if not EVEN_N:
+        mid = SK // BLOCK_N * BLOCK_N
+    if CAUSAL:
+        hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)
+        mid = tl.minimum(mid, (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N)
+    return mid, hi
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, O, L, qk_scale,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
@@ -134,15 +150,7 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # [0, mid): no mask; [mid, hi): the diagonal band (causal) and a ragged last tile.
-    # Causal tiles past the block's last query are never visited.
-    hi = SK
-    mid = SK
-    if not EVEN_N:
-        mid = SK // BLOCK_N * BLOCK_N
-    if CAUSAL:
-        hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)
-        mid = tl.minimum(mid, (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N)
+    mid, hi = _key_range(pid_m, SK, BLOCK_M, BLOCK_N, EVEN_N, CAUSAL)
     m_i, l_i, acc = _fwd_tiles(
         q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
         0, mid, False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N, TMA, kv_row,
@@ -308,13 +316,7 @@ def _bwd_dq_kernel(
     di = _rows(Dl, bh, offs_m, SQ, not EVEN_M)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
-    hi = SK
-    mid = SK
-    if not EVEN_N:
-        mid = SK // BLOCK_N * BLOCK_N
-    if CAUSAL:
-        hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)
-        mid = tl.minimum(mid, (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N)
+    mid, hi = _key_range(pid_m, SK, BLOCK_M, BLOCK_N, EVEN_N, CAUSAL)
     dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, 0, mid, qk_scale,
                    False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N)  # fmt: skip
     dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, mid, hi, qk_scale,
