@@ -68,12 +68,23 @@ def occupancy(regs: int, threads: int, smem: int) -> tuple[float, str]:
 
 
 def vector_widths(ptx: str) -> dict[str, int]:
-    """Counts of global loads/stores by width in bytes, e.g. {'ld 16B': 2, 'st 16B': 2}."""
+    """Counts of global accesses by width in bytes, e.g. {'ld 16B': 2, 'st 16B': 2}: loads and
+    stores, and the asynchronous copies into shared memory that pipelined loops use
+    ('cp.async 16B'; a 4-byte one gathers an operand element by element). TMA copies move
+    whole tiles: counted as 'tma'."""
     out: dict[str, int] = {}
     for m in re.finditer(r"\b(ld|st)\.global(?:\.[a-z0-9_:]+)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b", ptx):
         op, vec, bits = m.group(1), int(m.group(2) or 1), int(m.group(3))
         key = f"{op} {vec * bits // 8}B"
         out[key] = out.get(key, 0) + 1
+    for m in re.finditer(
+        r"\bcp\.async\.c[ag]\.shared\.global\S*\s+\[[^\]]*\],\s*\[[^\]]*\],\s*(0x[0-9a-f]+|\d+)", ptx
+    ):
+        key = f"cp.async {int(m.group(1), 0)}B"
+        out[key] = out.get(key, 0) + 1
+    tma = len(re.findall(r"\bcp\.async\.bulk\.tensor\.", ptx))
+    if tma:
+        out["tma"] = tma
     return out
 
 
@@ -163,9 +174,13 @@ def _notes(info: dict, spec: dict) -> list[str]:
     mem = info.get("memory_ops", {})
     notes = []
     wide = sum(v for k, v in mem.items() if k.endswith(" 16B"))
-    narrow = {k: v for k, v in mem.items() if not k.endswith(" 16B")}
+    narrow = {k: v for k, v in mem.items() if not k.endswith(" 16B") and k != "tma"}
     if wide:
-        notes.append(f"{n}: {wide} 16-byte global accesses (ld/st .v4/.v8): the widest, as wanted")
+        notes.append(
+            f"{n}: {wide} 16-byte global accesses (ld/st .v4/.v8, cp.async 16): the widest, as wanted"
+        )
+    if mem.get("tma"):
+        notes.append(f"{n}: {mem['tma']} TMA tile copies (cp.async.bulk.tensor): no per-thread addresses")
     if narrow:
         notes.append(
             f"{n}: narrower global accesses {narrow}: each moves less per instruction; check "

@@ -96,10 +96,16 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
         return out
     if k == 0:
         return out.zero_()  # relu(0) = 0
-    args = (a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            out.stride(0), out.stride(1))  # fmt: skip
     # fp32 follows PyTorch's switch: TF32 tensor cores only when allowed, else true fp32.
     precision = "tf32" if a.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    if precision == "tf32" and a.dtype == torch.float32 and b.stride(1) == 1 and k > 1:
+        # Hopper's wgmma takes 32-bit operands only K-major from shared memory: a row-major B
+        # (N-major) is gathered into it 4 bytes at a time (sm_90 SASS: LDGSTS.E, vs the
+        # 16-byte LDGSTS.E.BYPASS.128 of a K-major B). One K-major copy of B costs a read and
+        # a write of B, small against the matmul's time at sizes worth tensor cores.
+        b = b.t().contiguous().t()
+    args = (a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            out.stride(0), out.stride(1))  # fmt: skip
     if interpreting():
         # The interpreter is for correctness: one small config, no autotuning.
         grid = (triton.cdiv(m, 32) * triton.cdiv(n, 32),)
@@ -122,22 +128,24 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
 
 
 def asm_specs(ty: str) -> list[dict]:
-    """The first autotuning candidate at 8192^3, as `perfloop asm` compiles it."""
-    cfg = CONFIGS[0]
+    """An autotuning candidate at 8192^3, as `perfloop asm` compiles it: the first for 16-bit
+    types; for fp32 (TF32) the first whose stages fit in shared memory, with B K-major as
+    `matmul_relu` passes it."""
+    cfg = CONFIGS[4] if ty == "fp32" else CONFIGS[0]
     names = ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk",
              "stride_bn", "stride_cm", "stride_cn"]  # fmt: skip
     sig = {n: (f"*{ty}" if n.endswith("_ptr") else "i32") for n in names}
-    # unit strides (ak, bn, cn) are constants, as Triton's runtime specializes them
-    for unit in ("stride_ak", "stride_bn", "stride_cn"):
+    # unit strides are constants, as Triton's runtime specializes them
+    units = ("stride_ak", "stride_bk" if ty == "fp32" else "stride_bn", "stride_cn")
+    for unit in units:
         sig[unit] = "constexpr"
     return [
         {
             "kernel": matmul_relu_kernel,
             "signature": sig,
-            "constexprs": {**cfg.kwargs, "UPCAST": False, "PRECISION": "tf32", "stride_ak": 1, "stride_bn": 1,
-                           "stride_cn": 1},
-            "aligned": [0, 1, 2, 3, 4, 5, 6, 8, 10],
+            "constexprs": {**cfg.kwargs, "UPCAST": False, "PRECISION": "tf32", **dict.fromkeys(units, 1)},
+            "aligned": [i for i, n in enumerate(names) if n not in units],
             "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages,
         }
-    ]  # fmt: skip
+    ]
