@@ -197,3 +197,25 @@ def test_tma_is_used_only_where_every_tile_fits():
     assert not triton_impl._tma_fits(q, q.transpose(1, 2).contiguous().transpose(1, 2), q, cfg)  # strided
     r = torch.randn(1, 2, 32, 40)
     assert not triton_impl._tma_fits(r, r, r, cfg)  # head dim not a power of two
+
+
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "ieee"])
+def test_tf32_forward_reads_v_sequence_major(tf32, monkeypatch):
+    """With TF32 on, the forward gets V sequence-major (a copy: wgmma's 32-bit operands are
+    K-major only, and V is P V's second operand); exact fp32 keeps V as given. Both right."""
+    seen = []
+    kernel = triton_impl._fwd_kernel
+    spy = type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **kw: seen.append(a[16:18])
+                           or kernel[grid](*a, **kw)})()  # fmt: skip
+    monkeypatch.setattr(triton_impl, "_fwd_kernel", spy)
+    shape = (1, 2, 40, 48, 32, True)
+    q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=12)
+    was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        o, _ = triton_impl._forward(q, k, v, causal, 32**-0.5)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+    assert seen == [(1, 48) if tf32 else (32, 1)]  # V's (sequence, head-dim) strides at launch
+    o_ref, *_ = _ref_grads(q, k, v, causal, torch.ones_like(o))
+    _close(o, o_ref, 2e-3, "out")

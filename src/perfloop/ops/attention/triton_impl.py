@@ -441,6 +441,11 @@ def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     sk = k.shape[2]
     o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    if q.dtype == torch.float32 and _precision(q.dtype) == "tf32" and v.stride(-1) == 1 and sk > 1:
+        # TF32 tensor cores (wgmma) read 32-bit operands K-major only: V, P V's second operand,
+        # must run along the sequence, or Triton gathers it into shared memory 4 bytes at a
+        # time (sm_90 PTX: 384 4-byte cp.async a step at 64x64). One sequence-major copy of V.
+        v = v.transpose(-1, -2).contiguous().transpose(-1, -2)
     tail = (lse, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *o.stride(), h, sq, sk)
 
     def args(c):
@@ -512,14 +517,16 @@ def attention(q, k, v, causal=False, out=None):
 
 def asm_specs(ty: str) -> list[dict]:
     """The three kernels of a call at head_dim 128, causal, as the GPU compiles them: the
-    head-dim strides are 1, which Triton's runtime turns into constants (so loads vectorize)."""
+    unit strides (head dim; V's sequence in fp32, see `_forward`) become constants in Triton's
+    runtime (so loads vectorize); the tiles are the table's for the type."""
     ptr = f"*{ty}"
+    unit = {"sqd": 1, "skd": 1, "svn" if ty == "fp32" else "svd": 1, "sod": 1}
     strides = {}
     for t, seq in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m")):
-        strides |= {f"s{t}b": "i32", f"s{t}h": "i32", f"s{t}{seq}": "i32", f"s{t}d": "constexpr"}
+        for name in (f"s{t}b", f"s{t}h", f"s{t}{seq}", f"s{t}d"):
+            strides[name] = "constexpr" if name in unit else "i32"
     sizes = {"H": "i32", "SQ": "i32", "SK": "i32"}
     fwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "L": "*fp32", "qk_scale": "fp32", **strides, **sizes}
-    unit = {"sqd": 1, "skd": 1, "svd": 1, "sod": 1}
     common = {
         "HEAD_DIM": 128,
         "BLOCK_D": 128,
@@ -539,10 +546,10 @@ def asm_specs(ty: str) -> list[dict]:
          list(range(8))),
         (_bwd_dq_kernel, "dq", {**bwd_sig, "DQ": ptr, "sm_scale": "fp32", **sizes}, list(range(7))),
     ):  # fmt: skip
-        cfg = _config(128, kind)
+        cfg = _config(128, kind, torch.float32 if ty == "fp32" else torch.bfloat16)
         consts = {**common, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]}
         if kind == "fwd":
-            consts |= unit
+            consts |= unit | {"TMA": False}
         specs.append({"kernel": kernel, "signature": sig, "aligned": aligned, "constexprs": consts,
                       "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})  # fmt: skip
     return specs
