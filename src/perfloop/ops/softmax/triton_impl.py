@@ -18,7 +18,9 @@ row's programs resident together: the grid is persistent and sized to what
 fits; if the others never come (the interpreter runs programs one at a time)
 the waiting program reads the row itself. On the H200 at 1024 x 262144 fp32:
 0.649 ms, 1.58x torch.softmax and 1.25x the online kernel
-(benchmarks/results/2026-11-30-h200-run4-tune.json).
+(benchmarks/results/2026-11-30-h200-run4-tune.json). A row with more chunks than
+fit at once (over ~4M fp32 columns on an H200) takes two passes instead, every chunk
+its own program: stats, then each row's combined, then the chunk normalized.
 """
 
 from __future__ import annotations
