@@ -246,3 +246,23 @@ def test_nvcc_failure_is_reported_with_its_log(tmp_path):
     with pytest.raises(RuntimeError, match="nvcc failed"):
         ptxas_report(bad)
     assert subprocess.run(["nvcc", "--version"], capture_output=True).returncode == 0
+
+
+def test_loading_an_op_does_not_set_up_torch_compile():
+    """A `compiled` variant sets torch.compile up on its first call: importing its module
+    (every command that loads the op, every rank of a distributed sweep) must not pay the
+    seconds that importing dynamo takes. Checked in a fresh interpreter."""
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "import perfloop.ops.softmax.torch_impl as t\n"
+        "print('torch._dynamo' in sys.modules)\n"
+        "x = torch.randn(4, 8)\n"
+        "y = t.compiled(x)\n"
+        "print('torch._dynamo' in sys.modules, bool(torch.allclose(y, torch.softmax(x, -1))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "True"]

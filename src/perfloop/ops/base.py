@@ -10,6 +10,7 @@ to write (check passes a NaN-poisoned one so an unwritten element shows).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Callable, Sequence
@@ -249,10 +250,24 @@ def compile_variant(fn: Callable) -> Callable:
     """torch.compile(fn) for a `compiled` variant: specialized to each shape and dtype,
     as a model with fixed shapes would be, so the benchmark times the best kernel
     rather than a shape-generic one. check() calls it on many shapes, so the
-    recompile limit (8 by default) is raised; past it dynamo silently runs eager."""
-    import torch._dynamo
+    recompile limit (8 by default) is raised; past it dynamo silently runs eager.
 
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
-    return torch.compile(fn, dynamic=False)
+    Set up on the first call, not at import: importing torch.compile's machinery takes
+    seconds (~7 s on a 2-core CPU), which every command that loads an op module would
+    otherwise pay -- each rank of a distributed sweep too -- whether or not it runs a
+    compiled variant."""
+    compiled = None
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            import torch._dynamo
+
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(torch._dynamo.config, name):
+                    setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+            compiled = torch.compile(fn, dynamic=False)
+        return compiled(*args, **kwargs)
+
+    return run
