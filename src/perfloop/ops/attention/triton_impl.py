@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.attention import validate
-from perfloop.ops.base import interpreting
+from perfloop.ops.base import dot_precision, interpreting, k_major_for_tf32
 
 LOG2E = 1.4426950408889634
 
@@ -62,6 +62,17 @@ def _load(base, rows, n_rows, offs_d, stride_row, stride_d, HEAD_DIM: tl.constex
 
 
 @triton.jit
+def _desc_tile(desc, row, UPCAST: tl.constexpr, TRANS: tl.constexpr = False):
+    """The tile of a TMA descriptor that starts at `row` (as (d, rows) with TRANS)."""
+    x = desc.load([row, 0])
+    if TRANS:
+        x = x.T
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
 def _fwd_tiles(
     q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d, lo, hi,
     MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -71,9 +82,7 @@ def _fwd_tiles(
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if TMA:  # k_base, v_base: descriptors over (B*H*SK, HEAD_DIM); the tile is in bounds
-            kt = k_base.load([kv_row + start_n, 0]).T
-            if UPCAST:
-                kt = kt.to(tl.float32)
+            kt = _desc_tile(k_base, kv_row + start_n, UPCAST, True)
         else:
             kt = _load(k_base, cols, SK, offs_d, skn, skd, HEAD_DIM, MASK or MASK_D, UPCAST, True)
         s = tl.dot(q, kt, input_precision=PRECISION)  # raw scores; the scale goes into exp2
@@ -87,9 +96,7 @@ def _fwd_tiles(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if TMA:
-            v = v_base.load([kv_row + start_n, 0])
-            if UPCAST:
-                v = v.to(tl.float32)
+            v = _desc_tile(v_base, kv_row + start_n, UPCAST)
         else:
             v = _load(v_base, cols, SK, offs_d, svn, svd, HEAD_DIM, MASK or MASK_D, UPCAST)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
@@ -138,9 +145,7 @@ def _fwd_kernel(
     q_row = bh32 * SQ + pid_m * BLOCK_M  # TMA coordinates are 32-bit: the host checks B*H*S < 2**31
     kv_row = bh32 * SK
     if TMA:
-        q = Q.load([q_row, 0])
-        if UPCAST:
-            q = q.to(tl.float32)
+        q = _desc_tile(Q, q_row, UPCAST)
         k_base = K
         v_base = V
     else:
@@ -357,11 +362,6 @@ def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> di
     return cfg
 
 
-def _precision(dtype: torch.dtype) -> str:
-    # fp32 follows PyTorch's TF32 switch, as cuBLAS does; halves always use tensor cores
-    return "tf32" if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
-
-
 def _shape_consts(d: int, sq: int, sk: int, cfg: dict) -> dict:
     return {"HEAD_DIM": d, "BLOCK_D": max(16, triton.next_power_of_2(d)),
             "EVEN_M": sq % cfg["BLOCK_M"] == 0, "EVEN_N": sk % cfg["BLOCK_N"] == 0}  # fmt: skip
@@ -441,11 +441,7 @@ def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     sk = k.shape[2]
     o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-    if q.dtype == torch.float32 and _precision(q.dtype) == "tf32" and v.stride(-1) == 1 and sk > 1:
-        # TF32 tensor cores (wgmma) read 32-bit operands K-major only: V, P V's second operand,
-        # must run along the sequence, or Triton gathers it into shared memory 4 bytes at a
-        # time (sm_90 PTX: 384 4-byte cp.async a step at 64x64). One sequence-major copy of V.
-        v = v.transpose(-1, -2).contiguous().transpose(-1, -2)
+    v = k_major_for_tf32(v)  # V is P V's second operand
     tail = (lse, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *o.stride(), h, sq, sk)
 
     def args(c):
@@ -456,7 +452,7 @@ def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
             return (*descs, *tail), c
         return (q, k, v, o, *tail), {**c, "TMA": False}
 
-    consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype))
+    consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype))
     _launch(_fwd_kernel, "fwd", cfg, lambda c: (triton.cdiv(sq, c["BLOCK_M"]), b * h), args, consts,
             d, sq, sk, q)  # fmt: skip
     return o, lse
@@ -471,7 +467,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | None
     dl = torch.empty_like(lse)
     _bwd_preprocess[(triton.cdiv(sq, 64), b * h)](o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=64)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=_precision(q.dtype))
+    consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype))
     cfgs = cfgs or {}
     _launch(_bwd_dkdv_kernel, "dkdv", cfgs.get("dkdv"), lambda c: (triton.cdiv(sk, c["BLOCK_N"]), b * h),
             (q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip

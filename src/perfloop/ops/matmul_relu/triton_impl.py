@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor, interpreting
+from perfloop.ops.base import check_tensor, dot_precision, interpreting, k_major_for_tf32
 
 
 @triton.jit
@@ -96,14 +96,8 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
         return out
     if k == 0:
         return out.zero_()  # relu(0) = 0
-    # fp32 follows PyTorch's switch: TF32 tensor cores only when allowed, else true fp32.
-    precision = "tf32" if a.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    if precision == "tf32" and a.dtype == torch.float32 and b.stride(1) == 1 and k > 1:
-        # Hopper's wgmma takes 32-bit operands only K-major from shared memory: a row-major B
-        # (N-major) is gathered into it 4 bytes at a time (sm_90 SASS: LDGSTS.E, vs the
-        # 16-byte LDGSTS.E.BYPASS.128 of a K-major B). One K-major copy of B costs a read and
-        # a write of B, small against the matmul's time at sizes worth tensor cores.
-        b = b.t().contiguous().t()
+    precision = dot_precision(a.dtype)
+    b = k_major_for_tf32(b)
     args = (a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             out.stride(0), out.stride(1))  # fmt: skip
     if interpreting():
