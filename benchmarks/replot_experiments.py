@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from perfloop.experiments import dispatch, lm, pitfalls
-from perfloop.report import render_html
-from perfloop.store import Store
+from perfloop.results.report import render_html
+from perfloop.results.store import Store
 
 FROM_TABLE = {
     "launch-overhead": pitfalls.plot_launch_overhead,

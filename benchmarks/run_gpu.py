@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 import perfloop as pl
+from perfloop.analysis.profiling import profile
 from perfloop.ops.base import dtype_name
-from perfloop.profiling import profile
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -400,7 +400,7 @@ def _attn_fns(q, k, v, causal, g):
 
 def section_attention(res: Results, ceil: dict):
     """FlashAttention-2 (Triton) against SDPA: the issue's cases, memory, and a sweep."""
-    from perfloop.store import Store
+    from perfloop.results.store import Store
 
     op = pl.ops.get("attention")
     out = {"cases": [], "memory": {}, "sweep": []}
@@ -557,7 +557,7 @@ def section_attn_tune(res: Results, ceil: dict):
 def section_experiments(res: Results, ceil: dict):
     """Every `perfloop experiment`, stored (and so in the report); EXP_QUICK=1 for quick sizes."""
     from perfloop import experiments
-    from perfloop.store import Store
+    from perfloop.results.store import Store
 
     store = Store()
     out = {}

@@ -10,11 +10,12 @@ True
 """
 
 from perfloop import ops
-from perfloop.device import ceilings, device_info, env_fingerprint
-from perfloop.diagnose import Diagnosis
-from perfloop.measurement import Comparison, Measurement, Sweep, Work
-from perfloop.profiling import Profile, annotate, diff, profile
-from perfloop.timing import BenchError, bench, compare, sweep
+from perfloop.analysis.diagnose import Diagnosis
+from perfloop.analysis.profiling import Profile, annotate, diff, profile
+from perfloop.device import device_info, env_fingerprint
+from perfloop.harness.ceilings import ceilings
+from perfloop.harness.measurement import Comparison, Measurement, Sweep, Work
+from perfloop.harness.timing import BenchError, bench, compare, sweep
 
 __version__ = "0.1.0"
 

@@ -1,8 +1,6 @@
-"""Device facts, the environment fingerprint, and the machine's measured ceilings.
-
-Throughput means little without the limit it is measured against, and the
-datasheet is not the limit: `ceilings()` measures this machine's copy bandwidth
-and matmul rate once, and caches them per device fingerprint.
+"""Device facts and the environment fingerprint: what the machine is, where perfloop keeps
+its caches and results, and the GPU's per-SM limits. The bottom layer: it imports nothing
+else of perfloop, and measures nothing (the measured ceilings are harness/ceilings.py).
 """
 
 from __future__ import annotations
@@ -170,86 +168,42 @@ def device_key(info: dict | None = None) -> str:
     return hashlib.sha1(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# ---------------------------------------------------------------- ceilings
+# ---------------------------------------------------------------- occupancy
+
+# Hopper (sm_90) per-SM limits, from the CUDA occupancy calculator's tables.
+SM_LIMITS = {
+    "regs": 65536,
+    "reg_granularity": 256,  # registers are allocated per warp in chunks of 256
+    "threads": 2048,
+    "blocks": 32,
+    "smem": 233472,  # 228 KiB
+    "smem_per_block_reserved": 1024,
+}
 
 
-def _measure_ceilings() -> dict:
-    from perfloop.timing import bench  # late: timing imports this module
-
-    dev = default_device()
-    gen = torch.Generator(device=dev).manual_seed(0)
-    out: dict = {"device": device_info()["name"], "kind": dev}
-    if dev == "cuda":
-        n = 2**28  # 1 GiB of fp32 per side: far past the L2
-        copy_dtype = torch.float32
-        mm = {
-            "bf16": (torch.bfloat16, 8192),
-            "fp32": (torch.float32, 8192),
-            "tf32": (torch.float32, 8192),
-        }
-    else:
-        n = 2**24  # 64 MiB per side: past any CPU cache
-        copy_dtype = torch.float32
-        mm = {"fp32": (torch.float32, 1024)}
-    x = torch.randn(n, device=dev, dtype=copy_dtype, generator=gen)
-    y = torch.empty_like(x)
-    m = bench(y.copy_, x, budget_s=2.0, ceilings=False)
-    out["copy_gbps"] = 2 * x.numel() * x.element_size() / (m.median_ms * 1e-3) / 1e9
-    del x, y, m
-    old_tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 ceiling is true fp32
-    try:
-        for name, (dtype, d) in mm.items():
-            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
-            a = torch.randn(d, d, device=dev, dtype=dtype, generator=gen)
-            b = torch.randn(d, d, device=dev, dtype=dtype, generator=gen)
-            m = bench(lambda a=a, b=b: a @ b, budget_s=2.0, ceilings=False)
-            out[f"matmul_{name}_tflops"] = 2 * d**3 / (m.median_ms * 1e-3) / 1e12
-            out[f"matmul_{name}_size"] = d
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old_tf32
-    return out
+def limits_of(props) -> dict:
+    """SM_LIMITS with the per-SM numbers of the GPU `props` describes (torch's device properties)."""
+    return {**SM_LIMITS,
+            "regs": getattr(props, "regs_per_multiprocessor", SM_LIMITS["regs"]),
+            "threads": getattr(props, "max_threads_per_multi_processor", SM_LIMITS["threads"]),
+            "smem": getattr(props, "shared_memory_per_multiprocessor", SM_LIMITS["smem"])}  # fmt: skip
 
 
-def ceilings(refresh: bool = False, measure: bool = True) -> dict | None:
-    """The machine's measured ceilings: copy GB/s (read + write) and matmul TFLOP/s.
-
-    Measured once per device fingerprint and cached as JSON in the user's cache
-    directory; `refresh=True` measures again. With `measure=False` returns the
-    cached value or None.
-
-    >>> c = ceilings()                      # doctest: +SKIP
-    >>> c["copy_gbps"], c["matmul_fp32_tflops"]  # doctest: +SKIP
-    """
-    path = cache_dir() / "ceilings.json"
-    key = device_key()
-    try:
-        cache = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
-        cache = {}  # a corrupt cache is re-measured, not fatal
-    if not refresh and key in cache:
-        return cache[key]
-    if not measure:
-        return None
-    value = _measure_ceilings()
-    cache[key] = value
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=2))
-        tmp.replace(path)
-    except OSError:
-        pass  # read-only home: the value is still returned, just not cached
-    return value
+def blocks_per_sm(regs: int, threads: int, smem: int, limits: dict = SM_LIMITS) -> tuple[int, str]:
+    """How many blocks of a kernel fit on one SM at once, and what limits it."""
+    warps = max(1, threads // 32)
+    per_warp = -(-regs * 32 // limits["reg_granularity"]) * limits["reg_granularity"]
+    fits = {
+        "threads": limits["threads"] // threads,  # first: on a tie, the hard limit
+        "registers": limits["regs"] // max(per_warp * warps, 1),
+        "shared memory": limits["smem"] // (smem + limits["smem_per_block_reserved"]),
+        "blocks per SM": limits["blocks"],
+    }
+    by = min(fits, key=fits.get)
+    return fits[by], by
 
 
-def matmul_ceiling(ceil: dict | None, dtype: torch.dtype | str | None) -> float | None:
-    """The matmul TFLOP/s ceiling that applies to a dtype (fp16 uses the bf16 one)."""
-    if not ceil:
-        return None
-    name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
-    if name in ("bfloat16", "float16", "bf16", "fp16"):
-        return ceil.get("matmul_bf16_tflops") or ceil.get("matmul_fp32_tflops")
-    if name == "tf32":  # fp32 inputs on tensor cores
-        return ceil.get("matmul_tf32_tflops") or ceil.get("matmul_fp32_tflops")
-    return ceil.get("matmul_fp32_tflops")
+def occupancy(regs: int, threads: int, smem: int) -> tuple[float, str]:
+    """Fraction of the SM's warp slots a kernel can fill, and what limits it."""
+    blocks, by = blocks_per_sm(regs, threads, smem)
+    return min(1.0, blocks * max(1, threads // 32) * 32 / SM_LIMITS["threads"]), by

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.measurement import Measurement
+from perfloop.harness.measurement import Measurement
 
 
 def pytest_addoption(parser):
@@ -42,7 +42,7 @@ class Recorder:
         self.nodeid = nodeid
 
     def bench(self, fn, *args, name: str | None = None, **kwargs) -> Measurement:
-        from perfloop.timing import bench
+        from perfloop.harness.timing import bench
 
         name = name or self.nodeid
         m = bench(fn, *args, label=name, **kwargs)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 
-import perfloop as pl
+from perfloop import ops
+from perfloop.analysis.profiling import profile
 from perfloop.experiments._common import device, finish, ms, plot_bars
+from perfloop.harness.timing import bench
 
 
 def decode(name: str) -> dict:
@@ -55,11 +57,11 @@ def matmul_dispatch(quick=False, store=None, run_id=None, out_dir=None) -> dict:
         for m_, n_, k_ in shapes:
             a = torch.randn(m_, k_, device=dev, dtype=dtype)
             b = torch.randn(k_, n_, device=dev, dtype=dtype)
-            p = pl.profile(torch.matmul, a, b, calls=3)
+            p = profile(torch.matmul, a, b, calls=3)
             main = p.kernels[0]
             info = decode(main.name)
-            t = pl.bench(torch.matmul, a, b, budget_s=0.3 if quick else 0.5).median_ms
-            rows.append([f"{m_}x{n_}x{k_}", pl.ops.dtype_name(dtype), main.short[:48], info["library"],
+            t = bench(torch.matmul, a, b, budget_s=0.3 if quick else 0.5).median_ms
+            rows.append([f"{m_}x{n_}x{k_}", ops.dtype_name(dtype), main.short[:48], info["library"],
                          info["arch"], info["tile"],
                          info["dtype"] if info["dtype"] != "?" else "? (not in the name)", ms(t),
                          2 * m_ * n_ * k_ / (t * 1e-3) / 1e12])  # fmt: skip

@@ -11,9 +11,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import perfloop as pl
+from perfloop.analysis.profiling import annotate, profile
 from perfloop.experiments._common import device, finish, ms, plot_bars
-from perfloop.measurement import parse_ms
+from perfloop.harness.measurement import parse_ms
+from perfloop.harness.timing import bench
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,13 @@ class Block(nn.Module):
     def attention(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        with pl.annotate("attention/scores"):
+        with annotate("attention/scores"):
             s = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads)  # (B, nh, T, T)
             mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
             s = s.masked_fill(mask, float("-inf"))
-        with pl.annotate("attention/softmax"):
+        with annotate("attention/softmax"):
             p = torch.softmax(s, dim=-1)
-        with pl.annotate("attention/output"):
+        with annotate("attention/output"):
             y = (p @ v).transpose(1, 2).reshape(b, t, d)
         return self.proj(y)
 
@@ -83,7 +84,7 @@ class LM(nn.Module):
 def _measure(fn, dev):
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    m = pl.bench(fn, flush_l2=False, budget_s=2.0, min_samples=5, warmup_s=0.0)
+    m = bench(fn, flush_l2=False, budget_s=2.0, min_samples=5, warmup_s=0.0)
     peak = torch.cuda.max_memory_allocated() if dev == "cuda" else None
     return m, peak
 
@@ -116,7 +117,7 @@ def _run_size(c: LMConfig, precision: str, dev: str, batch: int, context: int, s
         m, peak = _measure(fn, dev)
         out[what] = (m.median_ms, peak)
     if snapshot and dev == "cuda":
-        pl.profile(step, memory_snapshot=snapshot)
+        profile(step, memory_snapshot=snapshot)
     return out
 
 

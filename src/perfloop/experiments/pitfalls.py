@@ -7,9 +7,11 @@ from pathlib import Path
 
 import torch
 
-import perfloop as pl
+from perfloop import ops
+from perfloop.analysis.profiling import profile
 from perfloop.experiments._common import device, finish, ms, plot_bars, plot_lines, sync
-from perfloop.measurement import parse_ms
+from perfloop.harness.measurement import parse_ms
+from perfloop.harness.timing import bench
 from perfloop.ops.gelu.torch_impl import _naive as gelu_naive
 
 
@@ -28,15 +30,15 @@ def launch_overhead(quick=False, store=None, run_id=None, out_dir=None) -> dict:
     for name, fn in kinds.items():
         for _ in range(3):
             fn()  # compile, record graphs
-        p = pl.profile(fn, calls=20)
-        m = pl.bench(fn, budget_s=0.3 if quick else 1.0)
+        p = profile(fn, calls=20)
+        m = bench(fn, budget_s=0.3 if quick else 1.0)
         rows.append([name, p.launches_per_call, ms(p.host_ms_per_call), ms(p.device_ms_per_call),
                      ms(m.median_ms)])  # fmt: skip
     if dev == "cuda":
-        g = pl.bench(gelu_naive, x, graph=True)
-        p = pl.profile(gelu_naive, x, calls=20)
+        g = bench(gelu_naive, x, graph=True)
+        p = profile(gelu_naive, x, calls=20)
         rows.append(["CUDA graph replay", "1 graph", "-", ms(p.device_ms_per_call), ms(g.median_ms)])
-        eager = pl.bench(gelu_naive, x).median_ms
+        eager = bench(gelu_naive, x).median_ms
         conclusion = (
             f"eager: {ms(eager)} per call for {ms(p.device_ms_per_call)} of kernels -- "
             f"{eager / p.device_ms_per_call:.0f}x overhead; graph replay: {ms(g.median_ms)} "
@@ -79,7 +81,7 @@ def sync_pitfall(quick=False, store=None, run_id=None, out_dir=None) -> dict:
         gelu_naive(x)
     sync()
     with_sync = (time.time() - t) * 1e3 / reps
-    m = pl.bench(gelu_naive, x, budget_s=0.5 if quick else 1.0)
+    m = bench(gelu_naive, x, budget_s=0.5 if quick else 1.0)
     rows = [["time.time(), no synchronize", ms(no_sync)], ["time.time(), synchronize", ms(with_sync)],
             [f"perfloop.bench ({m.meta['timer']})", ms(m.median_ms)]]  # fmt: skip
     if dev == "cuda":
@@ -107,7 +109,7 @@ def warmup(quick=False, store=None, run_id=None, out_dir=None) -> dict:
     dev = device()
     n = 4096 if dev == "cuda" else 512
     x = torch.randn(n, n, device=dev)
-    op = pl.ops.get("gelu")
+    op = ops.get("gelu")
     kinds = {"eager (naive)": lambda: gelu_naive(x), "torch.compile": None}
     if op.variant("triton").why_unavailable(dev) is None and not op.variant("triton").interpreted:
         kinds["triton"] = None
@@ -131,7 +133,7 @@ def warmup(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             fn()
             sync()
             firsts.append((time.perf_counter() - t) * 1e3)
-        steady = pl.bench(fn, budget_s=0.3 if quick else 1.0).median_ms
+        steady = bench(fn, budget_s=0.3 if quick else 1.0).median_ms
         rows.append([name, ms(firsts[0]), ms(firsts[1]), ms(firsts[2]), ms(steady),
                      f"{firsts[0] / steady:.0f}x"])  # fmt: skip
         series[name] = ([1, 2, 3, 4], [*firsts, steady])

@@ -8,9 +8,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import perfloop as pl
-from perfloop import stats
+from perfloop import ops
 from perfloop.experiments._common import device, finish, ms, plot_lines
+from perfloop.harness import stats
+from perfloop.harness.measurement import Work
+from perfloop.harness.timing import bench
 
 
 def matmul_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
@@ -28,16 +30,16 @@ def matmul_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
         for d in sizes:
             a = torch.randn(d, d, device=dev, dtype=dtype)
             b = torch.randn(d, d, device=dev, dtype=dtype)
-            work = pl.Work(bytes=3 * d * d * a.element_size(), flops=2 * d**3, dtype=str(dtype))
-            m = pl.bench(torch.matmul, a, b, work=work, budget_s=0.5 if quick else 1.0)
+            work = Work(bytes=3 * d * d * a.element_size(), flops=2 * d**3, dtype=str(dtype))
+            m = bench(torch.matmul, a, b, work=work, budget_s=0.5 if quick else 1.0)
             times.append(m.median_ms)
-            rows.append([d, pl.ops.dtype_name(dtype), ms(m.median_ms), m.tflops])
+            rows.append([d, ops.dtype_name(dtype), ms(m.median_ms), m.tflops])
             if store is not None:
                 store.add(run_id, m, op="experiment matmul", variant="a @ b", shape=(d, d, d),
-                          dtype=pl.ops.dtype_name(dtype))  # fmt: skip
+                          dtype=ops.dtype_name(dtype))  # fmt: skip
         f = stats.fit_power_floor(sizes, times)
-        fits[pl.ops.dtype_name(dtype)] = f
-        series[pl.ops.dtype_name(dtype)] = (sizes, times)
+        fits[ops.dtype_name(dtype)] = f
+        series[ops.dtype_name(dtype)] = (sizes, times)
     plot = plot_lines(out / "matmul_scaling.png", "square matmul: time against size", "d (d x d x d)",
                       "median time (ms)", series)  # fmt: skip
     parts = []
@@ -93,7 +95,7 @@ def mlp_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
                 for _ in range(steps):
                     _step(mlp, x)
 
-            m = pl.bench(run, budget_s=0.3 if quick else 1.0, flush_l2=False)
+            m = bench(run, budget_s=0.3 if quick else 1.0, flush_l2=False)
             times.append(m.median_ms)
             rows.append([axis, value, ms(m.median_ms)])
         fit = stats.linear_fit(values, times)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from perfloop.measurement import Work
+from perfloop.harness.measurement import Work
 
 DTYPES = {
     "fp32": torch.float32,

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from perfloop.measurement import Work
+from perfloop.harness.measurement import Work
 from perfloop.ops.base import Op, Variant, check_tensor, seeded
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from perfloop.measurement import Work
+from perfloop.harness.measurement import Work
 from perfloop.ops.base import Op, Variant, check_tensor, seeded
 
 

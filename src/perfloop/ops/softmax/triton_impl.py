@@ -266,7 +266,7 @@ def _resident_programs(kernel, args, consts: dict, device: torch.device) -> int:
 
 
 def _count_resident(kernel, args, consts: dict, device: torch.device) -> int:
-    from perfloop.asm import blocks_per_sm, limits_of
+    from perfloop.device import blocks_per_sm, limits_of
 
     try:
         k = kernel.warmup(*args, grid=(1,), **consts)

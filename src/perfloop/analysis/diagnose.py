@@ -1,0 +1,145 @@
+"""What kind of bound a profiled call is, the evidence in numbers, and the next step.
+
+The lecture's framework: launch-bound -> fuse or capture a CUDA graph;
+memory-bound with many kernels -> fuse (torch.compile for standard ops, Triton
+for new access patterns); memory-bound in one kernel near the copy ceiling ->
+move fewer bytes (lower precision); compute-bound -> tensor cores, lower
+precision; hardware-specific tricks -> CUDA C++.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfloop.harness.ceilings import ceilings as measured_ceilings
+from perfloop.harness.measurement import Work, fmt_ms, matmul_ceiling
+
+LAUNCH_BUSY = 0.5  # the device idle more than half the wall time
+SHORT_KERNEL_US = 20.0
+MEMORY_NEAR = 0.6  # achieved GB/s at least this share of the copy ceiling
+COMPUTE_NEAR = 0.5
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    bound: str  # "launch", "memory", "compute", "unclear"
+    evidence: dict
+    advice: str
+
+    def __str__(self) -> str:
+        ev = ", ".join(f"{k}={_fmt(v)}" for k, v in self.evidence.items())
+        return f"{self.bound}-bound\n  evidence: {ev}\n  next: {self.advice}"
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def classify(
+    *,
+    device_ms: float,
+    wall_ms: float,
+    busy_fraction: float,
+    distinct_kernels: int,
+    launches: float,
+    work: Work | None,
+    ceilings: dict | None,
+) -> Diagnosis:
+    """The rules, on plain numbers (so they are tested without a GPU)."""
+    mean_kernel_us = device_ms * 1e3 / launches if launches else 0.0
+    ev: dict = {
+        "kernels": distinct_kernels,
+        "launches_per_call": launches,
+        "device_time": fmt_ms(device_ms),
+        "wall_time": fmt_ms(wall_ms),
+        "busy": f"{busy_fraction:.0%}",
+        "mean_kernel": fmt_ms(mean_kernel_us / 1e3),
+    }
+    if busy_fraction < LAUNCH_BUSY and mean_kernel_us < SHORT_KERNEL_US:
+        gain = wall_ms / device_ms if device_ms else float("inf")
+        return Diagnosis(
+            "launch",
+            ev,
+            f"launch-bound: the GPU is busy {busy_fraction:.0%} of the time, {launches:g} launches "
+            f"of ~{mean_kernel_us:.1f} us each. Fuse the ops (torch.compile), or capture a CUDA "
+            f"graph (bench(graph=True), torch.compile(mode='reduce-overhead')): up to ~{gain:.0f}x "
+            "if only device time remained.",
+        )
+    copy = ceilings.get("copy_gbps") if ceilings else None
+    peak = matmul_ceiling(ceilings, work.dtype if work else None)
+    if work is None or not copy:
+        return Diagnosis(
+            "unclear",
+            ev,
+            "give the work (bytes, flops) and measured ceilings to tell memory from compute.",
+        )
+    gbps = work.gbps(device_ms) or 0.0
+    tflops = work.tflops(device_ms) or 0.0
+    ridge = (peak * 1e12) / (copy * 1e9) if peak else None
+    ev.update({"GB/s": gbps, "of_copy": f"{gbps / copy:.0%}"})
+    if tflops:
+        ev["TFLOP/s"] = tflops
+        if peak:
+            ev["of_matmul"] = f"{tflops / peak:.0%}"
+    if work.intensity is not None and ridge:
+        ev["intensity"] = work.intensity
+        ev["ridge"] = ridge
+    compute_side = (work.intensity or 0) > ridge if ridge else False
+    if peak and tflops and (tflops / peak >= COMPUTE_NEAR or compute_side):
+        return Diagnosis(
+            "compute",
+            ev,
+            f"compute-bound at {tflops / peak:.0%} of the measured matmul ceiling "
+            f"(intensity {work.intensity:.0f} flop/B > ridge {ridge:.0f}). Keep it on tensor cores "
+            "(bf16/fp16, or TF32 for fp32), fuse epilogues (bias, activation) so the output is "
+            "written once; past ~80% only lower precision (fp8) buys much.",
+        )
+    ideal_ms = work.bytes / (copy * 1e9) * 1e3
+    passes = device_ms / ideal_ms if ideal_ms else 0
+    if gbps / copy >= MEMORY_NEAR:
+        return Diagnosis(
+            "memory",
+            ev,
+            f"memory-bound at {gbps / copy:.0%} of the copy ceiling, in {distinct_kernels} "
+            f"kernel(s): near the limit. Only moving fewer bytes helps: a narrower dtype "
+            "(bf16/fp8), or fusing this op into its neighbours.",
+        )
+    ev["hbm_passes"] = passes
+    if launches > 1.5:
+        return Diagnosis(
+            "memory",
+            ev,
+            f"memory-bound: {distinct_kernels} kernels, {launches:g} launches, "
+            f"~{passes:.0f} passes over memory (device time x copy bandwidth / minimum bytes) "
+            f"where 1 read + 1 write suffice: fusing into one kernel should be "
+            f"~{passes:.0f}x faster ({fmt_ms(device_ms)} -> ~{fmt_ms(ideal_ms)}). "
+            "torch.compile does this for standard ops; write Triton when the access "
+            "pattern is new.",
+        )
+    if not compute_side:
+        return Diagnosis(
+            "memory",
+            ev,
+            f"memory-bound (intensity under the ridge) but one kernel reaches only "
+            f"{gbps / copy:.0%} of the copy ceiling: ~{passes:.1f}x from the limit. Look at its "
+            "accesses (`perfloop asm`): 16-byte vector loads, several loads in flight per "
+            "thread, enough blocks to fill every SM, no re-reads.",
+        )
+    return Diagnosis("unclear", ev, "neither near the copy nor the matmul ceiling; look at the kernels.")
+
+
+def diagnose(profile, ceilings: dict | None = None) -> Diagnosis:
+    """Classify a Profile with the measured ceilings (measured now if not cached)."""
+    if ceilings is None and profile.work is not None:
+        ceilings = measured_ceilings()
+    return classify(
+        device_ms=profile.device_ms_per_call,
+        wall_ms=profile.wall_ms_per_call,
+        busy_fraction=profile.gpu_busy_fraction,
+        distinct_kernels=profile.distinct_kernels,
+        launches=profile.launches_per_call,
+        work=profile.work,
+        ceilings=ceilings,
+    )

@@ -1,0 +1,371 @@
+"""Where the time goes: torch.profiler around warmed-up calls, turned into an answer.
+
+`profile(fn)` -> Profile: the kernels (name, short name, calls, device time,
+share), launches per call, how busy the GPU was against the wall clock, host
+time per call, peak memory; `table()`, `export_trace()` for Perfetto,
+`diagnose()` for what kind of bound it is and what to do next.
+On a CPU the same record holds CPU ops instead of kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+
+from perfloop import device as _device
+from perfloop.harness.measurement import Work, fmt_ms
+
+# --------------------------------------------------------------------- annotate
+
+
+class annotate(contextlib.ContextDecorator):
+    """An NVTX range for Nsight Systems that also shows in torch.profiler traces.
+
+    Near-free when nothing listens: the profiler label is only made while
+    torch.profiler is recording, and an NVTX push/pop with no tool attached is
+    a few hundred nanoseconds.
+
+    >>> with annotate("attention"):
+    ...     pass
+    >>> @annotate("step")
+    ... def step(): ...
+    """
+
+    def __init__(self, name: str):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name: must be a non-empty string, got {name!r}")
+        self.name = name
+        self._rf = None
+        self._nvtx = torch.cuda.is_available()
+
+    def __enter__(self):
+        if self._nvtx:
+            torch.cuda.nvtx.range_push(self.name)
+        if torch.autograd.profiler._is_profiler_enabled:
+            self._rf = torch.profiler.record_function(self.name)
+            self._rf.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._rf is not None:
+            self._rf.__exit__(*exc)
+            self._rf = None
+        if self._nvtx:
+            torch.cuda.nvtx.range_pop()
+        return False
+
+
+# --------------------------------------------------------------------- names
+
+_LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+
+
+_WRAPPERS = {"AUnary", "BUnary", "Binary", "CUDA", "Unary", "Compare", "Opmath"}
+
+
+def short_name(name: str) -> str:
+    """A readable kernel name. ATen's templated elementwise kernels become
+    'elementwise[mul]' / 'elementwise[add, scalar]' / 'elementwise[tanh]' (from the
+    functor or lambda inside); Triton, cuBLAS and other kernels keep their stem."""
+    m = re.search(r"at::native::(?:\w+::)*?(\w*?(elementwise|reduce|softmax|gemm)\w*?_kernel)\b", name)
+    if m:
+        kind = {"elementwise": "elementwise", "reduce": "reduce", "softmax": "softmax"}.get(
+            m.group(2), m.group(1)
+        )
+        ops = [f for f in re.findall(r"(\w+?)Functor\b", name) if f not in _WRAPPERS]
+        ops += re.findall(r"CUDAFunctor(?:OnSelf|OnOther)?_(\w+?)\b", name)
+        ops += re.findall(r"(\w+?)_kernel_(?:cuda|impl)\b", name)
+        ops += re.findall(r"::(\w+?)_kernel_cuda\b", name)
+        scalar = bool(re.search(r"AUnaryFunctor|BUnaryFunctor|FunctorOnSelf|FunctorOnOther", name))
+        if ops:
+            op = ops[0].split("::")[-1].lower()
+            return f"{kind}[{op}{', scalar' if scalar else ''}]"
+        return kind
+    m = re.search(r"at::native::(?:\w+::)*(\w+)", name.replace("(anonymous namespace)::", ""))
+    if m:
+        return m.group(1)
+    if not re.search(r"[<(]|^void ", name):
+        return name[:60]  # already plain: aten::mul, triton_poi_..., nvjet_...
+    name = re.sub(r"^void\s+", "", name.replace("(anonymous namespace)::", ""))
+    name = name.split("<", 1)[0].split("(", 1)[0]
+    return name.rsplit("::", 1)[-1][:60]
+
+
+# --------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class KernelStat:
+    name: str
+    short: str
+    calls: int
+    total_ms: float
+    share: float
+
+    @property
+    def mean_us(self) -> float:
+        return self.total_ms * 1e3 / self.calls if self.calls else 0.0
+
+
+@dataclass
+class Profile:
+    """One profiled run of `calls` calls. Times are per call unless named total."""
+
+    kernels: list[KernelStat]
+    calls: int
+    device_ms_per_call: float  # sum of kernel (or op) times
+    busy_ms_per_call: float  # union of device activity intervals
+    wall_ms_per_call: float
+    host_ms_per_call: float  # time the host spent issuing one call
+    launches_per_call: float
+    kind: str  # "cuda" or "cpu"
+    peak_memory_bytes: int | None = None
+    work: Work | None = None
+    warnings: list[str] = field(default_factory=list)
+    _prof: Any = field(default=None, repr=False)
+
+    @property
+    def gpu_busy_fraction(self) -> float:
+        return min(1.0, self.busy_ms_per_call / self.wall_ms_per_call) if self.wall_ms_per_call else 0.0
+
+    @property
+    def distinct_kernels(self) -> int:
+        return len(self.kernels)
+
+    def table(self, top: int = 10) -> str:
+        unit = "kernel" if self.kind == "cuda" else "op"
+        rows = [f"{unit:<48} {'calls':>6} {'total':>10} {'mean':>10} {'share':>6}"]
+        for k in self.kernels[:top]:
+            rows.append(
+                f"{k.short[:48]:<48} {k.calls:>6} {fmt_ms(k.total_ms):>10} "
+                f"{fmt_ms(k.mean_us / 1e3):>10} {k.share:>6.1%}"
+            )
+        rows.append(
+            f"{self.distinct_kernels} distinct {unit}s, {self.launches_per_call:g} launches/call, "
+            f"device {fmt_ms(self.device_ms_per_call)}/call, "
+            f"wall {fmt_ms(self.wall_ms_per_call)}/call, "
+            f"busy {self.gpu_busy_fraction:.0%}"
+        )
+        return "\n".join(rows)
+
+    def export_trace(self, path: str | os.PathLike) -> Path:
+        """Write a Chrome trace (open in Perfetto or chrome://tracing)."""
+        p = Path(path)
+        if p.parent and not p.parent.exists():
+            raise FileNotFoundError(f"path: folder {p.parent} does not exist; create it first")
+        if not os.access(p.parent or Path("."), os.W_OK):
+            raise PermissionError(f"path: cannot write to {p.parent}; choose a writable location")
+        if self._prof is None:
+            raise RuntimeError("this Profile holds no trace (it was loaded, not recorded)")
+        self._prof.export_chrome_trace(str(p))
+        return p
+
+    def diagnose(self, ceilings: dict | None = None):
+        from perfloop.analysis.diagnose import diagnose
+
+        return diagnose(self, ceilings)
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "calls": self.calls,
+            "device_ms_per_call": self.device_ms_per_call,
+            "busy_ms_per_call": self.busy_ms_per_call,
+            "wall_ms_per_call": self.wall_ms_per_call,
+            "host_ms_per_call": self.host_ms_per_call,
+            "launches_per_call": self.launches_per_call,
+            "gpu_busy_fraction": self.gpu_busy_fraction,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "kernels": [k.__dict__ | {"mean_us": k.mean_us} for k in self.kernels],
+            "warnings": self.warnings,
+        }
+
+
+def _annotation_names(events) -> set[str]:
+    """Names of record_function ranges (annotate); their GPU-side mirrors share the name."""
+    return {e.name for e in events if getattr(e, "is_user_annotation", False)}
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -float("inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total / 1e3  # us -> ms
+
+
+def profile(
+    fn: Callable,
+    *args: Any,
+    calls: int = 1,
+    warmup: int = 2,
+    work: Work | None = None,
+    memory_snapshot: str | os.PathLike | None = None,
+    cuda_profiler_range: bool = False,
+    **kwargs: Any,
+) -> Profile:
+    """Profile `calls` calls of fn(*args) after `warmup` calls.
+
+    `cuda_profiler_range=True` brackets the profiled calls with cudaProfilerStart/Stop, so
+    Nsight Systems run with `--capture-range=cudaProfilerApi` captures exactly them.
+
+    >>> import torch, perfloop as pl
+    >>> p = pl.profile(torch.nn.functional.gelu, torch.randn(1000))
+    >>> p.launches_per_call >= 1
+    True
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: must be callable, got {fn!r}")
+    for name, v in (("calls", calls), ("warmup", warmup)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "calls" else 0):
+            raise ValueError(f"{name}: must be an integer >= {1 if name == 'calls' else 0}, got {v!r}")
+    call = functools.partial(fn, *args, **kwargs)
+    on_cuda = _device.has_cuda()
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    for _ in range(max(warmup, 1)):
+        call()
+    sync()
+
+    peak = None
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        if memory_snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+        call()
+        sync()
+        peak = torch.cuda.max_memory_allocated() - base
+        if memory_snapshot:
+            torch.cuda.memory._dump_snapshot(str(memory_snapshot))
+            torch.cuda.memory._record_memory_history(enabled=None)
+    elif memory_snapshot:
+        raise ValueError("memory_snapshot: CUDA memory snapshots need a CUDA GPU")
+
+    warnings: list[str] = []
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if on_cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    try:  # keep events from every call (torch >= 2.5 clears them per cycle otherwise)
+        prof = torch.profiler.profile(activities=acts, acc_events=True)
+    except TypeError:
+        prof = torch.profiler.profile(activities=acts)
+    try:
+        prof.__enter__()
+    except Exception as exc:  # CUPTI missing or busy: fall back to CPU activities
+        warnings.append(f"CUDA activity profiling unavailable ({exc}); CPU activities only")
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof.__enter__()
+    try:
+        nsys = on_cuda and cuda_profiler_range
+        if nsys:
+            torch.cuda.profiler.start()
+        t0 = time.perf_counter()
+        host = 0.0
+        for _ in range(calls):
+            h0 = time.perf_counter()
+            call()
+            host += time.perf_counter() - h0
+        sync()
+        if nsys:
+            torch.cuda.profiler.stop()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        prof.__exit__(None, None, None)  # stopped cleanly even when fn raised
+
+    events = prof.events()
+    # Device activity: kernels, memcpy, memset. Not the GPU-side mirrors of record_function
+    # ranges (ours included), which span whole regions and are not work.
+    ranges = _annotation_names(events)
+    dev = [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and e.name not in ranges
+    ]
+    if on_cuda and not dev:
+        warnings.append("no device activity was recorded (CUPTI unavailable?); CPU ops shown")
+    kind = "cuda" if dev else "cpu"
+    if kind == "cuda":
+        items = [(e.name, e.time_range.start, e.time_range.end) for e in dev]
+        launches = sum(1 for e in events if e.name in _LAUNCH_APIS) or len(
+            [e for e in dev if "memset" not in e.name.lower() and "memcpy" not in e.name.lower()]
+        )
+    else:
+        # Top-level CPU ops: those with no parent op.
+        top = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
+        items = [(e.name, e.time_range.start, e.time_range.end) for e in top]
+        launches = len(items)
+    agg: dict[str, list] = {}
+    for name, s, e in items:
+        a = agg.setdefault(name, [0, 0.0])
+        a[0] += 1
+        a[1] += (e - s) / 1e3
+    total = sum(v[1] for v in agg.values()) or 1e-12
+    kernels = sorted(
+        (
+            KernelStat(name=n, short=short_name(n), calls=c, total_ms=t, share=t / total)
+            for n, (c, t) in agg.items()
+        ),
+        key=lambda k: -k.total_ms,
+    )
+    return Profile(
+        kernels=kernels,
+        calls=calls,
+        device_ms_per_call=total / calls,
+        busy_ms_per_call=_union_ms([(s, e) for _, s, e in items]) / calls,
+        wall_ms_per_call=wall_ms / calls,
+        host_ms_per_call=host * 1e3 / calls,
+        launches_per_call=launches / calls,
+        kind=kind,
+        peak_memory_bytes=peak,
+        work=work,
+        warnings=warnings,
+        _prof=prof,
+    )
+
+
+@dataclass(frozen=True)
+class ProfileDiff:
+    removed: list[str]
+    added: list[str]
+    device_ms: tuple[float, float]
+    launches: tuple[float, float]
+
+    def __str__(self) -> str:
+        b, a = self.device_ms
+        lines = [
+            f"device time/call: {fmt_ms(b)} -> {fmt_ms(a)} ({b / a:.2f}x)" if a else "",
+            f"launches/call: {self.launches[0]:g} -> {self.launches[1]:g}",
+        ]
+        if self.removed:
+            lines.append("gone:  " + ", ".join(self.removed))
+        if self.added:
+            lines.append("new:   " + ", ".join(self.added))
+        return "\n".join(x for x in lines if x)
+
+
+def diff(before: Profile, after: Profile) -> ProfileDiff:
+    """Measure again: which kernels disappeared or appeared, and the change in time and launches."""
+    b = {k.short for k in before.kernels}
+    a = {k.short for k in after.kernels}
+    return ProfileDiff(
+        removed=sorted(b - a),
+        added=sorted(a - b),
+        device_ms=(before.device_ms_per_call, after.device_ms_per_call),
+        launches=(before.launches_per_call, after.launches_per_call),
+    )

@@ -1,0 +1,70 @@
+"""The `perfloop` command: one module per verb, each registering its flags and its `run`.
+Every verb has --help; --json where a program reads the output.
+
+Exit codes: 0 success, 1 a check or a regression failed, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from perfloop.cli.args import USAGE_ERROR, UsageError
+
+VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "report", "compare", "comm", "demo",
+         "experiment")  # fmt: skip
+
+
+def _prepare_triton() -> None:
+    # Without a GPU, Triton kernels can only run in its interpreter, and the switch
+    # must be set before Triton is imported. Say so rather than fail.
+    import torch
+
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="perfloop",
+        description="GPU performance engineering in PyTorch: measure, locate, fix, measure again.",
+    )
+    sub = ap.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    def verb(name, help_, fn, db=False, js=True):
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(fn=fn)
+        if js:
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        if db:
+            p.add_argument("--db", help="results database (default: $PERFLOOP_DB or the user data dir)")
+        return p
+
+    for name in VERBS:
+        importlib.import_module(f"perfloop.cli.{name}").register(verb)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)  # unknown verbs/flags: usage + the choices, exit 2
+    for name in ("calls", "top", "seeds"):
+        if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:
+            ap.error(f"--{name}: must be >= 1")
+    if getattr(args, "budget", 1.0) <= 0:
+        ap.error("--budget: must be > 0 seconds")
+    _prepare_triton()
+    try:
+        return args.fn(args)
+    except UsageError as exc:
+        print(f"perfloop {args.verb}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("interrupted: results already stored are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Reading the command line: shapes, dtypes, ops, variants, the store; and turning the
+library's errors (which name its arguments) into the flags a user typed."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE_ERROR = 2
+FAILED = 1
+
+
+class UsageError(Exception):
+    """Bad input from the command line; printed without a traceback, exit 2."""
+
+
+def as_flag(exc: Exception, flag: str, arg: str | None = None) -> UsageError:
+    """A library error ("dtype: unknown ...") in the flag's words ("--dtype: unknown ...")."""
+    text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    arg = arg or flag.lstrip("-").replace("-", "_")
+    if text.startswith(f"{arg}:"):
+        text = text[len(arg) + 1 :].lstrip()
+    return UsageError(f"{flag}: {text}")
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in text.lower().replace(",", "x").split("x") if s != "")
+    except ValueError:
+        shape = ()
+    if not shape or any(s <= 0 for s in shape):
+        raise UsageError(f"--shape: cannot read {text!r}; write sizes joined by x, e.g. 4096x4096")
+    return shape
+
+
+def parse_dtype(text: str):
+    from perfloop.ops.base import parse_dtype
+
+    try:
+        return parse_dtype(text)
+    except ValueError as exc:
+        raise as_flag(exc, "--dtype") from None
+
+
+def parse_percent(text: str) -> float:
+    try:
+        v = float(text.rstrip("%"))
+    except ValueError:
+        raise UsageError(f"--fail-above: {text!r} is not a percentage; e.g. --fail-above 5%") from None
+    if v < 0:
+        raise UsageError(f"--fail-above: must be >= 0, got {text}")
+    return v
+
+
+def get_op(name: str):
+    from perfloop import ops
+
+    try:
+        return ops.get(name)
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+
+
+def get_variants(op, names: list[str] | None, timing: bool) -> list[str]:
+    """The variants asked for (or all that can run here); says which it skips and why."""
+    from perfloop.cli.output import warn
+    from perfloop.workflows.ops import runnable_variants
+
+    try:
+        chosen, skipped = runnable_variants(op, names, timing)
+    except ValueError as exc:
+        raise as_flag(exc, "--variant", "variants") from None
+    for n, why in skipped.items():
+        if names or "interpreter" in why:
+            warn(f"skip {'timing ' if timing and 'interpreter' in why else ''}{op.name}/{n}: {why}")
+    return chosen
+
+
+def open_store(args):
+    from perfloop.results.store import StoreError
+    from perfloop.workflows.runs import open_store
+
+    try:
+        return open_store(args.db)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def start_run(store) -> str:
+    from perfloop.workflows.runs import start_run
+
+    return start_run(store, " ".join(sys.argv))

@@ -1,0 +1,58 @@
+"""`perfloop report`: stored results as a table, an HTML page with plots, CSV or JSON."""
+
+from __future__ import annotations
+
+from perfloop.cli.args import UsageError, open_store
+from perfloop.cli.output import console, emit_json, table
+
+
+def register(verb) -> None:
+    p = verb("report", "tables and plots from stored results", run, db=True)
+    p.add_argument("--html", metavar="DIR", help="write a static HTML report into DIR")
+    p.add_argument("--csv", metavar="FILE", help="export the rows as CSV")
+    p.add_argument("--export-json", metavar="FILE", help="export the rows as JSON")
+    p.add_argument("--run", help="only this run (an id, a prefix, or 'latest')")
+
+
+def _write(flag: str, path: str, text: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write ({exc})") from None
+
+
+def run(args) -> int:
+    from perfloop.harness.measurement import fmt_ms
+    from perfloop.results.report import fmt_rate, fmt_speedup, latest_rows, render_html
+    from perfloop.results.store import StoreError
+
+    store = open_store(args)
+    run_id = None
+    if args.run:
+        try:
+            run_id = store.resolve_run(args.run)
+        except StoreError as exc:
+            raise UsageError(f"--run: {exc}") from None
+    if args.csv:
+        _write("--csv", args.csv, store.export_csv(run_id))
+    if args.export_json:
+        _write("--export-json", args.export_json, store.export_json(run_id))
+    if args.html:
+        try:
+            page = render_html(store, args.html, run_id)
+        except OSError as exc:
+            raise UsageError(f"--html {args.html}: {str(exc).split(': ', 1)[-1]}") from None
+        console().print(f"report: {page}")
+    rows = latest_rows(store.rows(run_id))
+    if args.json:
+        emit_json(rows)
+    elif not (args.html or args.csv or args.export_json):
+        if not rows:
+            console().print(f"no results in {store.path} yet: try `perfloop demo`")
+        table(f"results in {store.path}", ["op", "variant", "shape", "dtype", "median", "rate",
+              "speed-up", "device"],
+              [[r["op"], r["variant"] + (" (graph)" if r["graph"] else ""), r["shape"], r["dtype"],
+                fmt_ms(r["median_ms"]), fmt_rate(r), fmt_speedup(r), r["device"] or ""]
+               for r in rows])  # fmt: skip
+    return 0

@@ -1,0 +1,268 @@
+"""How a time is taken: bench, compare and sweep.
+
+Warm-up, then samples (sampling.py: device events or a synchronized clock, the L2
+flushed) until the 95% CI of the median is tight enough or the time budget is
+spent; throughput is reported against the machine's measured ceilings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from perfloop import device as _device
+from perfloop.harness import stats
+from perfloop.harness.ceilings import ceilings as measured_ceilings
+from perfloop.harness.measurement import Comparison, Measurement, Speedup, Sweep, SweepPoint, Work
+from perfloop.harness.sampling import (
+    BenchError,
+    graph_gaps,
+    prepare,
+    sample_until,
+    validate,
+    zero_input_warnings,
+)
+
+__all__ = ["BenchError", "bench", "compare", "sweep"]
+
+
+def _resolve_ceilings(ceilings, work):
+    if ceilings is False or work is None:
+        return None
+    if isinstance(ceilings, dict):
+        return ceilings
+    return measured_ceilings()
+
+
+def bench(
+    fn: Callable,
+    *args: Any,
+    work: Work | None = None,
+    label: str = "",
+    flush_l2: bool = True,
+    graph: bool = False,
+    target_ci: float = 0.01,
+    budget_s: float = 1.0,
+    min_samples: int = 10,
+    max_samples: int = 10_000,
+    warmup_s: float = 0.025,
+    ceilings: dict | bool | None = None,
+    **kwargs: Any,
+) -> Measurement:
+    """Time `fn(*args, **kwargs)` the right way and return a Measurement.
+
+    Warm-up by time (at least one call); then samples until the 95% CI of the
+    median is within `target_ci` of it, or `budget_s` is spent. On a GPU: CUDA
+    events, L2 flushed between samples (`flush_l2=False` for warm-cache numbers),
+    `graph=True` to replay CUDA-graph captures (device time without launch cost; one replay is
+    also profiled, and `meta["graph_kernel_ms"]` holds the kernels' own time per call, so the
+    GPU's gaps between dependent kernels show -- with a warning when they are over 15%).
+
+    >>> import torch, perfloop as pl
+    >>> x = torch.randn(1 << 16)
+    >>> m = pl.bench(torch.nn.functional.gelu, x, work=pl.Work(bytes=2 * x.nbytes))
+    >>> m.median_ms > 0
+    True
+    """
+    validate(fn, budget_s, target_ci, min_samples, max_samples, warmup_s, graph)
+    on_cuda = _device.has_cuda()
+    t0 = time.perf_counter()
+    warns = zero_input_warnings(fn, args)
+    sampler, warm_calls, _ = prepare(
+        fn, args, kwargs, flush_l2=flush_l2, graph=graph, warmup_s=warmup_s, on_cuda=on_cuda
+    )
+    try:
+        samples, reason = sample_until(sampler, min_samples=min_samples, max_samples=max_samples,
+                                       target_ci=target_ci, deadline=t0 + budget_s)  # fmt: skip
+    except Exception as exc:
+        raise BenchError(
+            f"fn raised while sampling: {type(exc).__name__}: {exc}; the measurement was discarded"
+        ) from exc
+    if reason == "budget":
+        warns.append(
+            f"stopped by the time budget ({budget_s:g} s) before the CI reached "
+            f"+-{target_ci:.1%}: CI is +-{stats.relative_ci_halfwidth(samples):.1%}"
+        )
+    graph_meta: dict = {}
+    if on_cuda and sampler.graph is not None:
+        graph_meta, graph_warns = graph_gaps(sampler, samples)
+        warns += graph_warns
+    meta = {
+        **graph_meta,
+        "stop_reason": reason,
+        "target_ci": target_ci,
+        "timer": "cuda_event" if on_cuda else "perf_counter",
+        "flush_l2": bool(flush_l2 and on_cuda),
+        "graph": graph,
+        "calls_per_sample": sampler.calls_per_sample,
+        "warmup_calls": warm_calls,
+        "wall_s": time.perf_counter() - t0,
+    }
+    return Measurement(
+        samples_ms=tuple(samples),
+        work=work,
+        label=label or getattr(fn, "__name__", "") or str(getattr(fn, "name", "")),
+        ceilings=_resolve_ceilings(ceilings, work),
+        env=_device.env_fingerprint(),
+        meta=meta,
+        extra_warnings=tuple(warns),
+    )
+
+
+def compare(
+    fns: dict[str, Callable],
+    baseline: str | None = None,
+    *,
+    work: Work | None = None,
+    flush_l2: bool = True,
+    target_ci: float = 0.01,
+    budget_s: float = 2.0,
+    min_rounds: int = 10,
+    max_rounds: int = 2000,
+    alpha: float = 0.01,
+    warmup_s: float = 0.025,
+) -> Comparison:
+    """Time candidates interleaved, round-robin, and give each one's speed-up over `baseline`.
+
+    Every round takes one sample of each candidate, in a rotated order, so drift
+    (clocks, temperature, other load) hits all alike; speed-ups are ratios of
+    medians with a paired bootstrap 95% CI, tested with Wilcoxon signed-rank on
+    the per-round log ratios. A difference is called significant when p < alpha
+    and the CI excludes 1.
+
+    >>> import perfloop as pl
+    >>> c = pl.compare({"a": lambda: sum(range(1000)), "b": lambda: sum(range(1000))})
+    >>> c.speedups["b"].significant
+    False
+    """
+    if not isinstance(fns, dict) or not fns:
+        raise ValueError("fns: must be a non-empty dict of {name: callable}")
+    for name, f in fns.items():
+        if not callable(f):
+            raise TypeError(f"fns[{name!r}]: must be callable, got {f!r}")
+    baseline = baseline if baseline is not None else next(iter(fns))
+    if baseline not in fns:
+        raise ValueError(f"baseline: {baseline!r} is not one of {sorted(fns)}")
+    validate(next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False, "rounds")
+    on_cuda = _device.has_cuda()
+    t0 = time.perf_counter()
+    samplers = {}
+    for name, f in fns.items():
+        try:
+            samplers[name] = prepare(
+                f, (), {}, flush_l2=flush_l2, graph=False, warmup_s=warmup_s, on_cuda=on_cuda
+            )[0]
+        except BenchError as exc:
+            raise BenchError(f"fns[{name!r}]: {exc}") from exc.__cause__
+    names = list(fns)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    rng = random.Random(0)
+    deadline = t0 + budget_s
+    reason = "max_rounds"
+    rounds = 0
+    while rounds < max_rounds:
+        # A block of rounds is queued before any is read, so the GPU never idles
+        # between candidates; each round visits the candidates in a fresh order.
+        block = min(5, max_rounds - rounds)
+        queued = []
+        for _ in range(block):
+            order = names[:]
+            rng.shuffle(order)
+            queued += [(n, samplers[n].enqueue(1)) for n in order]
+        for n, token in queued:
+            samples[n] += samplers[n].collect(token)
+        rounds += block
+        if rounds >= min_rounds:
+            if all(stats.relative_ci_halfwidth(s) <= target_ci for s in samples.values()):
+                reason = "converged"
+                break
+            if time.perf_counter() >= deadline:
+                reason = "budget"
+                break
+    env = _device.env_fingerprint()
+    ceil = _resolve_ceilings(None, work)
+    meas = {
+        n: Measurement(
+            samples_ms=tuple(samples[n]),
+            work=work,
+            label=n,
+            ceilings=ceil,
+            env=env,
+            meta={
+                "stop_reason": reason,
+                "interleaved": True,
+                "calls_per_sample": samplers[n].calls_per_sample,
+                "flush_l2": bool(flush_l2 and on_cuda),
+            },
+        )
+        for n in names
+    }
+    speedups = {}
+    for n in names:
+        if n == baseline:
+            continue
+        s = stats.paired_speedup(samples[baseline], samples[n])
+        excludes_one = not (s["ci"][0] <= 1.0 <= s["ci"][1])
+        speedups[n] = Speedup(
+            name=n,
+            speedup=s["speedup"],
+            ci=s["ci"],
+            p_value=s["p_value"],
+            significant=bool(s["p_value"] < alpha and excludes_one),
+        )
+    return Comparison(baseline=baseline, measurements=meas, speedups=speedups)
+
+
+def sweep(
+    factory: Callable[[Any], Callable],
+    sizes: Iterable,
+    *,
+    work: Callable[[Any], Work] | None = None,
+    size_of: Callable[[Any], float] | None = None,
+    on_point: Callable[[SweepPoint], None] | None = None,
+    **bench_kwargs: Any,
+) -> Sweep:
+    """A Measurement per size, and a fit time = floor + c*size^k.
+
+    `factory(size)` builds the function to time (setup stays outside the timed
+    call). A size that fails is recorded with its error; the others still run.
+    `on_point` sees each point as it lands (to store it before the next starts).
+
+    >>> import perfloop as pl
+    >>> s = pl.sweep(lambda n: (lambda: sum(range(n))), sizes=[1000, 10000, 100000])
+    >>> 0.5 < s.fit["exponent"] < 1.5  # doctest: +SKIP
+    True
+    """
+    if not callable(factory):
+        raise TypeError(f"factory: must be callable (size -> fn), got {factory!r}")
+    sizes = list(sizes) if sizes is not None else []
+    if not sizes:
+        raise ValueError("sizes: empty; give at least one size, e.g. sizes=[1024, 4096, 16384]")
+    # Bad bench arguments are the caller's mistake, not a size's: fail before measuring.
+    opts = {n: p.default for n, p in inspect.signature(bench).parameters.items()} | bench_kwargs
+    validate(factory, *(opts[n] for n in ("budget_s", "target_ci", "min_samples", "max_samples",
+                                           "warmup_s", "graph")))  # fmt: skip
+    points = []
+    for size in sizes:
+        try:
+            fn = factory(size)
+            m = bench(fn, work=work(size) if work else None, label=str(size), **bench_kwargs)
+            point = SweepPoint(size=size, measurement=m)
+        except Exception as exc:  # incl. torch.cuda.OutOfMemoryError; Ctrl-C still stops
+            point = SweepPoint(size=size, measurement=None, error=f"{type(exc).__name__}: {exc}")
+            if _device.has_cuda():
+                torch.cuda.empty_cache()
+        points.append(point)
+        if on_point:
+            on_point(point)
+    ok = [(p.size, p.measurement.median_ms) for p in points if p.measurement is not None]
+    fit = None
+    if len(ok) >= 3:
+        xs = [size_of(s) if size_of else float(s) for s, _ in ok]
+        fit = stats.fit_power_floor(xs, [t for _, t in ok])
+    return Sweep(points=tuple(points), fit=fit)

@@ -1,0 +1,76 @@
+"""The project's plots, one helper each: lines on log-log axes (time against size, bandwidth
+against bytes), grouped bars, and bars against a reference line. PNGs through matplotlib's
+Agg backend, so they render with no display."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _figure(width: float = 6.4, height: float = 4.0):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height))
+
+
+def _save(fig, ax, path: Path, title: str, ylabel: str, legend: bool, grid_axis: str = "both") -> str:
+    import matplotlib.pyplot as plt
+
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if grid_axis:
+        ax.grid(True, axis=grid_axis, which="both", alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+    return str(path)
+
+
+def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict, log: bool = True) -> str:
+    """series: {label: (xs, ys)}, drawn as points joined by lines (log-log by default);
+    returns the path written.
+
+    >>> plot_lines(Path("t.png"), "gelu", "n", "ms", {"naive": ([1e3, 1e6], [0.01, 2.0])})  # doctest: +SKIP
+    """
+    fig, ax = _figure()
+    for label, (xs, ys) in series.items():
+        (ax.loglog if log else ax.plot)(xs, ys, "o-", label=label)
+    ax.set_xlabel(xlabel)
+    return _save(fig, ax, path, title, ylabel, legend=bool(series))
+
+
+def plot_bars(path: Path, title: str, ylabel: str, groups: dict, log: bool = True) -> str:
+    """groups: {group label: {bar label: value}}, drawn side by side per group; returns the path.
+    Values that are None (not measured, did not fit) leave a gap."""
+    names = list(dict.fromkeys(b for bars in groups.values() for b in bars))
+    width = 0.8 / max(len(names), 1)
+    fig, ax = _figure(max(6.4, 0.9 * len(groups) + 2))
+    for i, name in enumerate(names):
+        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
+        ys = [bars.get(name) for bars in groups.values()]
+        ax.bar([x for x, y in zip(xs, ys, strict=True) if y is not None], [y for y in ys if y is not None],
+               width, label=name)  # fmt: skip
+    ax.set_xticks(range(len(groups)))
+    crowded = len(groups) > 4
+    ax.set_xticklabels(list(groups), rotation=20 if crowded else 0, ha="right" if crowded else "center",
+                       fontsize=8)  # fmt: skip
+    if log:
+        ax.set_yscale("log")
+    return _save(fig, ax, path, title, ylabel, legend=len(names) > 1, grid_axis="y")
+
+
+def plot_ref_bars(path: Path, title: str, ylabel: str, bars: dict, ref: float, err=None) -> str:
+    """One bar per label ({label: value}), optional error bars, a dashed line at `ref`."""
+    fig, ax = _figure(height=3.2)
+    ax.bar(list(bars), list(bars.values()), yerr=err, capsize=4)
+    ax.axhline(ref, color="k", lw=0.8, ls="--")
+    return _save(fig, ax, path, title, ylabel, legend=False, grid_axis="")

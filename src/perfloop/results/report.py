@@ -1,0 +1,247 @@
+"""Rendering stored results: terminal tables and a static HTML report with plots.
+
+The HTML report is one folder (index.html + PNGs made with matplotlib) that
+opens from disk with no server. Every name that comes from outside (op,
+variant, kernel names, environment strings) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from perfloop.harness.measurement import fmt_ms
+from perfloop.results.plots import plot_lines, plot_ref_bars
+
+
+def latest_rows(rows: list[dict]) -> list[dict]:
+    """The newest row per (op, variant, shape, dtype, graph)."""
+    best: dict = {}
+    for r in rows:
+        best[(r["op"], r["variant"], r["shape"], r["dtype"], r["graph"])] = r
+    return list(best.values())
+
+
+def numel(shape: str) -> int:
+    return math.prod(int(s) for s in shape.split("x")) if shape else 0
+
+
+def fmt_rate(r: dict) -> str:
+    parts = []
+    if r.get("gbps"):
+        parts.append(f"{r['gbps']:.0f} GB/s")
+    if r.get("tflops") and r["tflops"] >= 0.1:
+        parts.append(f"{r['tflops']:.1f} TFLOP/s")
+    return ", ".join(parts)
+
+
+def fmt_speedup(r: dict) -> str:
+    if r.get("speedup") is None:
+        return ""
+    return f"{r['speedup']:.2f}x [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
+
+
+# ------------------------------------------------------------------ plots
+
+
+def _plots(op: str, rows: list[dict], out: Path) -> list[tuple[str, str]]:
+    """Time against size (where a variant has several sizes), % of ceiling and speed-up at the
+    largest shape: (file name, alt text) each."""
+    made = []
+    safe = "".join(c if c.isalnum() else "_" for c in op)
+    by_var = defaultdict(list)
+    for r in rows:
+        by_var[(r["variant"], r["dtype"], r["graph"])].append(r)
+    if any(len({x["shape"] for x in v}) > 1 for v in by_var.values()):
+        series = {}
+        for (var, dtype, graph), rs in sorted(by_var.items()):
+            rs = sorted(rs, key=lambda x: numel(x["shape"]))
+            series[f"{var} {dtype}" + (" graph" if graph else "")] = (
+                [numel(x["shape"]) for x in rs], [x["median_ms"] for x in rs])  # fmt: skip
+        name = f"{safe}_scaling.png"
+        plot_lines(out / name, f"{op}: time against size", "elements (product of the shape)",
+                   "median time (ms)", series)  # fmt: skip
+        made.append((name, f"{op}: time against size (log-log)"))
+
+    big = max(rows, key=lambda r: numel(r["shape"]))["shape"]
+    at = sorted((r for r in rows if r["shape"] == big and not r["graph"]), key=lambda r: r["variant"])
+    label = lambda r: f"{r['variant']}\n{r['dtype']}"  # noqa: E731
+    sol = [r for r in at if r.get("sol") is not None]
+    if sol:
+        name = f"{safe}_sol.png"
+        plot_ref_bars(out / name, f"{op} {big}: speed of light", "% of measured ceiling",
+                      {label(r): 100 * r["sol"] for r in sol}, ref=100)  # fmt: skip
+        made.append((name, f"{op} {big}: % of the measured ceiling"))
+    sp = [r for r in at if r.get("speedup") is not None]
+    if sp:
+        err = [[r["speedup"] - r["speedup_lo"] for r in sp], [r["speedup_hi"] - r["speedup"] for r in sp]]
+        name = f"{safe}_speedup.png"
+        plot_ref_bars(out / name, f"{op} {big}: speed-up",
+                      f"speed-up vs {sp[0].get('baseline') or 'baseline'} (95% CI)",
+                      {label(r): r["speedup"] for r in sp}, ref=1, err=err)  # fmt: skip
+        made.append((name, f"{op} {big}: speed-up with 95% CI"))
+    return made
+
+
+def _comm_plot(rows: list[dict], out: Path) -> str:
+    series = {}
+    for name in dict.fromkeys(r["collective"] for r in rows):
+        rs = [r for r in rows if r["collective"] == name]
+        series[name] = ([r["bytes"] for r in rs], [max(r["busbw_gbps"], 1e-6) for r in rs])
+    plot_lines(out / "comm_busbw.png", f"collectives on {rows[0]['ranks']} ranks ({rows[0]['backend']})",
+               "bytes (nccl-tests size: each rank's largest buffer)", "bus bandwidth (GB/s)",
+               series)  # fmt: skip
+    return "comm_busbw.png"
+
+
+# ------------------------------------------------------------------ html
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
+font-size:13px;text-align:right}th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
+pre{background:#f7f7f7;padding:.6em;font-size:12px;overflow-x:auto}img{max-width:100%;margin:.3em}
+.warn{color:#a40}
+"""
+
+_CHECK_JS = """
+window.addEventListener('load', function () {
+  var imgs = Array.from(document.images);
+  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
+  document.body.setAttribute('data-images', imgs.length);
+  document.body.setAttribute('data-images-ok', ok);
+  document.body.setAttribute('data-tables', document.querySelectorAll('table').length);
+});
+"""
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _op_section(op: str, rs: list[dict], arts: list[dict], out: Path) -> list[str]:
+    e = html.escape
+    parts = [f"<h2>{e(op)}</h2>"]
+    shapes = sorted({r["shape"] for r in rs}, key=numel)
+    table_rows = []
+    for key in sorted({(r["variant"], r["dtype"], r["graph"]) for r in rs}):
+        cells = [key[0] + (" (graph)" if key[2] else ""), key[1]]
+        for s in shapes:
+            hit = [r for r in rs if (r["variant"], r["dtype"], r["graph"]) == key and r["shape"] == s]
+            if hit:
+                r = hit[-1]
+                sol = f", {100 * r['sol']:.0f}% SOL" if r.get("sol") is not None else ""
+                cells.append(f"{fmt_ms(r['median_ms'])} {fmt_rate(r)}{sol} {fmt_speedup(r)}".strip())
+            else:
+                cells.append("")
+        table_rows.append(cells)
+    parts.append(_table(["variant", "dtype", *shapes], table_rows))
+    for name, alt in _plots(op, rs, out):
+        parts.append(f"<img src='{e(name)}' alt='{e(alt)}'>")
+    for a in arts:
+        if a["op"] == op and a["kind"] == "profile":
+            parts += _profile_section(op, a)
+    return parts
+
+
+def _profile_section(op: str, a: dict) -> list[str]:
+    e = html.escape
+    p = a["payload"]
+    rows = [[k["short"], k["calls"], fmt_ms(k["total_ms"]), fmt_ms(k["mean_us"] / 1e3), f"{k['share']:.1%}"]
+            for k in p.get("kernels", [])[:10]]  # fmt: skip
+    parts = [f"<h3>profile: {e(op)}/{e(a['variant'] or '')}</h3>",
+             _table(["kernel", "calls", "total", "mean", "share"], rows)]  # fmt: skip
+    d = p.get("diagnosis")
+    if d:
+        parts.append(f"<p><b>diagnosis</b>: {e(d['advice'])}</p>"
+                     f"<pre>{e(json.dumps(d['evidence'], indent=1, default=str))}</pre>")  # fmt: skip
+    return parts
+
+
+def _experiment_section(p: dict, out: Path) -> list[str]:
+    e = html.escape
+    for src in p.get("plot_paths", []):  # bring the plots next to the page
+        if Path(src).exists() and Path(src).resolve() != (out / Path(src).name).resolve():
+            (out / Path(src).name).write_bytes(Path(src).read_bytes())
+    parts = [f"<h2>experiment: {e(p.get('name', ''))}</h2>"]
+    if p.get("table"):
+        parts.append(_table(p["table"]["headers"], p["table"]["rows"]))
+    for img in p.get("plots", []):
+        parts.append(f"<img src='{e(img)}' alt='{e(p.get('name', ''))}'>")
+    if p.get("conclusion"):
+        parts.append(f"<p>{e(p['conclusion'])}</p>")
+    return parts
+
+
+def _comm_section(rows_c: list[dict], out: Path) -> list[str]:
+    table = _table(["collective", "bytes (nccl-tests)", "ranks", "backend", "time ms", "algbw GB/s",
+                    "busbw GB/s", "correct"],
+                   [[r["collective"], r["bytes"], r["ranks"], r["backend"], f"{r['time_ms']:.4f}",
+                     f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}", r["correct"]]
+                    for r in rows_c])  # fmt: skip
+    plot = html.escape(_comm_plot(rows_c, out))
+    return ["<h2>communication</h2>", table, f"<img src='{plot}' alt='bus bandwidth against size'>"]
+
+
+def _env_section(env: dict) -> list[str]:
+    flat = {
+        "device": (env.get("device") or {}).get("name"),
+        "torch": env.get("torch"),
+        "triton": env.get("triton"),
+        "cuda": env.get("cuda"),
+        "python": env.get("python"),
+        "git": env.get("git"),
+        **{f"precision.{k}": v for k, v in (env.get("precision") or {}).items()},
+    }
+    return ["<h2>environment</h2>", _table(["what", "value"], [[k, v] for k, v in flat.items()])]
+
+
+def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
+    """Write out_dir/index.html (+ plots) from the store; returns the page's path.
+
+    >>> render_html(Store("r.db"), "report")  # doctest: +SKIP
+    PosixPath('report/index.html')
+    """
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".write-test").write_text("")
+        (out / ".write-test").unlink()
+    except OSError as exc:
+        raise OSError(f"out_dir {out}: cannot write there ({exc}); choose a writable folder") from exc
+    rows = latest_rows(store.rows(run_id))
+    arts = store.artifacts(run_id)
+    e = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>perfloop report</title>",
+        f"<style>{_CSS}</style><script>{_CHECK_JS}</script></head><body>",
+        "<h1>perfloop report</h1>",
+        f"<p>{len(rows)} measurements" + (f" from run {e(run_id)}" if run_id else "") + ".</p>",
+    ]
+    if not rows and not arts:
+        parts.append("<p>No results stored yet: run <code>perfloop demo</code> or "
+                     "<code>perfloop bench OP</code>.</p>")  # fmt: skip
+    by_op = defaultdict(list)
+    for r in rows:
+        by_op[r["op"]].append(r)
+    for op in sorted(by_op):
+        parts += _op_section(op, by_op[op], arts, out)
+    for a in arts:
+        if a["kind"] == "experiment":
+            parts += _experiment_section(a["payload"], out)
+    comm = [a for a in arts if a["kind"] == "comm"]
+    if comm:
+        parts += _comm_section(comm[-1]["payload"]["rows"], out)
+    envs = [r["env"] for r in rows if r.get("env")]
+    if envs:
+        parts += _env_section(envs[-1])
+    parts.append("</body></html>")
+    page = out / "index.html"
+    page.write_text("\n".join(parts))
+    return page

@@ -1,0 +1,56 @@
+"""Profile, annotate, diagnose and diff on the CPU (the same code paths the GPU uses)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import perfloop as pl
+from perfloop.analysis.diagnose import classify
+
+CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
+CEIL = {"copy_gbps": 4200.0, "matmul_bf16_tflops": 790.0, "matmul_fp32_tflops": 50.0}
+GELU = pl.Work(bytes=2 * 16384**2 * 4, flops=10 * 16384**2, dtype="torch.float32")
+
+
+@pytest.mark.gpu
+def test_diagnose_classifies_launch_bound():
+    x = torch.randn(1024, device="cuda")
+    w = pl.ops.get("gelu").work((1024,), torch.float32)
+    p = pl.profile(F.gelu, x, calls=20, work=w)
+    assert p.diagnose().bound == "launch"
+
+
+def test_rules_naive_gelu_is_memory_bound_with_about_9_passes():
+    d = classify(device_ms=4.5, wall_ms=4.6, busy_fraction=0.97, distinct_kernels=6, launches=8,
+                 work=GELU, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "memory"
+    assert 8 < d.evidence["hbm_passes"] < 10
+    assert "fusing into one kernel" in d.advice and "torch.compile" in d.advice
+
+
+def test_rules_fused_gelu_near_copy_is_memory_bound_at_the_limit():
+    d = classify(device_ms=0.51, wall_ms=0.52, busy_fraction=0.98, distinct_kernels=1, launches=1,
+                 work=GELU, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "memory" and "near the limit" in d.advice
+
+
+def test_rules_tiny_op_is_launch_bound():
+    w = pl.Work(bytes=8192, flops=10240, dtype="torch.float32")
+    d = classify(device_ms=0.001, wall_ms=0.04, busy_fraction=0.025, distinct_kernels=1, launches=1,
+                 work=w, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "launch" and "CUDA graph" in d.advice
+
+
+def test_rules_big_bf16_matmul_is_compute_bound():
+    n = 8192
+    w = pl.Work(bytes=3 * n * n * 2, flops=2 * n**3, dtype="torch.bfloat16")
+    d = classify(device_ms=1.4, wall_ms=1.5, busy_fraction=0.93, distinct_kernels=1, launches=1,
+                 work=w, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "compute"
+    assert d.evidence["intensity"] > d.evidence["ridge"]
+
+
+def test_rules_without_work_say_what_is_missing():
+    d = classify(device_ms=1.0, wall_ms=1.1, busy_fraction=0.9, distinct_kernels=1, launches=1,
+                 work=None, ceilings=CEIL)  # fmt: skip
+    assert d.bound == "unclear" and "work" in d.advice

@@ -1,0 +1,256 @@
+"""FlashAttention-2: forward, log-sum-exp and all three gradients against float64."""
+
+import pytest
+import torch
+
+import perfloop as pl
+from perfloop.ops.attention import reference, reference_lse
+
+CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
+triton_impl = pytest.importorskip("perfloop.ops.attention.triton_impl")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+SHAPES = [  # (B, H, Sq, Sk, D, causal): seq 1, primes, Sq != Sk, head dims 16 and 40; and
+    # multiples of every tile, so the kernels' unmasked loops run too (causal, Sq < Sk, Sq > Sk)
+    (1, 1, 1, 1, 16, False),
+    (1, 2, 32, 32, 16, True),
+    (1, 1, 32, 64, 32, True),
+    (1, 1, 64, 32, 32, False),
+    (1, 1, 48, 48, 32, True),
+    (1, 2, 17, 17, 16, True),
+    (1, 1, 33, 70, 40, True),
+    (2, 1, 100, 37, 32, False),
+]
+TOL = {torch.float32: 2e-3, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+DTYPES = [torch.float32] if DEV == "cpu" else [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_flash_attention_gradients_on_the_gpu(dtype):
+    from test_attention import test_forward_lse_and_gradients_match_float64
+
+    shapes = [  # ragged (every loop masked), and multiples of the GPU tiles (unmasked loops run)
+        (1, 2, 17, 17, 16, True),
+        (1, 1, 33, 70, 40, True),
+        (2, 1, 100, 37, 32, False),
+        (2, 4, 257, 300, 128, True),
+        (1, 2, 256, 256, 64, True),
+        (1, 1, 256, 384, 128, False),
+        (1, 1, 384, 256, 128, True),
+    ]
+    for shape in shapes:
+        test_forward_lse_and_gradients_match_float64(shape, dtype)
+
+
+@pytest.mark.gpu
+def test_flash_attention_memory_grows_linearly_with_sequence():
+    from perfloop.ops.attention.triton_impl import flash_attention
+
+    peaks = {}
+    for s in (4096, 16384):
+        q, k, v = (torch.randn(1, 8, s, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        flash_attention(q, k, v)
+        torch.cuda.synchronize()
+        peaks[s] = torch.cuda.max_memory_allocated() - base
+        del q, k, v
+    assert peaks[16384] / peaks[4096] < 5  # 4x the tokens: ~4x, where S^2 would be 16x
+
+
+def _ref_grads(q, k, v, causal, g):
+    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    o = _ref_autograd(q64, k64, v64, causal)
+    (o * g.double().cpu()).sum().backward()
+    return o.detach(), q64.grad, k64.grad, v64.grad
+
+
+def _ref_autograd(q, k, v, causal):
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _close(got, want, tol, what):
+    err = (got.double().cpu() - want).abs().max().item()
+    scale = want.abs().max().item() + 1e-6
+    assert err <= tol * max(1.0, scale), f"{what}: max abs err {err:.3g} (scale {scale:.3g})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_forward_lse_and_gradients_match_float64(shape, dtype):
+    q, k, v, causal = pl.ops.get("attention").make_inputs(shape, dtype=dtype, device=DEV, seed=7)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o, lse = triton_impl.flash_attention(q, k, v, causal)
+    g = torch.randn_like(o)
+    (o * g).sum().backward()
+    o_ref, dq, dk, dv = _ref_grads(q, k, v, causal, g)
+    tol = TOL[dtype]
+    _close(o.detach(), o_ref, tol, "out")
+    _close(lse, reference_lse(q, k, causal), tol, "lse")
+    _close(q.grad, dq, 2 * tol, "dq")
+    _close(k.grad, dk, 2 * tol, "dk")
+    _close(v.grad, dv, 2 * tol, "dv")
+
+
+def test_non_contiguous_inputs_are_handled():
+    q, k, v, _ = pl.ops.get("attention").make_inputs((1, 3, 20, 20, 16, False), device=DEV, seed=1)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, (B, S, H, D) memory order
+    assert not qt.is_contiguous()
+    o, _ = triton_impl.flash_attention(qt, k, v)
+    _close(o, reference(q, k, v), 2e-3, "out")
+
+
+def test_bad_inputs_are_clear_errors():
+    f = triton_impl.flash_attention
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="shapes must be"):
+        f(q, torch.randn(1, 2, 8, 32), torch.randn(1, 2, 8, 32))
+    with pytest.raises(ValueError, match="one dtype"):
+        f(q, q.half(), q)
+    with pytest.raises(ValueError, match="maximum of 128"):
+        big = torch.randn(1, 1, 4, 256)
+        f(big, big, big)
+    with pytest.raises(ValueError, match="expected 4 dims"):
+        f(q[0], q[0], q[0])
+
+
+def test_flash_torch_never_builds_a_seq_by_seq_tensor():
+    # the teaching version's largest intermediate is Sq x block_n, not Sq x Sk
+    op = pl.ops.get("attention")
+    q, k, v, c = op.make_inputs((1, 1, 64, 512, 16, False), seed=3)
+    seen = []
+    orig = torch.Tensor.__matmul__
+
+    def spy(a, b):
+        r = orig(a, b)
+        seen.append(tuple(r.shape))
+        return r
+
+    torch.Tensor.__matmul__ = spy
+    try:
+        out = op.variant("flash_torch")(q, k, v, c)
+    finally:
+        torch.Tensor.__matmul__ = orig
+    assert max(s[-1] * s[-2] for s in seen) <= 64 * 64
+    _close(out, reference(q, k, v), 2e-5, "flash_torch")
+
+
+@pytest.mark.parametrize("tiles", [(32, 16), (16, 32)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 64, 64, 16, True), (1, 1, 50, 70, 16, True),
+                                   (1, 1, 70, 50, 16, False), (1, 1, 96, 64, 16, True)], ids=str)  # fmt: skip
+def test_unequal_tiles_split_the_loops_right(shape, tiles):
+    """BLOCK_M != BLOCK_N moves the diagonal band and the ragged tail inside the tiles:
+    the split into unmasked and masked loops must still visit every (query, key) once."""
+    bm, bn = tiles
+    q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=3)
+    scale = shape[4] ** -0.5
+    fwd = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1}
+    o, lse = triton_impl._forward(q, k, v, causal, scale, fwd)
+    g = torch.randn_like(o)
+    bwd = {"dkdv": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1},
+           "dq": {"BLOCK_M": bn, "BLOCK_N": bm, "num_warps": 4, "num_stages": 1}}  # fmt: skip
+    dq, dk, dv = triton_impl._backward(q, k, v, o, lse, g, causal, scale, bwd)
+    o_ref, dq_ref, dk_ref, dv_ref = _ref_grads(q, k, v, causal, g)
+    _close(o, o_ref, 2e-3, "out")
+    _close(lse, reference_lse(q, k, causal), 2e-3, "lse")
+    for got, want, what in ((dq, dq_ref, "dq"), (dk, dk_ref, "dk"), (dv, dv_ref, "dv")):
+        _close(got, want, 4e-3, what)
+
+
+def test_scale_must_be_positive():
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="scale: need a finite number > 0"):
+        triton_impl.flash_attention(q, q, q, scale=-1.0)
+
+
+def test_a_config_that_does_not_fit_steps_down_and_is_remembered(monkeypatch):
+    """On a GPU with less shared memory than the H200 the table's tiles raise OutOfResources
+    at launch: fewer stages, then smaller tiles, until one fits; the next call starts there."""
+    from triton.runtime.errors import OutOfResources
+
+    class Kernel:  # stands in for a Triton kernel: records each launch's config
+        def __init__(self):
+            self.tried = []
+
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                cfg = {k: kw[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+                self.tried.append(cfg)
+                if cfg["num_stages"] > 2 or cfg["BLOCK_N"] > 32:  # "~100 KB a block"
+                    raise OutOfResources(164864, 101376, "shared memory")
+
+            return run
+
+    monkeypatch.setattr(triton_impl, "interpreting", lambda: False)  # the GPU tables, not the interpreter's
+    monkeypatch.setattr(triton_impl, "_FITTED", {})
+    q = torch.randn(1, 1, 256, 128, dtype=torch.bfloat16)
+    k = Kernel()
+    launch = lambda cfg=None: triton_impl._launch(  # noqa: E731
+        k, "dkdv", cfg, lambda c: (1, 1), (), {}, 128, 256, 256, q
+    )
+    launch()
+    assert [(c["BLOCK_N"], c["num_stages"]) for c in k.tried] == [(128, 3), (128, 2), (64, 2), (32, 2)]
+    k.tried.clear()
+    launch()
+    assert [(c["BLOCK_N"], c["num_stages"]) for c in k.tried] == [(32, 2)]
+    with pytest.raises(OutOfResources):  # a config asked for by name is not swapped behind one's back
+        launch({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3})
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 64, 32, 32, True), (1, 2, 32, 64, 16, False),
+                                   (1, 1, 48, 80, 64, True)], ids=str)  # fmt: skip
+def test_forward_through_tma_descriptors_matches_the_pointer_loads(shape, monkeypatch):
+    """Even shapes take the TMA path (tiles moved by descriptors over (B*H*S, D) views): the
+    descriptors are really built, and out and lse agree with the pointer loads and float64."""
+    made = []
+    real = triton_impl.TensorDescriptor.from_tensor
+    monkeypatch.setattr(triton_impl.TensorDescriptor, "from_tensor",
+                        lambda t, block: made.append(tuple(block)) or real(t, block))  # fmt: skip
+    q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=11)
+    scale = shape[4] ** -0.5
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    o_tma, lse_tma = triton_impl._forward(q, k, v, causal, scale, {**cfg, "TMA": True})
+    assert made == [(16, shape[4])] * 4  # q, k, v, o
+    o_ptr, lse_ptr = triton_impl._forward(q, k, v, causal, scale, {**cfg, "TMA": False})
+    assert len(made) == 4
+    _close(o_tma, o_ptr.double(), 1e-5, "out, TMA vs pointers")
+    _close(lse_tma, lse_ptr.double(), 1e-5, "lse, TMA vs pointers")
+    o_ref, *_ = _ref_grads(q, k, v, causal, torch.ones_like(o_tma))
+    _close(o_tma, o_ref, 2e-3, "out")
+
+
+def test_tma_is_used_only_where_every_tile_fits():
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16}
+    q = torch.randn(1, 2, 32, 32)
+    assert triton_impl._tma_fits(q, q, q, cfg)
+    assert not triton_impl._tma_fits(q[:, :, :30], q, q, cfg)  # a tile would cross into the next head
+    assert not triton_impl._tma_fits(q, q.transpose(1, 2).contiguous().transpose(1, 2), q, cfg)  # strided
+    r = torch.randn(1, 2, 32, 40)
+    assert not triton_impl._tma_fits(r, r, r, cfg)  # head dim not a power of two
+
+
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "ieee"])
+def test_tf32_forward_reads_v_sequence_major(tf32, monkeypatch):
+    """With TF32 on, the forward gets V sequence-major (a copy: wgmma's 32-bit operands are
+    K-major only, and V is P V's second operand); exact fp32 keeps V as given. Both right."""
+    seen = []
+    kernel = triton_impl._fwd_kernel
+    spy = type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **kw: seen.append(a[16:18])
+                           or kernel[grid](*a, **kw)})()  # fmt: skip
+    monkeypatch.setattr(triton_impl, "_fwd_kernel", spy)
+    shape = (1, 2, 40, 48, 32, True)
+    q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=12)
+    was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        o, _ = triton_impl._forward(q, k, v, causal, 32**-0.5)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+    assert seen == [(1, 48) if tf32 else (32, 1)]  # V's (sequence, head-dim) strides at launch
+    o_ref, *_ = _ref_grads(q, k, v, causal, torch.ones_like(o))
+    _close(o, o_ref, 2e-3, "out")

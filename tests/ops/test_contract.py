@@ -1,0 +1,172 @@
+"""Every variant of every op against its float64 reference; known-wrong kernels rejected."""
+
+import subprocess
+
+import pytest
+import torch
+
+import perfloop as pl
+from perfloop.ops import CheckFailed, Unavailable
+
+CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
+
+
+@pytest.mark.parametrize("op_name, variant", CASES, ids=[f"{o}-{v}" for o, v in CASES])
+def test_every_variant_matches_the_reference(op_name, variant):
+    op = pl.ops.get(op_name)
+    v = op.variant(variant)
+    reason = v.why_unavailable("cpu")
+    if reason:
+        pytest.skip(f"{op_name}/{variant}: {reason}")
+    kwargs = {}
+    if variant == "compiled":
+        # torch.compile takes ~15 s a graph on 2 cores: two shapes, fp32 and bf16
+        kwargs = {"shapes": op.test_shapes[2:4], "dtypes": [torch.float32, torch.bfloat16]}
+    records = op.check(variant, device="cpu", **kwargs)
+    assert records and all(r["bad"] == 0 for r in records)
+
+
+def test_cuda_variant_says_why_it_cannot_run_here():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    op = pl.ops.get("gelu")
+    assert "CUDA GPU" in op.variant("cuda").why_unavailable("cpu")
+    with pytest.raises(Unavailable, match="CUDA GPU"):
+        op.check("cuda")
+
+
+def _gelu_tail_unwritten(x, out=None):
+    """Triton GELU with an off-by-one mask: the last element is never written."""
+    import triton
+
+    from perfloop.ops.gelu.triton_impl import gelu_kernel
+
+    out = torch.empty_like(x) if out is None else out
+    n = x.numel()
+    gelu_kernel[(triton.cdiv(n - 1, 1024),)](x, out, n - 1, BLOCK=1024)
+    return out
+
+
+def _softmax_no_max(x, out=None):
+    """Softmax without subtracting the row max: exp overflows on large logits."""
+    e = torch.exp(x.float())
+    y = (e / e.sum(-1, keepdim=True)).to(x.dtype)
+    return y if out is None else out.copy_(y)
+
+
+def _rowsum_drops_last_tile(x, out=None):
+    """Tiled row sum whose loop stops one tile early when the row has a partial tile."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def k(x_ptr, y_ptr, n_cols, stride, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, (n_cols // BLOCK) * BLOCK, BLOCK):  # bug: floor, not ceil
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + row * stride + offs, mask=offs < n_cols, other=0.0)
+        tl.store(y_ptr + row, tl.sum(acc, axis=0))
+
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(x.shape[:-1], dtype=x.dtype) if out is None else out
+    k[(x2.shape[0],)](x2, out, x2.shape[1], x2.stride(0), BLOCK=1024)
+    return out
+
+
+@pytest.mark.parametrize(
+    "op_name, bad, match",
+    [
+        ("gelu", _gelu_tail_unwritten, "NaN: [1-9]"),
+        ("softmax", _softmax_no_max, "off"),
+        ("rowsum", _rowsum_drops_last_tile, "off"),
+    ],
+)
+def test_known_wrong_variants_are_rejected(op_name, bad, match):
+    op = pl.ops.get(op_name)
+    with (
+        pl.ops.temporary_variant(op, "known_wrong", bad) as name,
+        pytest.raises(CheckFailed, match=match) as e,
+    ):
+        op.check(name, device="cpu", dtypes=[torch.float32])
+    assert "first bad" in str(e.value) and "max abs err" in str(e.value)
+
+
+def test_unknown_op_and_variant_list_the_valid_ones():
+    with pytest.raises(KeyError, match="valid: attention, gelu, matmul_relu, rowsum, softmax"):
+        pl.ops.get("gleu")
+    with pytest.raises(KeyError, match="valid: naive, builtin"):
+        pl.ops.get("gelu").variant("fast")
+
+
+@pytest.mark.parametrize("variant", ["triton"])
+def test_launchers_reject_bad_dtype_rank_and_shape(variant):
+    gelu = pl.ops.get("gelu")
+    with pytest.raises(TypeError, match="x: dtype torch.int64 unsupported"):
+        gelu.run(variant, torch.arange(10))
+    mm = pl.ops.get("matmul_relu")
+    a, b = torch.randn(4, 5), torch.randn(6, 3)
+    with pytest.raises(ValueError, match="inner dims differ"):
+        mm.run(variant, a, b)
+    with pytest.raises(ValueError, match="expected 2 dims"):
+        mm.run(variant, torch.randn(2, 3, 4), torch.randn(4, 2))
+    with pytest.raises(TypeError, match="b: dtype torch.float64 unsupported"):
+        mm.run(variant, torch.randn(4, 5), torch.randn(5, 3).double())
+
+
+def test_non_contiguous_and_empty_inputs_are_handled():
+    x = torch.randn(64, 33)[:, ::2]  # a strided view
+    assert not x.is_contiguous()
+    for op_name in ("gelu", "softmax", "rowsum"):
+        op = pl.ops.get(op_name)
+        y = op.run("triton", x)
+        ref = op.reference(x)
+        torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-4)
+        empty = torch.randn(0, 8)
+        assert op.run("triton", empty).numel() == 0
+
+
+def test_work_models_count_the_fewest_bytes():
+    w = pl.ops.get("gelu").work((16384, 16384), torch.float32)
+    assert w.bytes == 2 * 16384 * 16384 * 4
+    mm = pl.ops.get("matmul_relu").work((8192, 8192, 8192), torch.bfloat16)
+    assert mm.flops == 2 * 8192**3 and mm.intensity > 1000
+
+
+def test_inputs_are_seeded_random_and_never_zero():
+    op = pl.ops.get("softmax")
+    (a,) = op.make_inputs((4, 100), seed=1)
+    (b,) = op.make_inputs((4, 100), seed=1)
+    (c,) = op.make_inputs((4, 100), seed=2)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert (a != 0).all()
+
+
+def test_loading_an_op_does_not_set_up_torch_compile():
+    """A `compiled` variant sets torch.compile up on its first call: importing its module
+    (every command that loads the op, every rank of a distributed sweep) must not pay the
+    seconds that importing dynamo takes. Checked in a fresh interpreter."""
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "import perfloop.ops.softmax.torch_impl as t\n"
+        "print('torch._dynamo' in sys.modules)\n"
+        "x = torch.randn(4, 8)\n"
+        "y = t.compiled(x)\n"
+        "print('torch._dynamo' in sys.modules, bool(torch.allclose(y, torch.softmax(x, -1))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "True"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op_name, variant", CASES, ids=[f"{o}-{v}" for o, v in CASES])
+def test_every_variant_on_the_gpu(op_name, variant):
+    op = pl.ops.get(op_name)
+    # torch.compile specializes per shape and dtype: a few shapes keep this test to seconds
+    kwargs = {"shapes": op.test_shapes[1:4]} if variant == "compiled" else {}
+    recs = op.check(variant, device="cuda", **kwargs)
+    assert all(r["bad"] == 0 for r in recs)

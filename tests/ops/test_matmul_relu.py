@@ -1,0 +1,32 @@
+"""Every variant of every op against its float64 reference; known-wrong kernels rejected."""
+
+import pytest
+import torch
+
+import perfloop as pl
+
+CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
+
+
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "ieee"])
+def test_tf32_matmul_reads_b_k_major(tf32, monkeypatch):
+    """With TF32 on, the Triton matmul gets B K-major (a copy: wgmma's 32-bit operands are
+    K-major only); exact fp32 keeps the caller's B. Both give the right answer."""
+    pytest.importorskip("triton")
+    from perfloop.ops.matmul_relu import triton_impl
+
+    seen = []
+    kernel = triton_impl.matmul_relu_kernel
+    spy = type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **kw: seen.append(a[8:10])
+                           or kernel[grid](*a, **kw)})()  # fmt: skip
+    monkeypatch.setattr(triton_impl, "matmul_relu_kernel", spy)
+    op = pl.ops.get("matmul_relu")
+    a, b = op.make_inputs((40, 24, 56), seed=8)  # M, N, K: b is (56, 24), row-major
+    was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        y = triton_impl.matmul_relu(a, b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+    assert seen == [(1, 56) if tf32 else (24, 1)]  # (stride_bk, stride_bn) at launch
+    torch.testing.assert_close(y.double(), op.reference(a, b), atol=1e-3, rtol=1e-3)
