@@ -298,83 +298,36 @@ def section_ops(res: Results, ceil: dict):
 # ------------------------------------------------------------------ tune
 
 
-def section_tune(res: Results, ceil: dict):
-    """Launch parameters of the hand-written kernels, each timed with pl.bench."""
-    from perfloop.ops.gelu import cuda_impl as gcu
-    from perfloop.ops.gelu import triton_impl as gtr
-    from perfloop.ops.rowsum import triton_impl as rtr
-    from perfloop.ops.softmax import triton_impl as str_
+def _tune_ops(res: Results, key: str, names: list[str]):
+    """Each op's own tuner (ops/<op>/tuning.py): its search space timed here, the chosen table
+    written beside the kernel and copied to OUT/tuned/<op>.json to be recorded."""
+    import importlib
+    import shutil
 
-    x32 = rand(16384, 16384)
-    x16 = x32.to(torch.bfloat16)
-    s1 = rand(16384, 4096) * 4
-    s2 = rand(1024, 262144) * 4
-    cases = {
-        ("gelu fp32", 2 * x32.nbytes): {
-            "F.gelu": lambda: F.gelu(x32, approximate="tanh"),
-            **{
-                f"triton b{b} w{w}": (lambda b=b, w=w: gtr.gelu(x32, block=b, num_warps=w))
-                for b, w in [(1024, 4), (2048, 4), (2048, 8), (4096, 8)]
-            },
-            **{f"cuda u{u}": (lambda u=u: gcu.gelu(x32, unroll=u)) for u in (1, 2, 4, 8)},
-        },
-        ("gelu bf16", 2 * x16.nbytes): {
-            "F.gelu": lambda: F.gelu(x16, approximate="tanh"),
-            **{
-                f"triton b{b} w{w}": (lambda b=b, w=w: gtr.gelu(x16, block=b, num_warps=w))
-                for b, w in [(2048, 4), (4096, 4), (4096, 8), (8192, 8)]
-            },
-            **{f"cuda u{u}": (lambda u=u: gcu.gelu(x16, unroll=u)) for u in (1, 2, 4, 8)},
-        },
-        ("softmax 16384x4096", 2 * s1.nbytes): {
-            "torch.softmax": lambda: torch.softmax(s1, -1),
-            **{f"triton w{w}": (lambda w=w: str_.softmax(s1, num_warps=w)) for w in (4, 8, 16)},
-        },
-        ("softmax 1024x262144", 2 * s2.nbytes): {
-            "torch.softmax": lambda: torch.softmax(s2, -1),
-            "online b4096 w8 p8": lambda: str_.softmax_online(s2),
-            **{
-                f"split b{b} w{w}": (lambda b=b, w=w: str_.softmax_split(s2, block=b, num_warps=w))
-                for b, w in [
-                    (4096, 4),
-                    (4096, 8),
-                    (8192, 8),
-                    (8192, 16),
-                    (16384, 16),
-                    (16384, 32),
-                    (32768, 32),
-                ]
-            },  # fmt: skip
-        },
-        ("rowsum 16384^2", x32.nbytes): {
-            "x.sum": lambda: x32.sum(-1),
-            **{
-                f"triton b{b} w{w}": (lambda b=b, w=w: rtr.rowsum(x32, block=b, num_warps=w))
-                for b, w in [(4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16), (16384, 32)]
-            },
-        },
-    }
     out = {}
-    only = os.environ.get("TUNE", "")  # e.g. TUNE="softmax 1024": the cases whose name has it
-    for (name, nbytes), fns in cases.items():
-        if only and only not in name:
+    for name in names:
+        if os.environ.get("TUNE") and os.environ["TUNE"] not in name:
             continue
-        out[name] = {}
-        for label, fn in fns.items():
-            try:
-                m = pl.bench(fn)
-                gbps = nbytes / (m.median_ms * 1e-3) / 1e9
-                out[name][label] = {
-                    "ms": m.median_ms,
-                    "gbps": gbps,
-                    "of_copy": gbps / ceil["copy_gbps"],
-                }
-                log(f"tune {name:22} {label:24} {m.median_ms:8.4f} ms {gbps:6.0f} GB/s "
-                    f"{gbps / ceil['copy_gbps']:6.1%}")  # fmt: skip
-            except Exception as exc:
-                out[name][label] = f"{type(exc).__name__}: {exc}"
-                log(f"tune {name} {label}: {exc}")
-        res.put("tune", out)
+        try:
+            out[name] = importlib.import_module(f"perfloop.ops.{name}.tuning").tune(log=log)
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+            log(f"tune {name}: {exc}")
+            continue
+        tuned = res.path.parent / "tuned"
+        tuned.mkdir(exist_ok=True)
+        shutil.copy(Path(pl.ops.__file__).parent / name / "tuned.json", tuned / f"{name}.json")
+        res.put(key, out)
+
+
+def section_tune(res: Results, ceil: dict):
+    """Launch parameters of the hand-written elementwise and row kernels."""
+    _tune_ops(res, "tune", ["gelu", "softmax", "rowsum"])
+
+
+def section_attn_tune(res: Results, ceil: dict):
+    """Tile configs of the Triton FlashAttention kernels against SDPA (ops/attention/tuning.py)."""
+    _tune_ops(res, "attn_tune", ["attention"])
 
 
 # ------------------------------------------------------------------ attention
@@ -480,78 +433,6 @@ def section_attention(res: Results, ceil: dict):
                                                  "tflops": m.tflops})  # fmt: skip
                     res.put("attention", out)
     log(f"attention sweep: {len(out['sweep'])} points stored in run {run}")
-
-
-def section_attn_tune(res: Results, ceil: dict):
-    """Tile configs of the Triton FlashAttention kernels, bf16 B=4 H=16 S=4096: the forward
-    against SDPA's forward, each backward kernel (the other at its default) against SDPA's
-    backward (forward + backward minus forward)."""
-    from perfloop.ops.attention.triton_impl import _backward, _config, _forward
-
-    op = pl.ops.get("attention")
-    out = []
-    # (BLOCK_M, BLOCK_N, warps, stages, TMA): at head dim 128 three stages of 64x128 K and V
-    # tiles fill half the SM's shared memory (one 4-warp block an SM); two stages fit two
-    fwd_cfgs = [
-        (bm, bn, w, st, tma)
-        for tma in (False, True)
-        for bm, bn, w, st in [
-            (64, 64, 4, 3),
-            (64, 64, 4, 2),
-            (128, 64, 8, 3),
-            (128, 64, 8, 2),
-            (128, 128, 8, 2),
-            (64, 128, 4, 2),
-            (64, 32, 4, 3),
-            (128, 32, 4, 3),
-        ]
-    ]
-    dkdv_cfgs = [(32, 128, 4, 5), (32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 4, 3), (32, 64, 4, 4),
-                 (64, 64, 4, 3), (16, 128, 4, 5), (32, 128, 8, 4)]  # fmt: skip
-    dq_cfgs = [(128, 32, 4, 5), (128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4),
-               (128, 64, 4, 3), (128, 32, 8, 4)]  # fmt: skip
-    names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA")
-    as_cfg = lambda c: dict(zip(names, c, strict=False))  # noqa: E731  (bwd configs: 4 fields)
-    kinds = os.environ.get("ATTN_TUNE_KINDS", "fwd,dkdv,dq").split(",")
-    for d in (64, 128):
-        for causal in (False, True):
-            shape = (4, 16, 4096, 4096, d, causal)
-            q, k, v, _ = op.make_inputs(shape, dtype=torch.bfloat16, device=DEV, seed=9)
-            flops = op.work(shape, torch.bfloat16).flops
-            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-            g = torch.randn_like(q)
-            sdpa_f = pl.bench(F.scaled_dot_product_attention, q, k, v, is_causal=causal, budget_s=0.3)
-            sdpa_fb = pl.bench(_attn_fns(qg, kg, vg, causal, g)["fwd+bwd"]["sdpa"], budget_s=0.5)
-            sdpa_b_ms = sdpa_fb.median_ms - sdpa_f.median_ms
-            o, lse = _forward(q, k, v, causal, d**-0.5)
-            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            points = [("fwd", c) for c in fwd_cfgs] + [("dkdv", c) for c in dkdv_cfgs]
-            points = [p for p in points + [("dq", c) for c in dq_cfgs] if p[0] in kinds]
-            for kind, c in points:
-                cfg = as_cfg(c)
-                try:
-                    if kind == "fwd":
-                        err = (_forward(q, k, v, causal, d**-0.5, cfg)[0] - ref).abs().max().item()
-                        if err > 2e-2:
-                            raise AssertionError(f"max abs err {err:.3g} against SDPA's output")
-                        m = pl.bench(_forward, q, k, v, causal, d**-0.5, cfg, budget_s=0.3)
-                        ratio = sdpa_f.median_ms / m.median_ms
-                    else:
-                        args = (q, k, v, o, lse, g, causal, d**-0.5, {kind: cfg})
-                        m = pl.bench(_backward, *args, budget_s=0.3)
-                        ratio = sdpa_b_ms / m.median_ms
-                except Exception as exc:
-                    log(f"attn tune d={d} causal={causal} {kind} {c}: {type(exc).__name__}: {str(exc)[:200]}")
-                    continue
-                row = {"head_dim": d, "causal": causal, "kernel": kind, **cfg, "ms": m.median_ms,
-                       "sdpa_ms": sdpa_f.median_ms if kind == "fwd" else sdpa_b_ms, "ratio": ratio,
-                       "default": cfg == _config(d, kind)}  # fmt: skip
-                if kind == "fwd":
-                    row["tflops"] = flops / (m.median_ms * 1e-3) / 1e12
-                out.append(row)
-                log(f"attn tune d={d} causal={causal} {kind:4} {c}: {m.median_ms:.3f} ms = "
-                    f"{ratio:.3f} of SDPA" + (" (default)" if row["default"] else ""))  # fmt: skip
-                res.put("attn_tune", out)
 
 
 def section_experiments(res: Results, ceil: dict):

@@ -5,21 +5,22 @@ import pytest
 import torch
 
 import perfloop as pl
-from perfloop.analysis.asm import AsmError, inspect_variant, occupancy, vector_widths
+from perfloop.analysis.asm import AsmError, inspect_variant, vector_widths
+from perfloop.device import occupancy
 
 ROW_MAJOR_B = """
 import json
 import torch
 import perfloop as pl
 from perfloop.analysis import asm
-from perfloop.ops.matmul_relu import triton_impl
+from perfloop.ops.matmul_relu import asm_specs
 
-spec = triton_impl.asm_specs("fp32")[0]
+spec = asm_specs.asm_specs("fp32")[0]
 spec["signature"] = {**spec["signature"], "stride_bk": "i32", "stride_bn": "constexpr"}
 spec["constexprs"] = {**spec["constexprs"], "stride_bn": 1}
 del spec["constexprs"]["stride_bk"]
 spec["aligned"] = [0, 1, 2, 3, 4, 5, 6, 8, 10]
-triton_impl.asm_specs = lambda ty: [spec]
+asm_specs.asm_specs = lambda ty: [spec]
 rep = asm._triton_report(pl.ops.get("matmul_relu"), "triton", torch.float32, "sm_90")
 print(json.dumps(rep["kernels"][0]["memory_ops"]))
 """

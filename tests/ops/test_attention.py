@@ -150,11 +150,11 @@ def test_unequal_tiles_split_the_loops_right(shape, tiles):
     q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=3)
     scale = shape[4] ** -0.5
     fwd = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1}
-    o, lse = triton_impl._forward(q, k, v, causal, scale, fwd)
+    o, lse = triton_impl.run_forward(q, k, v, causal, scale, fwd)
     g = torch.randn_like(o)
     bwd = {"dkdv": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1},
            "dq": {"BLOCK_M": bn, "BLOCK_N": bm, "num_warps": 4, "num_stages": 1}}  # fmt: skip
-    dq, dk, dv = triton_impl._backward(q, k, v, o, lse, g, causal, scale, bwd)
+    dq, dk, dv = triton_impl.run_backward(q, k, v, o, lse, g, causal, scale, bwd)
     o_ref, dq_ref, dk_ref, dv_ref = _ref_grads(q, k, v, causal, g)
     _close(o, o_ref, 2e-3, "out")
     _close(lse, reference_lse(q, k, causal), 2e-3, "lse")
@@ -202,38 +202,6 @@ def test_a_config_that_does_not_fit_steps_down_and_is_remembered(monkeypatch):
         launch({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3})
 
 
-@pytest.mark.parametrize("shape", [(2, 2, 64, 32, 32, True), (1, 2, 32, 64, 16, False),
-                                   (1, 1, 48, 80, 64, True)], ids=str)  # fmt: skip
-def test_forward_through_tma_descriptors_matches_the_pointer_loads(shape, monkeypatch):
-    """Even shapes take the TMA path (tiles moved by descriptors over (B*H*S, D) views): the
-    descriptors are really built, and out and lse agree with the pointer loads and float64."""
-    made = []
-    real = triton_impl.TensorDescriptor.from_tensor
-    monkeypatch.setattr(triton_impl.TensorDescriptor, "from_tensor",
-                        lambda t, block: made.append(tuple(block)) or real(t, block))  # fmt: skip
-    q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=11)
-    scale = shape[4] ** -0.5
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    o_tma, lse_tma = triton_impl._forward(q, k, v, causal, scale, {**cfg, "TMA": True})
-    assert made == [(16, shape[4])] * 4  # q, k, v, o
-    o_ptr, lse_ptr = triton_impl._forward(q, k, v, causal, scale, {**cfg, "TMA": False})
-    assert len(made) == 4
-    _close(o_tma, o_ptr.double(), 1e-5, "out, TMA vs pointers")
-    _close(lse_tma, lse_ptr.double(), 1e-5, "lse, TMA vs pointers")
-    o_ref, *_ = _ref_grads(q, k, v, causal, torch.ones_like(o_tma))
-    _close(o_tma, o_ref, 2e-3, "out")
-
-
-def test_tma_is_used_only_where_every_tile_fits():
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16}
-    q = torch.randn(1, 2, 32, 32)
-    assert triton_impl._tma_fits(q, q, q, cfg)
-    assert not triton_impl._tma_fits(q[:, :, :30], q, q, cfg)  # a tile would cross into the next head
-    assert not triton_impl._tma_fits(q, q.transpose(1, 2).contiguous().transpose(1, 2), q, cfg)  # strided
-    r = torch.randn(1, 2, 32, 40)
-    assert not triton_impl._tma_fits(r, r, r, cfg)  # head dim not a power of two
-
-
 @pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "ieee"])
 def test_tf32_forward_reads_v_sequence_major(tf32, monkeypatch):
     """With TF32 on, the forward gets V sequence-major (a copy: wgmma's 32-bit operands are
@@ -248,7 +216,7 @@ def test_tf32_forward_reads_v_sequence_major(tf32, monkeypatch):
     was = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        o, _ = triton_impl._forward(q, k, v, causal, 32**-0.5)
+        o, _ = triton_impl.run_forward(q, k, v, causal, 32**-0.5)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = was
     assert seen == [(1, 48) if tf32 else (32, 1)]  # V's (sequence, head-dim) strides at launch

@@ -90,9 +90,13 @@ def _triton_report(op, variant, dtype, arch: str) -> dict:
     except ImportError as exc:
         raise AsmError(f"{op.name}/{variant}: needs Triton to compile its kernels ({exc})") from exc
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    module = importlib.import_module(op.variant(variant).loader.partition(":")[0])
-    if not hasattr(module, "asm_specs"):
-        raise AsmError(f"{module.__name__} declares no asm_specs(dtype) to compile")
+    impl = op.variant(variant).loader.partition(":")[0]
+    try:  # the op's folder declares the launches to compile, beside its kernels
+        module = importlib.import_module(impl.rpartition(".")[0] + ".asm_specs")
+    except ModuleNotFoundError:
+        raise AsmError(
+            f"{op.name}: its folder declares no asm_specs.py (asm_specs(dtype)) to compile"
+        ) from None
     cc = int(arch.removeprefix("sm_").rstrip("a"))
     kernels, ptx_all, sass_all, notes = [], [], [], []
     for spec in module.asm_specs(TRITON_TYPES[dtype]):

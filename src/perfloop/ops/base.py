@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from perfloop.device import default_device
 from perfloop.harness.measurement import Work
 
 DTYPES = {
@@ -38,7 +39,7 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"dtype: unknown {dtype!r}; use one of fp32, fp16, bf16 (e.g. --dtype bf16)")
+        raise ValueError(f"dtype: unknown {dtype!r}; use one of fp32, fp16, bf16 (or a torch.dtype)")
     return DTYPES[dtype]
 
 
@@ -73,7 +74,7 @@ class Variant:
 
     def why_unavailable(self, device: str = "") -> str | None:
         """None if it can run on `device` here, else the reason."""
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = device or default_device()
         if "cuda" in self.needs and device != "cuda":
             return "needs a CUDA GPU" + ("" if torch.cuda.is_available() else " (none found)")
         if "triton" in self.needs:
@@ -188,7 +189,7 @@ class Op:
         the max abs and relative error, and NaN/inf counts; returns one record per case.
         """
         v = self.variant(variant)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = device or default_device()
         reason = v.why_unavailable(device)
         if reason:
             raise Unavailable(f"{self.name}/{variant}: {reason}")

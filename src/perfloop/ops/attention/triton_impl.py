@@ -25,11 +25,15 @@ per-score work, not the matmuls, are the limit:
   last tile). Tiles wholly above the diagonal are never visited;
 - causal forward programs start with the longest rows, so the short ones fill
   the tail of the launch.
+
+Tiles, warps and stages per kernel come from `tuned.json` beside this file, written by
+`tuning.py`; a config that does not fit the GPU's shared memory steps down (`_launch`).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import triton
@@ -37,8 +41,10 @@ import triton.language as tl
 
 from perfloop.ops.attention import validate
 from perfloop.ops.base import dot_precision, interpreting, k_major_for_tf32
+from perfloop.ops.tuning import load_table
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(x) = log2(x) * LN2
 
 
 @triton.jit
@@ -62,29 +68,17 @@ def _load(base, rows, n_rows, offs_d, stride_row, stride_d, HEAD_DIM: tl.constex
 
 
 @triton.jit
-def _desc_tile(desc, row, UPCAST: tl.constexpr, TRANS: tl.constexpr = False):
-    """The tile of a TMA descriptor that starts at `row` (as (d, rows) with TRANS)."""
-    x = desc.load([row, 0])
-    if TRANS:
-        x = x.T
-    if UPCAST:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _fwd_tiles(
-    q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d, lo, hi,
-    MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False,
-    kv_row=0,
-):  # fmt: skip
+def _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd, SK,
+               offs_m, offs_n, offs_d, lo, hi, MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr,
+               HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
+    """Key tiles [lo, hi) into the running (m_i, l_i, acc); MASK where a tile can hold
+    keys past SK or above the diagonal."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if TMA:  # k_base, v_base: descriptors over (B*H*SK, HEAD_DIM); the tile is in bounds
-            kt = _desc_tile(k_base, kv_row + start_n, UPCAST, True)
-        else:
-            kt = _load(k_base, cols, SK, offs_d, skn, skd, HEAD_DIM, MASK or MASK_D, UPCAST, True)
+        kt = _load(
+            k_base, cols, SK, offs_d, stride_kn, stride_kd, HEAD_DIM, MASK or MASK_D, UPCAST, TRANS=True
+        )
         s = tl.dot(q, kt, input_precision=PRECISION)  # raw scores; the scale goes into exp2
         if MASK:
             valid = cols[None, :] < SK
@@ -95,10 +89,7 @@ def _fwd_tiles(
         p = tl.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if TMA:
-            v = _desc_tile(v_base, kv_row + start_n, UPCAST)
-        else:
-            v = _load(v_base, cols, SK, offs_d, svn, svd, HEAD_DIM, MASK or MASK_D, UPCAST)
+        v = _load(v_base, cols, SK, offs_d, stride_vn, stride_vd, HEAD_DIM, MASK or MASK_D, UPCAST)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return m_i, l_i, acc
@@ -123,58 +114,48 @@ def _key_range(pid_m, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: 
 @triton.jit
 def _fwd_kernel(
     Q, K, V, O, L, qk_scale,
-    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
     H, SQ, SK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr, TMA: tl.constexpr = False,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
-    # TMA: Q, K, V, O are tensor descriptors over (B*H*S, HEAD_DIM) views (contiguous inputs,
-    # every tile inside its head: EVEN_M, EVEN_N, BLOCK_D == HEAD_DIM); the copy engine moves
-    # the tiles, so no registers go to addresses. Else they are pointers, with strides.
     pid_m = tl.program_id(0)
     if CAUSAL:  # the longest rows first: the short ones fill the launch's tail
         pid_m = tl.num_programs(0) - 1 - pid_m
-    bh32 = tl.program_id(1)
-    bh = bh32.to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     MASK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    q_row = bh32 * SQ + pid_m * BLOCK_M  # TMA coordinates are 32-bit: the host checks B*H*S < 2**31
-    kv_row = bh32 * SK
-    if TMA:
-        q = _desc_tile(Q, q_row, UPCAST)
-        k_base = K
-        v_base = V
-    else:
-        q = _load(Q + b * sqb + h * sqh, offs_m, SQ, offs_d, sqm, sqd, HEAD_DIM, MASK_D or not EVEN_M, UPCAST)
-        k_base = K + b * skb + h * skh
-        v_base = V + b * svb + h * svh
+    q = _load(Q + b * stride_qb + h * stride_qh, offs_m, SQ, offs_d, stride_qm, stride_qd, HEAD_DIM,
+              MASK_D or not EVEN_M, UPCAST)  # fmt: skip
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     mid, hi = _key_range(pid_m, SK, BLOCK_M, BLOCK_N, EVEN_N, CAUSAL)
-    m_i, l_i, acc = _fwd_tiles(
-        q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
-        0, mid, False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N, TMA, kv_row,
-    )  # fmt: skip
-    m_i, l_i, acc = _fwd_tiles(
-        q, k_base, v_base, m_i, l_i, acc, qk_scale, skn, skd, svn, svd, SK, offs_m, offs_n, offs_d,
-        mid, hi, True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N, TMA, kv_row,
-    )  # fmt: skip
+    m_i, l_i, acc = _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd, stride_vn,
+                               stride_vd, SK, offs_m, offs_n, offs_d, 0, mid, MASK=False, MASK_D=MASK_D,
+                               CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
+                               BLOCK_N=BLOCK_N)  # fmt: skip
+    m_i, l_i, acc = _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd, stride_vn,
+                               stride_vd, SK, offs_m, offs_n, offs_d, mid, hi, MASK=True, MASK_D=MASK_D,
+                               CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
+                               BLOCK_N=BLOCK_N)  # fmt: skip
     acc = acc / l_i[:, None]
     row_ok = offs_m < SQ
-    if TMA:
-        O.store([q_row, 0], acc.to(O.dtype))
-    else:
-        tl.store(
-            O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
-            acc.to(O.dtype.element_ty),
-            mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
-        )
-    tl.store(L + bh * SQ + offs_m, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
+    tl.store(
+        O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+        acc.to(O.dtype.element_ty),
+        mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
+    )
+    tl.store(L + bh * SQ + offs_m, (m_i + tl.log2(l_i)) * LN2, mask=row_ok)
 
 
 @triton.jit
@@ -211,7 +192,7 @@ def _dkdv_tiles(
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load(q_base, offs_m, SQ, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK or MASK_D, UPCAST)
         do = _load(do_base, offs_m, SQ, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK or MASK_D, UPCAST)
-        lse2 = _rows(L, bh, offs_m, SQ, MASK) * 1.4426950408889634
+        lse2 = _rows(L, bh, offs_m, SQ, MASK) * LOG2E
         di = _rows(Dl, bh, offs_m, SQ, MASK)
         # the transposed tiles (keys x queries), so P^T and dS^T feed the matmuls as they are
         st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
@@ -248,7 +229,7 @@ def _bwd_dkdv_kernel(
     v = _load(V + kv_base, offs_n, SK, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK_D or not EVEN_N, UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     # query tiles: [lo, mid) the diagonal band (causal), [mid, m_even) no mask,
     # [max(mid, m_even), SQ) a ragged last tile; queries above the keys see none of them
     m_even = SQ
@@ -260,13 +241,15 @@ def _bwd_dkdv_kernel(
         lo = n0 // BLOCK_M * BLOCK_M
         mid = tl.maximum(lo, tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, m_even))
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, lo, mid, qk_scale,
-                             True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_M)  # fmt: skip
+                             MASK=True, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST,
+                             PRECISION=PRECISION, BLOCK_M=BLOCK_M)  # fmt: skip
     dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, mid, m_even, qk_scale,
-                         False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_M)  # fmt: skip
+                         MASK=False, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST,
+                         PRECISION=PRECISION, BLOCK_M=BLOCK_M)  # fmt: skip
     if not EVEN_M:
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, tl.maximum(mid, m_even),
-                             SQ, qk_scale, True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION,
-                             BLOCK_M)  # fmt: skip
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, tl.maximum(mid, m_even), SQ,
+                             qk_scale, MASK=True, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
+                             UPCAST=UPCAST, PRECISION=PRECISION, BLOCK_M=BLOCK_M)  # fmt: skip
     kv_mask = (offs_n[:, None] < SK) & (offs_d[None, :] < HEAD_DIM)
     kv_off = kv_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -317,49 +300,35 @@ def _bwd_dq_kernel(
     q_base = bh * SQ * HEAD_DIM
     q = _load(Q + q_base, offs_m, SQ, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK_D or not EVEN_M, UPCAST)
     do = _load(DO + q_base, offs_m, SQ, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK_D or not EVEN_M, UPCAST)
-    lse2 = _rows(L, bh, offs_m, SQ, not EVEN_M) * 1.4426950408889634
+    lse2 = _rows(L, bh, offs_m, SQ, not EVEN_M) * LOG2E
     di = _rows(Dl, bh, offs_m, SQ, not EVEN_M)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     mid, hi = _key_range(pid_m, SK, BLOCK_M, BLOCK_N, EVEN_N, CAUSAL)
-    dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, 0, mid, qk_scale,
-                   False, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N)  # fmt: skip
-    dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, mid, hi, qk_scale,
-                   True, MASK_D, CAUSAL, HEAD_DIM, UPCAST, PRECISION, BLOCK_N)  # fmt: skip
+    dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, 0, mid, qk_scale, MASK=False,
+                   MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
+                   BLOCK_N=BLOCK_N)  # fmt: skip
+    dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, mid, hi, qk_scale, MASK=True,
+                   MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
+                   BLOCK_N=BLOCK_N)  # fmt: skip
     q_mask = (offs_m[:, None] < SQ) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)  # fmt: skip
 
 
-# Tiles (BLOCK_M queries x BLOCK_N keys), warps and pipeline stages per kernel and head dim
-# (<= 64, else 128), for 16-bit inputs: the best measured on the H200, bf16 B=4 H=16 S=4096,
-# causal or not (benchmarks/results/2026-11-30-h200-run4-tune.json). fp32 tiles take twice
-# the shared memory per stage: smaller, two stages, inside the 227 KiB an SM has.
-CONFIGS = {
-    "fwd": {64: (64, 64, 4, 3), 128: (64, 64, 4, 3)},
-    "dkdv": {64: (32, 64, 4, 4), 128: (64, 128, 8, 3)},
-    "dq": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3)},
-}
-CONFIGS_FP32 = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}
-# The forward's tiles through TMA descriptors where they fit (`_tma_fits`): fewer registers
-# (138 vs 155 at head dim 128), but no faster on the H200 -- 0.903 vs 0.975 of SDPA at d=64,
-# 0.785 vs 0.798 at d=128 (causal: 0.839 vs 0.820; run7-fwd-tune): loads are not the limit.
-FWD_TMA = False
+# Tiles (BLOCK_M queries x BLOCK_N keys), warps and pipeline stages per kernel: for 16-bit
+# inputs by head dim (<= 64, else 128), one set for fp32 (twice the shared memory a stage).
+TUNED = load_table(Path(__file__).parent)
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 
 def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tile sizes and warps per kernel; small tiles in the interpreter (it is numpy)."""
     if interpreting():
-        cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    elif dtype == torch.float32:
-        bm, bn, w, st = CONFIGS_FP32[kind]
-        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
-    else:
-        bm, bn, w, st = CONFIGS[kind][64 if head_dim <= 64 else 128]
-        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
-    if kind == "fwd":
-        cfg["TMA"] = FWD_TMA
-    return cfg
+        return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    if dtype == torch.float32:
+        return dict(zip(CONFIG_KEYS, TUNED["fp32"][kind], strict=True))
+    return dict(zip(CONFIG_KEYS, TUNED["16bit"][kind]["64" if head_dim <= 64 else "128"], strict=True))
 
 
 def _shape_consts(d: int, sq: int, sk: int, cfg: dict) -> dict:
@@ -389,19 +358,16 @@ def _smaller(cfg: dict) -> dict | None:
     return None
 
 
-def _launch(kernel, kind: str, cfg: dict | None, grid_of, args, consts: dict, d, sq, sk, q) -> None:
+def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: dict, d, sq, sk, q) -> None:
     """Launch with the table's config for this head dim and dtype, stepping down to smaller
     ones where it does not fit (an RTX card has ~100 KB of shared memory a block, the H200
-    227 KB); what fit is remembered. An explicit `cfg` (tuning) launches as it is, or fails.
-    `args`: the kernel's arguments, or a function of the config that returns them and the
-    config to launch (the forward's TMA descriptors carry the tile shape)."""
+    227 KB); what fit is remembered. An explicit `cfg` (tuning) launches as it is, or fails."""
     key = (kind, d, q.dtype, q.device)
     explicit = cfg is not None
     cfg = cfg or _FITTED.get(key) or _config(d, kind, q.dtype)
     while True:
-        launch_args, launch_cfg = args(cfg) if callable(args) else (args, cfg)
         try:
-            kernel[grid_of(cfg)](*launch_args, **consts, **_shape_consts(d, sq, sk, cfg), **launch_cfg)
+            kernel[grid_of(cfg)](*args, **consts, **_shape_consts(d, sq, sk, cfg), **cfg)
         except _OutOfResources:
             smaller = None if explicit else _smaller(cfg)
             if smaller is None:
@@ -413,53 +379,36 @@ def _launch(kernel, kind: str, cfg: dict | None, grid_of, args, consts: dict, d,
         return
 
 
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - Triton < 3.4: pointer loads only
-    TensorDescriptor = None
-
-
-def _tma_fits(q, k, v, cfg: dict) -> bool:
-    """Whether the forward can move its tiles with TMA descriptors: Hopper or newer (or the
-    interpreter, for tests), contiguous (B, H, S, D) inputs, a power-of-two head dim, every
-    tile inside one head (S a multiple of the tile) and 32-bit row coordinates."""
-    b, h, sq, d = q.shape
-    sk = k.shape[2]
-    if TensorDescriptor is None or d != triton.next_power_of_2(d) or d < 16:
-        return False
-    if not interpreting() and (q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] < 9):
-        return False
-    if sq % cfg["BLOCK_M"] or sk % cfg["BLOCK_N"] or b * h * max(sq, sk) >= 2**31:
-        return False
-    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
-
-
-def _forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
-    """(o, lse). The config's "TMA" (the table's, or a tuning config's) asks for descriptor
-    loads; they are used where `_tma_fits`, else the same kernel loads through pointers."""
+def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
+    """(o, lse); `cfg` overrides the table's tiles (tuning)."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
     o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     v = k_major_for_tf32(v)  # V is P V's second operand
-    tail = (lse, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *o.stride(), h, sq, sk)
-
-    def args(c):
-        if c.get("TMA") and _tma_fits(q, k, v, c):
-            blocks = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_N"], c["BLOCK_M"])
-            pairs = zip((q, k, v, o), blocks, strict=True)
-            descs = [TensorDescriptor.from_tensor(t.view(-1, d), [bl, d]) for t, bl in pairs]
-            return (*descs, *tail), c
-        return (q, k, v, o, *tail), {**c, "TMA": False}
-
+    args = (
+        q,
+        k,
+        v,
+        o,
+        lse,
+        scale * LOG2E.value,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *o.stride(),
+        h,
+        sq,
+        sk,
+    )
     consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype))
     _launch(_fwd_kernel, "fwd", cfg, lambda c: (triton.cdiv(sq, c["BLOCK_M"]), b * h), args, consts,
             d, sq, sk, q)  # fmt: skip
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | None = None):
-    """dq, dk, dv; `cfgs` ({"dkdv": cfg, "dq": cfg}) overrides the tiles, for tuning."""
+def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | None = None):
+    """dq, dk, dv; `cfgs` ({"dkdv": cfg, "dq": cfg}) overrides the tiles (tuning)."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
@@ -479,7 +428,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | None
 class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: float):
-        o, lse = _forward(q, k, v, causal, scale)
+        o, lse = run_forward(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         ctx.mark_non_differentiable(lse)
@@ -488,7 +437,7 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale)
+        dq, dk, dv = run_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale)
         return dq, dk, dv, None, None
 
 
@@ -509,43 +458,3 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
 def attention(q, k, v, causal=False, out=None):
     o, _ = flash_attention(q, k, v, causal)
     return o if out is None else out.copy_(o)
-
-
-def asm_specs(ty: str) -> list[dict]:
-    """The three kernels of a call at head_dim 128, causal, as the GPU compiles them: the
-    unit strides (head dim; V's sequence in fp32, see `_forward`) become constants in Triton's
-    runtime (so loads vectorize); the tiles are the table's for the type."""
-    ptr = f"*{ty}"
-    unit = {"sqd": 1, "skd": 1, "svn" if ty == "fp32" else "svd": 1, "sod": 1}
-    strides = {}
-    for t, seq in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m")):
-        for name in (f"s{t}b", f"s{t}h", f"s{t}{seq}", f"s{t}d"):
-            strides[name] = "constexpr" if name in unit else "i32"
-    sizes = {"H": "i32", "SQ": "i32", "SK": "i32"}
-    fwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "L": "*fp32", "qk_scale": "fp32", **strides, **sizes}
-    common = {
-        "HEAD_DIM": 128,
-        "BLOCK_D": 128,
-        "CAUSAL": True,
-        "EVEN_M": True,
-        "EVEN_N": True,
-        "UPCAST": False,
-        "PRECISION": "tf32",
-    }
-    bwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "L": "*fp32", "Dl": "*fp32"}
-    specs = []
-    for kernel, kind, sig, aligned in (
-        # pointers, and every stride and size that is a multiple of 16 (as at S=4096, D=128)
-        (_fwd_kernel, "fwd", fwd_sig, [i for i, (n, t) in enumerate(fwd_sig.items())
-                                       if t != "constexpr" and n not in ("qk_scale", "H")]),
-        (_bwd_dkdv_kernel, "dkdv", {**bwd_sig, "DK": ptr, "DV": ptr, "sm_scale": "fp32", **sizes},
-         list(range(8))),
-        (_bwd_dq_kernel, "dq", {**bwd_sig, "DQ": ptr, "sm_scale": "fp32", **sizes}, list(range(7))),
-    ):  # fmt: skip
-        cfg = _config(128, kind, torch.float32 if ty == "fp32" else torch.bfloat16)
-        consts = {**common, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]}
-        if kind == "fwd":
-            consts |= unit | {"TMA": False}
-        specs.append({"kernel": kernel, "signature": sig, "aligned": aligned, "constexprs": consts,
-                      "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})  # fmt: skip
-    return specs

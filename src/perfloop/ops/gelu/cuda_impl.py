@@ -8,8 +8,10 @@ import torch
 
 from perfloop.ops.base import check_tensor
 from perfloop.ops.cuda_build import build
+from perfloop.ops.tuning import load_table
 
 KERNEL = Path(__file__).with_name("kernel.cu")
+UNROLL = load_table(Path(__file__).parent)["cuda"]  # per element size (tuning.py)
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 BINDING = r"""
@@ -24,7 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("gelu", &gelu); }
 """
 
 
-def gelu(x: torch.Tensor, out: torch.Tensor | None = None, *, unroll: int = 1) -> torch.Tensor:
+def gelu(x: torch.Tensor, out: torch.Tensor | None = None, *, unroll: int | None = None) -> torch.Tensor:
     check_tensor("x", x)
     if not x.is_cuda:
         raise ValueError(f"x: the CUDA C++ variant needs a CUDA tensor, got device {x.device}")
@@ -35,6 +37,7 @@ def gelu(x: torch.Tensor, out: torch.Tensor | None = None, *, unroll: int = 1) -
     if x.numel() == 0:
         return out
     ext = build("gelu", str(KERNEL), BINDING)
+    unroll = unroll or UNROLL["fp32" if x.element_size() == 4 else "16bit"]
     if unroll not in (1, 2, 4, 8):
         raise ValueError(f"unroll: must be 1, 2, 4 or 8 (16-byte vectors per thread), got {unroll}")
     err = ext.gelu(x, out, DTYPE_CODE[x.dtype], unroll, torch.cuda.current_stream().cuda_stream)

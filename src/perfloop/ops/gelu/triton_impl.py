@@ -8,11 +8,20 @@ Math in fp32 whatever the storage type; tanh via the identity
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import triton
 import triton.language as tl
 
 from perfloop.ops.base import check_tensor
+from perfloop.ops.tuning import load_table
+
+TUNED = load_table(Path(__file__).parent)["triton"]  # [block, warps] per element size (tuning.py)
+
+
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+GELU_CUBIC = tl.constexpr(0.044715)  # the tanh approximation's cubic term
 
 
 @triton.jit
@@ -21,8 +30,8 @@ def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    y = x / (1.0 + tl.exp(-2.0 * u))
+    u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
+    y = x / (1.0 + tl.exp(-2.0 * u))  # = 0.5 x (1 + tanh(u))
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -31,7 +40,7 @@ def gelu(
     out: torch.Tensor | None = None,
     *,
     block: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     check_tensor("x", x)
     x = x.contiguous()
@@ -42,21 +51,7 @@ def gelu(
     if n == 0:
         return out
     # 8 fp32 or 16 half elements per lane at 4 warps: two 16-byte accesses each.
-    block = block or (1024 if x.element_size() == 4 else 2048)
+    tuned_block, tuned_warps = TUNED["fp32" if x.element_size() == 4 else "16bit"]
+    block, num_warps = block or tuned_block, num_warps or tuned_warps
     gelu_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=num_warps)
     return out
-
-
-def asm_specs(ty: str) -> list[dict]:
-    """The launch `perfloop asm` compiles: the benchmark's, with aligned pointers and n."""
-    block = 1024 if ty == "fp32" else 2048
-    return [
-        {
-            "kernel": gelu_kernel,
-            "signature": {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "n": "i32"},
-            "constexprs": {"BLOCK": block},
-            "aligned": [0, 1, 2],
-            "num_warps": 4,
-            "elements_per_thread": block // 128,
-        }
-    ]

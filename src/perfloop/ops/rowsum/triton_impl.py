@@ -7,11 +7,16 @@ elements (four 16-byte loads) per lane per tile.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import triton
 import triton.language as tl
 
 from perfloop.ops.base import check_tensor
+from perfloop.ops.tuning import load_table
+
+TUNED = load_table(Path(__file__).parent)  # block and warps (tuning.py)
 
 
 @triton.jit
@@ -44,21 +49,7 @@ def rowsum(
         return out
     if n_cols == 0:
         return out.zero_()
-    block = min(block or 4096, triton.next_power_of_2(n_cols))
-    num_warps = num_warps or (8 if block >= 2048 else 4)
+    block = min(block or TUNED["block"], triton.next_power_of_2(n_cols))
+    num_warps = num_warps or (TUNED["num_warps"] if block >= 2048 else 4)
     rowsum_kernel[(n_rows,)](x2, out, n_cols, x2.stride(0), BLOCK=block, num_warps=num_warps)
     return out
-
-
-def asm_specs(ty: str) -> list[dict]:
-    """The launch `perfloop asm` compiles: rows of 16384, tiles of 4096, 8 warps."""
-    return [
-        {
-            "kernel": rowsum_kernel,
-            "signature": {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "n_cols": "i32", "stride_x": "i32"},
-            "constexprs": {"BLOCK": 4096},
-            "aligned": [0, 1, 2, 3],
-            "num_warps": 8,
-            "elements_per_thread": 4096 // 256,
-        }
-    ]

@@ -5,10 +5,9 @@ read, one write, the ideal. Works up to MAX_ROW_BLOCK columns.
 
 `softmax_online_kernel`: any row length, one program per row. Pass 1 streams
 the row keeping a running max m and a running sum l of exp(x - m) (rescaled
-when m grows); pass 2 writes exp(x - m) / l: 2 reads + 1 write, where
-torch.softmax's kernel makes about 4 passes at 1024 x 262144. (Walking pass 2
-backwards, so the tiles pass 1 read last might still be in L2, bought nothing
-on the H200: 0.8095 vs 0.8128 ms.)
+when m grows); pass 2 writes exp(x - m) / l, walking the row backwards (the
+tiles pass 1 read last may still be in L2): 2 reads + 1 write, where
+torch.softmax's kernel makes about 4 passes at 1024 x 262144.
 
 `softmax_split_kernel`: any row length in one read. A row is cut into chunks,
 one per program, each held in registers; a program publishes its chunk's
@@ -16,21 +15,26 @@ one per program, each held in registers; a program publishes its chunk's
 combines the row's stats and writes its chunk: 1 read + 1 write. It needs the
 row's programs resident together: the grid is persistent and sized to what
 fits; if the others never come (the interpreter runs programs one at a time)
-the waiting program reads the row itself. On the H200 at 1024 x 262144 fp32:
-0.649 ms, 1.58x torch.softmax and 1.25x the online kernel
-(benchmarks/results/2026-11-30-h200-run4-tune.json). A row with more chunks than
-fit at once (over ~4M fp32 columns on an H200) takes two passes instead, every chunk
-its own program: stats, then each row's combined, then the chunk normalized.
+the waiting program reads the row itself. A row with more chunks than fit at once
+takes two passes instead, every chunk its own program: stats, then each row's
+combined, then the chunk normalized.
+
+Chunk sizes and warps come from `tuned.json` beside this file (`tuning.py`); what each
+choice measured is in benchmarks/NOTES.md.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
 from perfloop.ops.base import check_tensor, interpreting
+from perfloop.ops.tuning import load_table
 
+TUNED = load_table(Path(__file__).parent)  # split: [block, warps]; online: [block, warps, programs/SM]
 MAX_ROW_BLOCK = 16384  # columns kept in registers by one program (64 KiB of fp32)
 MAX_TWO_PASS_CHUNKS = 8192  # a row's chunk stats one program combines (64M columns at 8192)
 
@@ -70,7 +74,6 @@ def _row_stats(x_row, n_cols, BLOCK: tl.constexpr):
 @triton.jit
 def softmax_online_kernel(
     x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, BLOCK: tl.constexpr,
-    REVERSE: tl.constexpr = True,
 ):  # fmt: skip
     # Persistent: the grid is sized to the GPU and each program walks rows
     # pid, pid + grid, ... Fewer rows in flight means each row's share of L2 is
@@ -82,7 +85,7 @@ def softmax_online_kernel(
         inv = 1.0 / l_row
         n_tiles = tl.cdiv(n_cols, BLOCK)
         for i in range(0, n_tiles):
-            tile = (n_tiles - 1 - i) if REVERSE else i  # backwards: the last tiles read may be in L2
+            tile = n_tiles - 1 - i  # backwards: the last tiles read may be in L2
             offs = tile * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n_cols
             x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
@@ -155,7 +158,8 @@ def softmax_combine_kernel(stats_ptr, row_stats_ptr, n_chunks, MAX_CHUNKS: tl.co
     tl.store(row_stats_ptr + row * 2 + 1, l_row)
 
 
-def _prepare(x: torch.Tensor, out: torch.Tensor | None):
+def _rows_of(x: torch.Tensor, out: torch.Tensor | None):
+    """x and the output as (rows, columns) views; the output allocated or checked."""
     check_tensor("x", x)
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
@@ -169,7 +173,7 @@ def _prepare(x: torch.Tensor, out: torch.Tensor | None):
 def softmax(
     x: torch.Tensor, out: torch.Tensor | None = None, *, num_warps: int | None = None
 ) -> torch.Tensor:
-    x2, y2 = _prepare(x, out)
+    x2, y2 = _rows_of(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
         return y2.view(x.shape)
@@ -186,19 +190,20 @@ def softmax_online(
     x: torch.Tensor,
     out: torch.Tensor | None = None,
     *,
-    block: int = 4096,
-    num_warps: int = 8,
-    programs_per_sm: int = 8,
-    reverse: bool = True,
+    block: int | None = None,
+    num_warps: int | None = None,
+    programs_per_sm: int | None = None,
 ) -> torch.Tensor:
-    x2, y2 = _prepare(x, out)
+    x2, y2 = _rows_of(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
         return y2.view(x.shape)
-    block = min(block, triton.next_power_of_2(n_cols))
-    grid = min(n_rows, _num_sms(x2.device) * programs_per_sm)
+    tuned_block, tuned_warps, tuned_programs = TUNED["online"]
+    block = min(block or tuned_block, triton.next_power_of_2(n_cols))
+    num_warps = num_warps or tuned_warps
+    grid = min(n_rows, _num_sms(x2.device) * (programs_per_sm or tuned_programs))
     softmax_online_kernel[(grid,)](
-        x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, REVERSE=reverse,
+        x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
         num_warps=num_warps if block >= 1024 else 4,
     )  # fmt: skip
     return y2.view(x.shape)
@@ -208,8 +213,8 @@ def softmax_split(
     x: torch.Tensor,
     out: torch.Tensor | None = None,
     *,
-    block: int = 8192,
-    num_warps: int = 8,
+    block: int | None = None,
+    num_warps: int | None = None,
     spin_limit: int | None = None,
     two_pass: bool | None = None,
 ) -> torch.Tensor:
@@ -220,11 +225,13 @@ def softmax_split(
     holds programs at once (over ~4M fp32 columns on an H200) cannot wait like that: it
     takes two passes over the data, every chunk in parallel (`two_pass`; None: when
     needed); past MAX_TWO_PASS_CHUNKS chunks a row, the online kernel."""
-    x2, y2 = _prepare(x, out)
+    x2, y2 = _rows_of(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
         return y2.view(x.shape)
-    block = min(block, max(16, triton.next_power_of_2(n_cols)))
+    tuned_block, tuned_warps = TUNED["split"]
+    block = min(block or tuned_block, max(16, triton.next_power_of_2(n_cols)))
+    num_warps = num_warps or tuned_warps
     n_chunks = triton.cdiv(n_cols, block)
     stats = torch.empty((n_rows, n_chunks, 2), dtype=torch.float32, device=x2.device)
     count = torch.zeros(n_rows, dtype=torch.int32, device=x2.device)
@@ -282,38 +289,3 @@ def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # the interpreter: a few programs, so the persistent loop is exercised
-
-
-def asm_specs(ty: str) -> list[dict]:
-    """The launches `perfloop asm` compiles: 4096-column rows, the online and the split kernels."""
-    sig = {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "n_cols": "i32", "stride_x": "i32",
-           "stride_y": "i32"}  # fmt: skip
-    return [
-        {
-            "kernel": softmax_row_kernel,
-            "signature": sig,
-            "constexprs": {"BLOCK": 4096},
-            "aligned": [0, 1, 2, 3, 4],
-            "num_warps": 8,
-            "elements_per_thread": 4096 // 256,
-        },
-        {
-            "kernel": softmax_online_kernel,
-            "signature": {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "n_rows": "i32", **{
-                k: v for k, v in sig.items() if k not in ("x_ptr", "y_ptr")}},
-            "constexprs": {"BLOCK": 4096, "REVERSE": True},
-            "aligned": [0, 1, 3, 4, 5],
-            "num_warps": 8,
-            "elements_per_thread": 4096 // 256,
-        },
-        {
-            "kernel": softmax_split_kernel,
-            "signature": {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "stats_ptr": "*fp32", "count_ptr": "*i32",
-                          "n_rows": "i32", "n_cols": "i32", "stride_x": "i32", "stride_y": "i32",
-                          "n_chunks": "i32", "spin_limit": "i32"},
-            "constexprs": {"BLOCK": 8192, "MAX_CHUNKS": 32},
-            "aligned": [0, 1, 2, 3, 5, 6, 7, 8],
-            "num_warps": 8,
-            "elements_per_thread": 8192 // 256,
-        },
-    ]  # fmt: skip

@@ -1,0 +1,29 @@
+"""The launch `perfloop asm` compiles for matmul+ReLU's Triton kernel, as the GPU would."""
+
+from __future__ import annotations
+
+from perfloop.ops.matmul_relu.triton_impl import CONFIGS, matmul_relu_kernel
+
+
+def asm_specs(ty: str) -> list[dict]:
+    """An autotuning candidate at 8192^3, as `perfloop asm` compiles it: the first for 16-bit
+    types; for fp32 (TF32) the first whose stages fit in shared memory, with B K-major as
+    `matmul_relu` passes it."""
+    cfg = CONFIGS[4] if ty == "fp32" else CONFIGS[0]
+    names = ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk",
+             "stride_bn", "stride_cm", "stride_cn"]  # fmt: skip
+    sig = {n: (f"*{ty}" if n.endswith("_ptr") else "i32") for n in names}
+    # unit strides are constants, as Triton's runtime specializes them
+    units = ("stride_ak", "stride_bk" if ty == "fp32" else "stride_bn", "stride_cn")
+    for unit in units:
+        sig[unit] = "constexpr"
+    return [
+        {
+            "kernel": matmul_relu_kernel,
+            "signature": sig,
+            "constexprs": {**cfg.kwargs, "UPCAST": False, "PRECISION": "tf32", **dict.fromkeys(units, 1)},
+            "aligned": [i for i, n in enumerate(names) if n not in units],
+            "num_warps": cfg.num_warps,
+            "num_stages": cfg.num_stages,
+        }
+    ]

@@ -1,0 +1,75 @@
+"""Each op's tuning: the table its launcher reads, the shared timing of candidates, and the
+choice of the best config."""
+
+import json
+
+import pytest
+import torch
+
+from perfloop.ops import tuning
+
+
+@pytest.mark.parametrize("op", ["attention", "gelu", "rowsum", "softmax"])
+def test_every_tuned_table_is_there_and_says_where_it_was_measured(op):
+    from pathlib import Path
+
+    import perfloop.ops
+
+    doc = json.loads((Path(perfloop.ops.__file__).parent / op / "tuned.json").read_text())
+    assert doc["measured_on"] and doc["date"] and doc["table"]
+    assert tuning.load_table(Path(perfloop.ops.__file__).parent / op) == doc["table"]
+
+
+def test_save_then_load_round_trips(tmp_path):
+    tuning.save_table(tmp_path, {"block": 2048, "num_warps": 4}, "a test GPU", "note")
+    assert tuning.load_table(tmp_path) == {"block": 2048, "num_warps": 4}
+    assert json.loads((tmp_path / "tuned.json").read_text())["measured_on"] == "a test GPU"
+
+
+def test_a_failing_candidate_costs_only_itself():
+    x = torch.randn(1000)
+
+    def broken():
+        raise RuntimeError("out of resources: shared memory")
+
+    times = tuning.time_candidates({"ok": lambda: x * 2, "broken": broken}, budget_s=0.05)
+    assert isinstance(times["ok"], float) and times["ok"] > 0
+    assert "out of resources" in times["broken"]
+    assert tuning.fastest(times) == "ok"
+    assert tuning.fastest({"a": "error"}) is None
+
+
+def test_the_launcher_reads_its_table(monkeypatch):
+    """The row sum launches with the table's block and warps, not a number in the code."""
+    from perfloop.ops.rowsum import triton_impl
+
+    seen = []
+    kernel = triton_impl.rowsum_kernel
+    spy = type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **kw: seen.append(kw)
+                           or kernel[grid](*a, **kw)})()  # fmt: skip
+    monkeypatch.setattr(triton_impl, "rowsum_kernel", spy)
+    monkeypatch.setattr(triton_impl, "TUNED", {"block": 64, "num_warps": 2})
+    x = torch.randn(3, 300)
+    torch.testing.assert_close(triton_impl.rowsum(x), x.sum(-1), rtol=1e-5, atol=1e-5)
+    assert seen[0]["BLOCK"] == 64
+
+
+def test_attention_choice_is_the_best_geometric_mean():
+    from perfloop.ops.attention import tuning as at
+
+    rows = [
+        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
+         "ratio": 0.8},
+        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
+         "ratio": 0.8},
+        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
+         "ratio": 1.5},
+        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
+         "ratio": 0.5},  # one great case, one poor: geometric mean 0.87 > 0.8
+        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
+         "ratio": 2.0},  # ran one case only: not comparable
+    ]  # fmt: skip
+    table = {"16bit": {"fwd": {"64": [1, 1, 1, 1], "128": [1, 1, 1, 1]}}}
+    out = at._choose(rows, ["fwd"], table)
+    assert out["16bit"]["fwd"]["128"] == [128, 64, 8, 2]
+    assert out["16bit"]["fwd"]["64"] == [1, 1, 1, 1]  # nothing measured: the table stands
