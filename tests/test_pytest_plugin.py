@@ -1,5 +1,7 @@
 """The pytest plugin: record timings in a user's suite, fail on a regression."""
 
+import pytest
+
 SUITE = """
 import time
 
@@ -38,3 +40,79 @@ def test_unreadable_baseline_is_a_usage_error(pytester):
     r = pytester.runpytest_subprocess("--perfloop-compare", "bad.json")
     assert r.ret == 4  # pytest's usage-error exit code
     r.stderr.fnmatch_lines(["*--perfloop-compare: cannot read baseline*"])
+
+
+UNNAMED = """
+import time
+
+def busy(ms):
+    def f():
+        end = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < end:
+            pass
+    return f
+
+def test_kernel_speed(perfloop):
+    perfloop.bench(busy(MS), budget_s=0.3)
+"""
+
+
+def test_keys_do_not_depend_on_the_folder_pytest_starts_in(pytester):
+    """Saved from the project root, compared from inside tests/: the same key, so a 3x
+    slowdown is caught (it used to pass: every node id differed)."""
+    pytester.makepyprojecttoml("[project]\nname = 'user'\n")
+    tests = pytester.mkdir("tests")
+    (tests / "test_user.py").write_text(UNNAMED.replace("MS", "0.5"))
+    r = pytester.runpytest_subprocess("tests", "--perfloop-save", "base.json")
+    r.assert_outcomes(passed=1)
+    keys = set(__import__("json").loads((pytester.path / "base.json").read_text()))
+    assert "tests/test_user.py::test_kernel_speed" in keys
+    (tests / "test_user.py").write_text(UNNAMED.replace("MS", "1.5"))
+    import os
+
+    os.chdir(tests)
+    r = pytester.runpytest_subprocess(
+        "--rootdir", str(tests), "--perfloop-compare", str(pytester.path / "base.json")
+    )
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines(["*perfloop regression in tests/test_user.py::test_kernel_speed*"])
+
+
+def test_a_baseline_with_no_matching_key_fails_loudly(pytester):
+    pytester.makepyfile(test_user=SUITE.replace("MS", "0.2"))
+    (pytester.path / "other.json").write_text(
+        '{"someone_else": {"samples_ms": [1.0, 1.1, 0.9], "label": "x"}}'
+    )
+    r = pytester.runpytest_subprocess("--perfloop-compare", "other.json")
+    assert r.ret == 1
+    r.stdout.fnmatch_lines(["*none matched*nothing was compared*"])
+
+
+def test_saving_a_subset_merges_into_the_baseline_and_creates_its_folder(pytester):
+    two = (
+        SUITE.replace("MS", "0.2")
+        + """
+def test_other_speed(perfloop):
+    perfloop.bench(busy(0.2), name="other", budget_s=0.2)
+"""
+    )
+    pytester.makepyfile(test_user=two)
+    r = pytester.runpytest_subprocess("--perfloop-save", "out/deep/base.json")
+    r.assert_outcomes(passed=2)
+    r = pytester.runpytest_subprocess("-k", "other", "--perfloop-save", "out/deep/base.json")
+    r.assert_outcomes(passed=1, deselected=1)
+    keys = set(__import__("json").loads((pytester.path / "out/deep/base.json").read_text()))
+    assert {"kernel", "other"} <= keys  # -k replaced only its own key
+
+
+@pytest.mark.parametrize("content, says", [
+    ("[1, 2, 3]", "holds a list"),
+    ('{"kernel": {"label": "x"}}', "no samples_ms"),
+    ('{"kernel": {"samples_ms": [1.0, NaN]}}', "finite positive"),
+])  # fmt: skip
+def test_a_malformed_baseline_is_a_usage_error(pytester, content, says):
+    pytester.makepyfile(test_user=SUITE.replace("MS", "0.1"))
+    (pytester.path / "bad.json").write_text(content)
+    r = pytester.runpytest_subprocess("--perfloop-compare", "bad.json")
+    assert r.ret == 4
+    r.stderr.fnmatch_lines([f"*{says}*"])

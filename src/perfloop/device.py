@@ -71,10 +71,11 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-@functools.lru_cache(maxsize=1)
-def _git_sha() -> str | None:
-    """The commit of the perfloop code measured, when it runs from a checkout."""
-    here = Path(__file__).resolve().parent
+@functools.lru_cache(maxsize=8)
+def git_commit(folder: str) -> str | None:
+    """The commit checked out in the git working tree that holds `folder` (with "-dirty" when
+    tracked files changed), or None outside one."""
+    here = Path(folder).resolve()
     try:
         out = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"],
@@ -93,6 +94,19 @@ def _git_sha() -> str | None:
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def perfloop_version() -> dict:
+    """perfloop's installed version and, when it runs from a checkout of its own, that commit."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("perfloop")
+    except metadata.PackageNotFoundError:
+        version = None
+    source = Path(__file__).resolve().parents[2]  # src/perfloop/device.py -> the checkout's root
+    commit = git_commit(str(source)) if (source / "pyproject.toml").exists() else None
+    return {"version": version, "git": commit}
 
 
 def l2_bytes(device: int | None = None) -> int:
@@ -150,7 +164,8 @@ def env_fingerprint() -> dict:
         "cuda": torch.version.cuda,
         "device": device_info(),
         "precision": precision_flags(),
-        "git": _git_sha(),
+        "git": git_commit(os.getcwd()),  # the user's working tree: the code being measured
+        "perfloop": perfloop_version(),
         "platform": f"{platform.system()} {platform.machine()}",
     }
 

@@ -131,3 +131,31 @@ def test_kernel_names_are_shortened_readably(name, short):
     from perfloop.analysis.profiling import short_name
 
     assert short_name(name) == short
+
+
+def test_the_profilers_usdt_lines_are_held_back_and_other_output_kept(capfd):
+    import os
+
+    from perfloop.analysis.profiling import _without_usdt_lines
+
+    with _without_usdt_lines():
+        os.write(2, b"USDT: profiler_start probe\n")
+        os.write(1, b"a real message\n")
+    out, err = capfd.readouterr()
+    assert "USDT" not in out + err and "a real message" in err
+
+
+def test_cli_says_each_library_warning_once_as_a_note(capsys, monkeypatch):
+    import warnings
+
+    from perfloop.cli import env, main
+
+    def noisy(args):
+        for _ in range(3):
+            warnings.warn("TensorFloat32 tensor cores available but not enabled", UserWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(env, "run", noisy)
+    assert main(["env"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("TensorFloat32") == 1 and err.startswith("note (")

@@ -67,7 +67,9 @@ def test_bench_stores_rows_and_rejects_bad_shapes_and_dtypes(tmp_path, capsys):
     rows = {r["variant"]: r for r in out["rows"]}
     assert set(rows) == {"naive", "builtin"} and rows["builtin"]["baseline"] == "naive"
     assert rows["naive"]["gbps"] > 0 and rows["builtin"]["speedup_ci"][0] <= rows["builtin"]["speedup"]
-    assert len(Store(db).rows(out["run_id"])) == 2
+    stored = Store(db).rows(out["run_id"])
+    assert sorted(r["variant"] for r in stored if r["op"] == "gelu") == ["builtin", "naive"]
+    assert [r["op"] for r in stored if r["op"] != "gelu"] == ["_reference"]  # the gate's, once a run
     assert main([*args]) == 0
     assert "speed-up" in capsys.readouterr().out
     assert main(["bench", "gelu", "--shape", "12xq", "--db", db]) == 2

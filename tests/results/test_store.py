@@ -78,6 +78,7 @@ def test_a_corrupt_database_is_a_clear_error_and_is_left_untouched(tmp_path):
 def test_unknown_run_ids_list_the_recent_ones(tmp_path):
     s = Store(tmp_path / "u.db")
     run = s.new_run("x")
+    s.add(run, pl.Measurement(samples_ms=(1.0, 1.1)), op="o", variant="v", shape=(1,), dtype="fp32")
     with pytest.raises(StoreError, match=f"does not exist.*{run}"):
         s.resolve_run("nope")
     assert s.resolve_run("latest") == run

@@ -191,6 +191,37 @@ class Profile:
         }
 
 
+@contextlib.contextmanager
+def _without_usdt_lines():
+    """The profiler's native start/stop print "USDT: ..." probe lines on some builds: hold the
+    process's stdout and stderr meanwhile, and pass on every other line."""
+    import sys
+    import tempfile
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        try:
+            for fd in saved:
+                os.dup2(held.fileno(), fd)
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, orig in saved.items():
+                os.dup2(orig, fd)
+                os.close(orig)
+            held.seek(0)
+            kept = [
+                ln
+                for ln in held.read().decode(errors="replace").splitlines(True)
+                if not ln.startswith("USDT")
+            ]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
 def _annotation_names(events) -> set[str]:
     """Names of record_function ranges (annotate); their GPU-side mirrors share the name."""
     return {e.name for e in events if getattr(e, "is_user_annotation", False)}
@@ -264,7 +295,8 @@ def profile(
     except TypeError:
         prof = torch.profiler.profile(activities=acts)
     try:
-        prof.__enter__()
+        with _without_usdt_lines():
+            prof.__enter__()
     except Exception as exc:  # CUPTI missing or busy: fall back to CPU activities
         warnings.append(f"CUDA activity profiling unavailable ({exc}); CPU activities only")
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -284,7 +316,8 @@ def profile(
             torch.cuda.profiler.stop()
         wall_ms = (time.perf_counter() - t0) * 1e3
     finally:
-        prof.__exit__(None, None, None)  # stopped cleanly even when fn raised
+        with _without_usdt_lines():
+            prof.__exit__(None, None, None)  # stopped cleanly even when fn raised
 
     events = prof.events()
     # Device activity: kernels, memcpy, memset. Not the GPU-side mirrors of record_function

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
+import warnings
 
 from perfloop.cli.args import USAGE_ERROR, UsageError
 
@@ -24,6 +26,18 @@ def _prepare_triton() -> None:
 
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _say_warnings(seen: list) -> None:
+    """Library warnings raised during the command, each once, as notes on stderr."""
+    said = set()
+    for w in seen:
+        text = str(w.message).strip().splitlines()[0]
+        if text in said:
+            continue
+        said.add(text)
+        origin = w.filename.split("site-packages/")[-1].split("/")[0] if "site-packages" in w.filename else ""
+        print(f"note ({origin or 'perfloop'} {w.category.__name__}): {text}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,11 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("calls", "top", "seeds"):
         if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:
             ap.error(f"--{name}: must be >= 1")
-    if getattr(args, "budget", 1.0) <= 0:
-        ap.error("--budget: must be > 0 seconds")
+    budget = getattr(args, "budget", 1.0)
+    if not (math.isfinite(budget) and budget > 0):
+        ap.error(f"--budget: must be a finite number of seconds > 0, got {budget}")
     _prepare_triton()
     try:
-        return args.fn(args)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("default")
+            try:
+                return args.fn(args)
+            finally:
+                _say_warnings(seen)
     except UsageError as exc:
         print(f"perfloop {args.verb}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR

@@ -22,14 +22,12 @@ def as_flag(exc: Exception, flag: str, arg: str | None = None) -> UsageError:
     return UsageError(f"{flag}: {text}")
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(s) for s in text.lower().replace(",", "x").split("x") if s != "")
-    except ValueError:
-        shape = ()
-    if not shape or any(s <= 0 for s in shape):
-        raise UsageError(f"--shape: cannot read {text!r}; write sizes joined by x, e.g. 4096x4096")
-    return shape
+def parse_shape(text: str, flag: str = "--shape") -> tuple[int, ...]:
+    """'4096x4096' -> (4096, 4096); every part a positive integer ('12xx3' is refused)."""
+    parts = text.strip().lower().replace(",", "x").split("x")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"{flag}: cannot read {text!r}; write positive sizes joined by x, e.g. 4096x4096")
+    return tuple(int(p) for p in parts)
 
 
 def parse_dtype(text: str):
@@ -75,12 +73,17 @@ def get_variants(op, names: list[str] | None, timing: bool) -> list[str]:
     return chosen
 
 
-def open_store(args):
+def open_store(args, writing: bool = True):
+    """The results store named by --db; for a command that will write, checked writable
+    before anything is measured."""
     from perfloop.results.store import StoreError
     from perfloop.workflows.runs import open_store
 
     try:
-        return open_store(args.db)
+        store = open_store(args.db)
+        if writing:
+            store.check_writable()
+        return store
     except StoreError as exc:
         raise UsageError(str(exc)) from None
 

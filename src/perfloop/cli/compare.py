@@ -1,4 +1,5 @@
-"""`perfloop compare`: what got faster or slower between two stored runs, and whether it is noise."""
+"""`perfloop compare`: what got faster or slower between two stored runs, judged against the
+noise between runs of the same code (harness.gate), not only against the samples of each."""
 
 from __future__ import annotations
 
@@ -10,53 +11,86 @@ def register(verb) -> None:
     p = verb("compare", "what got faster or slower between two runs, and whether it is noise", run, db=True)
     p.add_argument("run_a", help="run id (or 'previous')")
     p.add_argument("run_b", help="run id (or 'latest')")
-    p.add_argument("--fail-above", metavar="PCT", help="exit 1 on a significant slowdown beyond PCT")
+    p.add_argument("--fail-above", metavar="PCT", help="exit 1 on a slowdown beyond PCT and beyond the noise")
+
+
+def _key(r: dict) -> tuple:
+    return (r["op"], r["variant"], r["shape"], r["dtype"], r["graph"])
+
+
+def _devices(rows: list[dict]) -> set[str]:
+    return {r["device"] or "?" for r in rows}
+
+
+def _commit(rows: list[dict]) -> str | None:
+    return next(((r.get("env") or {}).get("git") for r in rows if (r.get("env") or {}).get("git")), None)
+
+
+def _history(store, key: tuple, commit: str | None, exclude: set[str]) -> list[float]:
+    """This key's fast tail over earlier runs of the same code, each divided by its run's
+    reference workload where the run has one."""
+    from perfloop.harness import gate
+
+    if commit is None or commit.endswith("-dirty"):  # uncommitted code: not known to be the same
+        return []
+    out = []
+    refs = {r["run_id"]: r["samples"] for r in store.rows(op=gate.REFERENCE_OP)}
+    for r in store.rows(op=key[0]):
+        if _key(r) == key and r["run_id"] not in exclude and (r.get("env") or {}).get("git") == commit:
+            out.append(gate.normalized_tail(r["samples"], refs.get(r["run_id"])))
+    return out
 
 
 def run(args) -> int:
-    from perfloop.harness import stats
+    from perfloop.harness import gate
     from perfloop.harness.measurement import fmt_ms
     from perfloop.results.store import StoreError
 
-    store = open_store(args)
+    store = open_store(args, writing=False)
     try:
         a, b = store.resolve_run(args.run_a), store.resolve_run(args.run_b)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     limit = parse_percent(args.fail_above) if args.fail_above is not None else None
-
-    def key(r):
-        return (r["op"], r["variant"], r["shape"], r["dtype"], r["graph"])
-
-    ra = {key(r): r for r in store.rows(a)}
-    rb = {key(r): r for r in store.rows(b)}
+    rows_a, rows_b = store.rows(a), store.rows(b)
+    if _devices(rows_a) != _devices(rows_b):
+        raise UsageError(f"runs {a} ({', '.join(sorted(_devices(rows_a)))}) and {b} "
+                         f"({', '.join(sorted(_devices(rows_b)))}) ran on different devices: their times "
+                         "cannot be compared; compare runs taken on one device")  # fmt: skip
+    ref_a = next((r["samples"] for r in rows_a if r["op"] == gate.REFERENCE_OP), None)
+    ref_b = next((r["samples"] for r in rows_b if r["op"] == gate.REFERENCE_OP), None)
+    ra = {_key(r): r for r in rows_a if r["op"] != gate.REFERENCE_OP}
+    rb = {_key(r): r for r in rows_b if r["op"] != gate.REFERENCE_OP}
     common = [k for k in ra if k in rb]
     if not common:
         raise UsageError(f"runs {a} and {b} share no (op, variant, shape, dtype) to compare")
+    kind = "cuda" if (rows_a[0].get("env") or {}).get("device", {}).get("kind") == "cuda" else "cpu"
+    commit = _commit(rows_a)
     out, regressed = [], False
     for k in common:
-        s = stats.independent_ratio(ra[k]["samples"], rb[k]["samples"])
-        sig = s["p_value"] < 0.01 and not (s["ci"][0] <= 1.0 <= s["ci"][1])
-        if not sig:
-            verdict = "same (noise)"
-        elif abs(s["ratio"] - 1) < 0.01:
-            verdict = "same (<1%)"  # statistically detectable, practically nothing
-        else:
-            verdict = "slower" if s["ratio"] > 1 else "faster"
-        fail = bool(limit is not None and sig and s["ratio"] > 1 + limit / 100)
-        regressed |= fail
+        v = gate.judge(ra[k]["samples"], rb[k]["samples"], fail_above_pct=limit, kind=kind, a_ref=ref_a,
+                       b_ref=ref_b, history=_history(store, k, commit, {b}))  # fmt: skip
+        regressed |= v.regression
         out.append({"op": k[0], "variant": k[1], "shape": k[2], "dtype": k[3], "graph": bool(k[4]),
-                    "a_ms": ra[k]["median_ms"], "b_ms": rb[k]["median_ms"], "ratio": s["ratio"],
-                    "ci": s["ci"], "p_value": s["p_value"], "significant": sig,
-                    "verdict": verdict, "regression": fail})  # fmt: skip
+                    "a_ms": ra[k]["median_ms"], "b_ms": rb[k]["median_ms"], "ratio": v.ratio,
+                    "drift": v.drift, "adjusted": v.adjusted, "noise_floor": v.floor,
+                    "floor_source": v.floor_source, "p_value": v.p_value, "verdict": v.verdict,
+                    "regression": v.regression, "method": v.method})  # fmt: skip
     if args.json:
         emit_json({"run_a": a, "run_b": b, "rows": out, "regressed": regressed})
-    else:
-        table(f"{b} against {a} (time ratio b/a; >1 is slower)",
-              ["op", "variant", "shape", "dtype", "a", "b", "ratio [95% CI]", "p", "verdict"],
-              [[r["op"], r["variant"], r["shape"], r["dtype"], fmt_ms(r["a_ms"]), fmt_ms(r["b_ms"]),
-                f"{r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]", f"{r['p_value']:.2g}",
-                r["verdict"] + (" REGRESSION" if r["regression"] else "")] for r in out])  # fmt: skip
-        if regressed:
-            console().print(f"significant slowdown beyond {limit:g}%", style="red")
+        return FAILED if regressed else 0
+    table(f"{b} against {a} (time ratio b/a of the fast tails; >1 is slower)",
+          ["op", "variant", "shape", "dtype", "a (median)", "b (median)", "ratio", "noise floor", "p",
+           "verdict"],
+          [[r["op"], r["variant"], r["shape"], r["dtype"], fmt_ms(r["a_ms"]), fmt_ms(r["b_ms"]),
+            f"{r['adjusted']:.3f}", f"{r['noise_floor']:.1%}", f"{r['p_value']:.2g}",
+            r["verdict"] + (" REGRESSION" if r["regression"] else "")] for r in out])  # fmt: skip
+    how = out[0]["method"].split("; noise floor")[0]
+    sources = ", ".join(sorted({r["floor_source"] for r in out}))
+    console().print(f"judged on {how}; noise floor: {sources}")
+    if limit is not None and regressed:
+        console().print(f"slowdown beyond {limit:g}% and beyond the run-to-run noise", style="red")
+    elif limit is not None and any(r["noise_floor"] * 100 > limit for r in out):
+        console().print(f"note: the noise between runs here is above {limit:g}%, so a slowdown of {limit:g}% "
+                        "cannot be told from noise; it takes one past the floor", style="yellow")  # fmt: skip
     return FAILED if regressed else 0

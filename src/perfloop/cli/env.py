@@ -40,7 +40,9 @@ def run(args) -> int:
     else:
         rows += [["cores", d["cores"]], ["torch threads", d["torch_threads"]]]
     rows += [[f"precision: {k}", v] for k, v in info["precision"].items()]
-    rows.append(["git", info["git"] or "-"])
+    rows.append(["git (this folder's repository)", info["git"] or "- (not in a git working tree)"])
+    pv = info["perfloop"]
+    rows.append(["perfloop", (pv["version"] or "?") + (f" (checkout {pv['git']})" if pv["git"] else "")])
     if args.ceilings:
         c = info["ceilings"]
         rows.append(["ceiling: copy", f"{c['copy_gbps']:.0f} GB/s (read + write)"])

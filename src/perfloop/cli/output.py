@@ -73,7 +73,7 @@ def num(v) -> str:
 
 def print_bench_rows(rows) -> None:
     """A comparison's rows (workflows.BenchRow) as one table, then their warnings."""
-    from perfloop.harness.measurement import fmt_ms
+    from perfloop.harness.measurement import OVER_CEILING, fmt_ms
 
     headers = ["variant", "dtype", "median", "95% CI", "GB/s", "TFLOP/s", "% SOL", "speed-up"]
     has_graph = any(r.graph_median_ms is not None for r in rows)
@@ -84,7 +84,8 @@ def print_bench_rows(rows) -> None:
         sig = "" if r.significant in (None, True) else " (n.s.)"
         line = [
             r.variant, r.dtype, fmt_ms(r.median_ms), f"{fmt_ms(r.ci95_ms[0])}..{fmt_ms(r.ci95_ms[1])}",
-            num(r.gbps), num(r.tflops), f"{100 * r.sol:.0f}%" if r.sol is not None else "-",
+            num(r.gbps), num(r.tflops),
+            "-" if r.sol is None else f"{100 * r.sol:.0f}%" + ("?" if r.sol > OVER_CEILING else ""),
             f"{r.speedup:.2f}x [{r.speedup_ci[0]:.2f}, {r.speedup_ci[1]:.2f}]{sig}",
         ]  # fmt: skip
         if has_graph:

@@ -11,6 +11,7 @@ import sys
 from perfloop.cli.args import (
     FAILED,
     UsageError,
+    as_flag,
     get_op,
     get_variants,
     open_store,
@@ -49,13 +50,17 @@ def run(args) -> int:
     if args.nsys:
         return run_nsys(args)
     try:
+        op.check_shape(shape, dtype)
+    except ValueError as exc:
+        raise as_flag(exc, "--shape") from None
+    store = open_store(args)
+    try:
         with status(args, f"profiling {op.name}/{variant}"):
             p, d = profile_variant(op, variant, shape, dtype, calls=args.calls, trace=args.trace,
                                    memory_snapshot=args.memory_snapshot,
                                    cuda_profiler_range=args.cuda_profiler_range)  # fmt: skip
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    store = open_store(args)
     run_id = start_run(store)
     payload = p.to_dict() | {"diagnosis": {"bound": d.bound, "evidence": d.evidence, "advice": d.advice}}
     store.add_artifact(run_id, "profile", payload, op=op.name, variant=variant)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from perfloop.cli.args import UsageError, open_store
 from perfloop.cli.output import console, emit_json, table
 
@@ -12,6 +14,23 @@ def register(verb) -> None:
     p.add_argument("--csv", metavar="FILE", help="export the rows as CSV")
     p.add_argument("--export-json", metavar="FILE", help="export the rows as JSON")
     p.add_argument("--run", help="only this run (an id, a prefix, or 'latest')")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file that is not an export")
+
+
+def _check_target(flag: str, path: str, store, force: bool) -> None:
+    """Refuse to write an export over the database itself, or over a file that is not an
+    export of ours (unless --force): either would destroy data."""
+    from perfloop.results.store import is_our_export
+
+    target = Path(path)
+    if store.path != ":memory:" and target.exists() and target.resolve() == Path(store.path).resolve():
+        raise UsageError(f"{flag} {path}: that is the database itself; writing there would destroy it. "
+                         "Choose another file, e.g. results.csv")  # fmt: skip
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file path")
+    if target.exists() and target.stat().st_size and not is_our_export(target) and not force:
+        raise UsageError(f"{flag} {path}: exists and is not a perfloop export; it was left as it is. "
+                         "Choose another file, or add --force to replace it")  # fmt: skip
 
 
 def _write(flag: str, path: str, text: str) -> None:
@@ -27,13 +46,16 @@ def run(args) -> int:
     from perfloop.results.report import fmt_rate, fmt_speedup, latest_rows, render_html
     from perfloop.results.store import StoreError
 
-    store = open_store(args)
+    store = open_store(args, writing=False)
     run_id = None
     if args.run:
         try:
             run_id = store.resolve_run(args.run)
         except StoreError as exc:
             raise UsageError(f"--run: {exc}") from None
+    for flag, path in (("--csv", args.csv), ("--export-json", args.export_json)):
+        if path:
+            _check_target(flag, path, store, args.force)
     if args.csv:
         _write("--csv", args.csv, store.export_csv(run_id))
     if args.export_json:
@@ -45,6 +67,8 @@ def run(args) -> int:
             raise UsageError(f"--html {args.html}: {str(exc).split(': ', 1)[-1]}") from None
         console().print(f"report: {page}")
     rows = latest_rows(store.rows(run_id))
+    for why in store.skipped:
+        console(True).print(f"skipped a stored row that cannot be read: {why}", style="yellow")
     if args.json:
         emit_json(rows)
     elif not (args.html or args.csv or args.export_json):

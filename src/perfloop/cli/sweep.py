@@ -6,6 +6,7 @@ from __future__ import annotations
 from perfloop.cli.args import (
     FAILED,
     UsageError,
+    as_flag,
     get_op,
     get_variants,
     open_store,
@@ -36,7 +37,12 @@ def run(args) -> int:
 
     op = get_op(args.op)
     dtype = parse_dtype(args.dtype)
-    shapes = [parse_shape(s) for s in args.shapes]
+    shapes = [parse_shape(s, "--shapes") for s in args.shapes]
+    for s in shapes:
+        try:
+            op.check_shape(s, dtype)
+        except ValueError as exc:
+            raise as_flag(exc, "--shapes", "shape") from None
     variants = get_variants(op, args.variant, timing=True)
     store = open_store(args)
     run_id = start_run(store)
@@ -64,6 +70,8 @@ def run(args) -> int:
         table(f"{op.name}/{v} {dtype_name(dtype)}", ["shape", "median", "GB/s", "TFLOP/s", "error"], rows)
         if s.fit:
             console().print(fmt_fit(s.fit, size="elements"))
+        elif s.fit_error:
+            console().print(s.fit_error, style="yellow")
     console().print(f"stored as run {run_id}" + (f"; plot: {args.plot}" if args.plot else ""))
     return 0
 
@@ -84,6 +92,7 @@ def distributed(args, op, variants, shapes, dtype, store, run_id, entry="sweep_o
     except RuntimeError as exc:  # a rank died: what the others measured is already stored
         failure = str(exc)
         res = {"points": [], "by_rank": {}}
+    store.adopt_run(run_id)
     stored = {(r["variant"], r["shape"]): r for r in store.rows(run_id)}
     wanted = [(v, shape_str(s)) for v in variants for s in shapes]
     missing = [w for w in wanted if w not in stored]

@@ -14,6 +14,7 @@ import numpy as np
 
 from perfloop.harness import stats
 
+OVER_CEILING = 1.05  # a share of a measured ceiling above this is not believed
 NOISY_IQR = 0.10  # IQR/median above this: the spread is too large to trust small differences
 FEW_SAMPLES = 10
 
@@ -138,7 +139,26 @@ class Measurement:
             )
         if self.n < FEW_SAMPLES:
             w.append(f"few samples: {self.n} (under {FEW_SAMPLES}); the CI is wide")
+        if self.sol is not None and self.sol > OVER_CEILING:
+            w.append(self._over_ceiling())
         return tuple(w)
+
+    def _over_ceiling(self) -> str:
+        """Why a rate above the measured ceiling is suspect, and what to check."""
+        c = self.ceilings or {}
+        gb = self.gbps / c["copy_gbps"] if self.gbps and c.get("copy_gbps") else 0
+        peak = matmul_ceiling(c, self.work.dtype if self.work else None)
+        tf = self.tflops / peak if self.tflops and peak else 0
+        if tf >= gb:
+            dtype = self.work.dtype if self.work and self.work.dtype else None
+            hint = (f"Work.dtype is {dtype}: is that the precision the matmuls ran in?" if dtype else
+                    "Work.dtype is not given, so the fp32 ceiling applies: under bf16 autocast give "
+                    "Work(..., dtype='bf16')")  # fmt: skip
+            return (f"suspect: {tf:.0%} of the measured matmul ceiling, above the ceiling: the flops "
+                    f"are overcounted or the ceiling is the wrong one. {hint}")  # fmt: skip
+        return (f"suspect: {gb:.0%} of the measured copy ceiling, above the ceiling: the bytes are "
+                "overcounted (an input read once counted twice?) or the data stayed in cache "
+                "(flush_l2=False, or inputs smaller than the L2)")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -185,7 +205,7 @@ class Measurement:
         if self.tflops:
             s += f", {self.tflops:.4g} TFLOP/s"
         if self.sol is not None:
-            s += f", {self.sol:.0%} of SOL"
+            s += f", {self.sol:.0%} of SOL" + (" (suspect: see warnings)" if self.sol > OVER_CEILING else "")
         return s
 
 
@@ -205,6 +225,7 @@ class Comparison:
     baseline: str
     measurements: dict[str, Measurement]
     speedups: dict[str, Speedup]
+    reference: Measurement | None = None  # a reference workload timed in the same rounds
 
     def __str__(self) -> str:
         lines = []
@@ -234,6 +255,7 @@ class Sweep:
 
     points: tuple[SweepPoint, ...]
     fit: dict | None
+    fit_error: str | None = None  # why there is no fit, when there is none
 
     @property
     def measurements(self) -> dict:
@@ -246,6 +268,8 @@ class Sweep:
             lines.append(f"{p.size!s:>12}  {t:>10}")
         if self.fit:
             lines.append(fmt_fit(self.fit))
+        elif self.fit_error:
+            lines.append(self.fit_error)
         return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,8 +34,8 @@ class BenchError(RuntimeError):
 
 def check_positive(name: str, value: Any, integer: bool = False) -> None:
     kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
-        want = "a positive integer" if integer else "a positive number"
+    if isinstance(value, bool) or not isinstance(value, kind) or not 0 < value < math.inf:
+        want = "a positive integer" if integer else "a finite positive number"
         raise ValueError(f"{name}: must be {want}, got {value!r}")
 
 
@@ -71,6 +72,75 @@ def zero_input_warnings(fn: Callable, args: Sequence) -> list[str]:
                 "and can run faster than real data; time on random inputs"
             )
     return warns
+
+
+def input_states(fn: Callable, args: Sequence) -> list[tuple[torch.Tensor, bool, bool]]:
+    """(tensor, all zeros, all finite) for each input, to compare after the samples."""
+    out = []
+    for t in _tensors_in(fn, args):
+        if t.numel() and t.dtype != torch.bool:
+            d = t.detach()
+            finite = bool(torch.isfinite(d).all()) if d.is_floating_point() else True
+            out.append((t, not bool(d.any()), finite))
+    return out
+
+
+def input_drift_warnings(before: list[tuple[torch.Tensor, bool, bool]]) -> list[str]:
+    """Inputs that the timed calls turned into zeros, infs or NaNs: later samples timed other data."""
+    warns = []
+    for t, was_zero, was_finite in before:
+        d = t.detach()
+        if not was_zero and not bool(d.any()):
+            warns.append(f"an input of shape {tuple(t.shape)} became all zeros while it was timed: fn "
+                         "overwrites its input in place, so the later samples timed zeros; give each "
+                         "call fresh inputs (or clone inside fn)")  # fmt: skip
+        elif was_finite and d.is_floating_point() and not bool(torch.isfinite(d).all()):
+            warns.append(f"an input of shape {tuple(t.shape)} became inf/NaN while it was timed: fn "
+                         "changes its input in place, so the later samples timed infs or NaNs; give each "
+                         "call fresh inputs (or clone inside fn)")  # fmt: skip
+    return warns
+
+
+# ------------------------------------------------------------------ contention
+
+BUSY_OTHERS = 0.3  # other processes' CPU use, in cores, above which CPU samples are contended
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds all processes have spent busy since boot (Linux /proc/stat), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuLoad:
+    """How much CPU other processes took while samples were taken: the machine's busy time
+    (from /proc/stat) minus this process's own CPU time, per second of wall time."""
+
+    def __enter__(self) -> CpuLoad:
+        self.t0, self.own0, self.busy0 = time.perf_counter(), time.process_time(), _machine_busy_s()
+        self.other_cores: float | None = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy = _machine_busy_s()
+        wall = time.perf_counter() - self.t0
+        if busy is None or self.busy0 is None or wall < 0.05:
+            return
+        own = time.process_time() - self.own0
+        self.other_cores = max(0.0, (busy - self.busy0 - own) / wall)
+
+    def warning(self) -> str | None:
+        if self.other_cores is None or self.other_cores <= BUSY_OTHERS:
+            return None
+        cores = os.cpu_count() or 1
+        return (f"contended: other processes used ~{self.other_cores:.1f} of {cores} CPU cores while this "
+                "was timed, so the samples include waiting for the CPU (a tight CI does not mean a true "
+                "time); measure on an idle machine, or compare candidates interleaved")  # fmt: skip
 
 
 # ------------------------------------------------------------------ samplers
@@ -296,8 +366,8 @@ def validate(fn, budget_s, target_ci, min_samples, max_samples, warmup_s, graph,
     check_positive(hi, max_samples, integer=True)
     if max_samples < min_samples:
         raise ValueError(f"{hi}: {max_samples} is below {lo}={min_samples}")
-    if isinstance(warmup_s, bool) or not isinstance(warmup_s, (int, float)) or warmup_s < 0:
-        raise ValueError(f"warmup_s: must be a number >= 0, got {warmup_s!r}")
+    if isinstance(warmup_s, bool) or not isinstance(warmup_s, (int, float)) or not 0 <= warmup_s < math.inf:
+        raise ValueError(f"warmup_s: must be a finite number >= 0 (seconds), got {warmup_s!r}")
     if graph and not _device.has_cuda():
         raise ValueError(
             "graph=True: CUDA graphs need a CUDA GPU and none is available here; use graph=False"

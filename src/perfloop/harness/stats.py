@@ -8,6 +8,7 @@ interval of the median, never a mean alone.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -103,16 +104,22 @@ def fit_power_floor(sizes: Sequence[float], times: Sequence[float]) -> dict:
     def model(logn, floor, logc, k):
         return np.log(floor + np.exp(logc + k * logn))
 
+    if len(np.unique(n)) < 3:
+        raise ValueError("sizes: need at least 3 distinct sizes to fit floor + c*size^k")
     floor0 = max(t[0] * 0.5, 1e-12)
     try:
-        (floor, logc, k), _ = optimize.curve_fit(
-            model,
-            np.log(n),
-            np.log(t),
-            p0=[floor0, np.log(c0), k0],
-            bounds=([0.0, -np.inf, 0.0], [np.inf, np.inf, 6.0]),
-            maxfev=20000,
-        )
+        # scipy warns when it cannot estimate the parameters' covariance: unused here, and a
+        # poor fit shows in R^2, which the caller reports
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optimize.OptimizeWarning)
+            (floor, logc, k), _ = optimize.curve_fit(
+                model,
+                np.log(n),
+                np.log(t),
+                p0=[floor0, np.log(c0), k0],
+                bounds=([0.0, -np.inf, 0.0], [np.inf, np.inf, 6.0]),
+                maxfev=20000,
+            )
     except RuntimeError:  # no convergence: fall back to a pure power law
         k, logc = np.polyfit(np.log(n), np.log(t), 1)
         floor = 0.0
@@ -120,7 +127,8 @@ def fit_power_floor(sizes: Sequence[float], times: Sequence[float]) -> dict:
     ss_res = float(np.sum((np.log(t) - pred) ** 2))
     ss_tot = float(np.sum((np.log(t) - np.log(t).mean()) ** 2))
     c = float(np.exp(logc))
-    knee = float((floor / c) ** (1.0 / k)) if floor > 0 and k > 0 else None
+    log_knee = (math.log(floor) - logc) / k if floor > 0 and k > 1e-9 else math.inf
+    knee = math.exp(log_knee) if log_knee < 700 else None  # None: work never overtakes the floor
     return {
         "floor": float(floor),
         "c": c,

@@ -8,11 +8,13 @@ spent; throughput is reported against the machine's measured ceilings.
 from __future__ import annotations
 
 import inspect
+import math
 import random
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from perfloop import device as _device
@@ -21,7 +23,10 @@ from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Comparison, Measurement, Speedup, Sweep, SweepPoint, Work
 from perfloop.harness.sampling import (
     BenchError,
+    CpuLoad,
     graph_gaps,
+    input_drift_warnings,
+    input_states,
     prepare,
     sample_until,
     validate,
@@ -29,6 +34,9 @@ from perfloop.harness.sampling import (
 )
 
 __all__ = ["BenchError", "bench", "compare", "sweep"]
+
+
+_REFERENCE = "\0reference"  # the reference workload's slot among a comparison's candidates
 
 
 def _resolve_ceilings(ceilings, work):
@@ -73,16 +81,22 @@ def bench(
     on_cuda = _device.has_cuda()
     t0 = time.perf_counter()
     warns = zero_input_warnings(fn, args)
+    before = input_states(fn, args)
     sampler, warm_calls, _ = prepare(
         fn, args, kwargs, flush_l2=flush_l2, graph=graph, warmup_s=warmup_s, on_cuda=on_cuda
     )
     try:
-        samples, reason = sample_until(sampler, min_samples=min_samples, max_samples=max_samples,
-                                       target_ci=target_ci, deadline=t0 + budget_s)  # fmt: skip
+        with CpuLoad() as load:
+            samples, reason = sample_until(sampler, min_samples=min_samples, max_samples=max_samples,
+                                           target_ci=target_ci, deadline=t0 + budget_s)  # fmt: skip
     except Exception as exc:
         raise BenchError(
             f"fn raised while sampling: {type(exc).__name__}: {exc}; the measurement was discarded"
         ) from exc
+    warns += input_drift_warnings(before)
+    contended = None if on_cuda else load.warning()
+    if contended:
+        warns.append(contended)
     if reason == "budget":
         warns.append(
             f"stopped by the time budget ({budget_s:g} s) before the CI reached "
@@ -102,6 +116,7 @@ def bench(
         "calls_per_sample": sampler.calls_per_sample,
         "warmup_calls": warm_calls,
         "wall_s": time.perf_counter() - t0,
+        "other_cpu_cores": None if on_cuda else load.other_cores,
     }
     return Measurement(
         samples_ms=tuple(samples),
@@ -126,6 +141,8 @@ def compare(
     max_rounds: int = 2000,
     alpha: float = 0.01,
     warmup_s: float = 0.025,
+    check_values: bool = False,
+    reference: Callable | None = None,
 ) -> Comparison:
     """Time candidates interleaved, round-robin, and give each one's speed-up over `baseline`.
 
@@ -133,7 +150,11 @@ def compare(
     (clocks, temperature, other load) hits all alike; speed-ups are ratios of
     medians with a paired bootstrap 95% CI, tested with Wilcoxon signed-rank on
     the per-round log ratios. A difference is called significant when p < alpha
-    and the CI excludes 1.
+    and the CI excludes 1. Before any timing, each candidate's output must match the
+    baseline's in shape and dtype (and, with `check_values`, in value): a speed-up of a
+    function that computes something else means nothing. A `reference` workload, when given,
+    is timed in the same rounds (not checked, no speed-up): `Comparison.reference`, which the
+    regression gate divides each round by to cancel the machine's drift.
 
     >>> import perfloop as pl
     >>> c = pl.compare({"a": lambda: sum(range(1000)), "b": lambda: sum(range(1000))})
@@ -149,22 +170,25 @@ def compare(
     if baseline not in fns:
         raise ValueError(f"baseline: {baseline!r} is not one of {sorted(fns)}")
     validate(next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False, "rounds")
+    _check_same_outputs(fns, baseline, check_values)
     on_cuda = _device.has_cuda()
     t0 = time.perf_counter()
     samplers = {}
-    for name, f in fns.items():
+    timed = {**fns, _REFERENCE: reference} if reference is not None else fns
+    for name, f in timed.items():
         try:
             samplers[name] = prepare(
                 f, (), {}, flush_l2=flush_l2, graph=False, warmup_s=warmup_s, on_cuda=on_cuda
             )[0]
         except BenchError as exc:
             raise BenchError(f"fns[{name!r}]: {exc}") from exc.__cause__
-    names = list(fns)
+    names = list(timed)
     samples: dict[str, list[float]] = {n: [] for n in names}
     rng = random.Random(0)
     deadline = t0 + budget_s
     reason = "max_rounds"
     rounds = 0
+    load = CpuLoad().__enter__()
     while rounds < max_rounds:
         # A block of rounds is queued before any is read, so the GPU never idles
         # between candidates; each round visits the candidates in a fresh order.
@@ -184,6 +208,8 @@ def compare(
             if time.perf_counter() >= deadline:
                 reason = "budget"
                 break
+    load.__exit__(None, None, None)
+    contended = None if on_cuda else load.warning()
     env = _device.env_fingerprint()
     ceil = _resolve_ceilings(None, work)
     meas = {
@@ -198,12 +224,15 @@ def compare(
                 "interleaved": True,
                 "calls_per_sample": samplers[n].calls_per_sample,
                 "flush_l2": bool(flush_l2 and on_cuda),
+                "other_cpu_cores": None if on_cuda else load.other_cores,
             },
+            extra_warnings=(contended,) if contended else (),
         )
         for n in names
     }
+    ref = meas.pop(_REFERENCE, None)
     speedups = {}
-    for n in names:
+    for n in fns:
         if n == baseline:
             continue
         s = stats.paired_speedup(samples[baseline], samples[n])
@@ -215,7 +244,45 @@ def compare(
             p_value=s["p_value"],
             significant=bool(s["p_value"] < alpha and excludes_one),
         )
-    return Comparison(baseline=baseline, measurements=meas, speedups=speedups)
+    return Comparison(baseline=baseline, measurements=meas, speedups=speedups, reference=ref)
+
+
+def _outline(out: Any) -> Any:
+    """What an output is, for comparing candidates: shapes and dtypes of its tensors."""
+    if isinstance(out, torch.Tensor):
+        return (tuple(out.shape), str(out.dtype).replace("torch.", ""))
+    if isinstance(out, (list, tuple)):
+        return tuple(_outline(o) for o in out)
+    return type(out).__name__
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _check_same_outputs(fns: dict[str, Callable], baseline: str, check_values: bool) -> None:
+    outs = {}
+    for name, f in fns.items():
+        try:
+            outs[name] = f()
+        except Exception as exc:
+            raise BenchError(f"fns[{name!r}] raised on its first call: {type(exc).__name__}: {exc}") from exc
+    want = _outline(outs[baseline])
+    for name, out in outs.items():
+        got = _outline(out)
+        if got != want:
+            raise ValueError(f"fns[{name!r}]: its output {got} differs from the baseline {baseline!r}'s "
+                             f"{want}; candidates must compute the same thing to be compared")  # fmt: skip
+        if check_values and name != baseline:
+            for a, b in zip(_tensors(outs[baseline]), _tensors(out), strict=True):
+                if not torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3, equal_nan=True):
+                    err = (a.float() - b.float()).abs().max().item()
+                    raise ValueError(f"fns[{name!r}]: its output differs from the baseline {baseline!r}'s "
+                                     f"by up to {err:.3g} (rtol 1e-2, atol 1e-3)")  # fmt: skip
 
 
 def sweep(
@@ -260,9 +327,24 @@ def sweep(
         points.append(point)
         if on_point:
             on_point(point)
+    fit, why = _fit(points, size_of)
+    return Sweep(points=tuple(points), fit=fit, fit_error=why)
+
+
+def _fit(points: list[SweepPoint], size_of) -> tuple[dict | None, str | None]:
+    """The fit of time against size, or None and the reason it could not be made; the
+    points stand either way."""
     ok = [(p.size, p.measurement.median_ms) for p in points if p.measurement is not None]
-    fit = None
-    if len(ok) >= 3:
-        xs = [size_of(s) if size_of else float(s) for s, _ in ok]
-        fit = stats.fit_power_floor(xs, [t for _, t in ok])
-    return Sweep(points=tuple(points), fit=fit)
+    if len(ok) < 3:
+        return None, f"no fit: {len(ok)} sizes measured, a fit needs 3"
+    try:
+        xs = [float(size_of(s)) if size_of else float(s) for s, _ in ok]
+    except (TypeError, ValueError) as exc:
+        return None, f"no fit: a size is not a number ({exc}); pass size_of= to map each size to one"
+    bad = [s for s, x in zip(ok, xs, strict=True) if not (x > 0 and math.isfinite(x))]
+    if bad:
+        return None, f"no fit: size {bad[0][0]!r} is not a positive number (a fit is in log space)"
+    try:
+        return stats.fit_power_floor(xs, [t for _, t in ok]), None
+    except (ValueError, RuntimeError, np.linalg.LinAlgError) as exc:
+        return None, f"no fit: {exc}"

@@ -103,11 +103,45 @@ class Variant:
             self.fn = getattr(importlib.import_module(mod), attr)
         return self.fn
 
-    def __call__(self, *inputs: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        reason = self.why_unavailable(inputs[0].device.type if inputs else "")
+    def __call__(self, *inputs: Any, out: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        """The variant on `inputs`; keywords pass through to the function it wraps."""
+        first = next((t for t in inputs if isinstance(t, torch.Tensor)), None)
+        reason = self.why_unavailable(first.device.type if first is not None else "")
         if reason:
             raise Unavailable(f"variant {self.name!r}: {reason}")
-        return self.resolve()(*inputs, out=out)
+        result = self.resolve()(*inputs, out=out, **kwargs)
+        detached = isinstance(result, torch.Tensor) and result.grad_fn is None and torch.is_grad_enabled()
+        if detached and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+            _warn_detached(self)
+        return result
+
+
+_DETACHED_WARNED: set[str] = set()
+
+
+def _warn_detached(v: Variant) -> None:
+    import warnings
+
+    if v.name + v.doc in _DETACHED_WARNED:
+        return
+    _DETACHED_WARNED.add(v.name + v.doc)
+    warnings.warn(
+        f"variant {v.name!r} ({v.doc}) has no backward: its output is detached from autograd, so no "
+        "gradient flows to its inputs. Use a variant with a backward (e.g. 'builtin') for training, "
+        "or call it under torch.no_grad().",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def free_memory(device: str) -> int | None:
+    """Bytes free on `device` (the GPU's free memory; the machine's available RAM), or None."""
+    try:
+        if device.startswith("cuda") and torch.cuda.is_available():
+            return torch.cuda.mem_get_info()[0]
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError, RuntimeError):
+        return None
 
 
 def interpreting() -> bool:
@@ -148,6 +182,7 @@ class Op:
     tolerances: dict  # dtype -> (atol, rtol)
     out_shape: Callable[[tuple], tuple]
     validate: Callable[..., None] | None = None  # raises ValueError on bad input
+    shape_names: tuple[str, ...] | None = None  # a fixed-rank shape's sizes, e.g. ("M", "N", "K")
     variants: dict[str, Variant] = field(default_factory=dict)
     baseline: str = "naive"
 
@@ -161,6 +196,27 @@ class Op:
                 f"variant: {self.name!r} has no variant {name!r}; valid: {', '.join(self.variants)}"
             )
         return self.variants[name]
+
+    def check_shape(
+        self, shape: tuple, dtype: torch.dtype = torch.float32, device: str | None = None
+    ) -> None:
+        """Raise ValueError (naming `shape`) for a shape this op cannot take, or one whose inputs
+        and output would not fit in the device's memory -- before anything is allocated."""
+        if self.shape_names and len(shape) != len(self.shape_names):
+            names = ", ".join(self.shape_names)
+            raise ValueError(f"shape: {self.name} takes {len(self.shape_names)} sizes ({names}), "
+                             f"got {len(shape)}: {'x'.join(map(str, shape))}")  # fmt: skip
+        flags = {i for i, n in enumerate(self.shape_names or ()) if n == "causal"}  # 0 or 1
+        sizes = [s for i, s in enumerate(shape) if i not in flags]
+        if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in sizes):
+            raise ValueError(f"shape: {shape!r}: sizes must be positive integers")
+        need = self.work(shape, dtype).bytes
+        have = free_memory(device or default_device())
+        if have and need > have:
+            shown = "x".join(map(str, shape))
+            raise ValueError(f"shape: {shown} {dtype_name(dtype)} needs ~{need / 2**30:.1f} GiB for its "
+                             f"inputs and output, more than the {have / 2**30:.1f} GiB free here; choose a "
+                             "smaller shape")  # fmt: skip
 
     def bench_shape(self, device: str) -> tuple:
         return self.bench_shape_gpu if device == "cuda" else self.bench_shape_cpu
@@ -205,6 +261,11 @@ class Op:
                     got = v(*inputs, out=out)
                     if got is not out:
                         out = got
+                    if isinstance(out, torch.Tensor) and out.dtype != dtype:
+                        raise CheckFailed(
+                            f"{self.name}/{variant} {shape} {dtype} seed={seed}: output dtype {out.dtype}, "
+                            f"input dtype {dtype}: a variant returns its input's dtype"
+                        )
                     ref = self.reference(*inputs)
                     atol, rtol = self.tolerance(dtype, shape)
                     records.append(

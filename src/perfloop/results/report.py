@@ -21,6 +21,8 @@ def latest_rows(rows: list[dict]) -> list[dict]:
     """The newest row per (op, variant, shape, dtype, graph)."""
     best: dict = {}
     for r in rows:
+        if r["op"].startswith("_"):  # the reference workload every run measures: not a result
+            continue
         best[(r["op"], r["variant"], r["shape"], r["dtype"], r["graph"])] = r
     return list(best.values())
 

@@ -3,7 +3,10 @@
 Each row is committed as soon as it is taken, in WAL mode with a busy
 timeout, so two processes can write at once and an interrupted sweep keeps
 every point already measured. Everything is stored as JSON or plain columns,
-never pickle. Location: `--db PATH`, else $PERFLOOP_DB, else the user's data
+never pickle. A run is written with its first row: a command that fails before
+measuring anything leaves no empty run behind. A file that is not a perfloop
+database of this schema (another program's, an older or newer perfloop's) is
+refused before anything is written to it. Location: `--db PATH`, else $PERFLOOP_DB, else the user's data
 directory (~/.local/share/perfloop/perfloop.db).
 """
 
@@ -57,11 +60,34 @@ CREATE TABLE IF NOT EXISTS artifacts (
 );
 """
 
+SCHEMA_VERSION = 1  # PRAGMA user_version of a database this code wrote
+TABLES = {  # our tables and their columns, as SCHEMA makes them
+    "runs": {"run_id", "created", "command", "env"},
+    "measurements": {
+        "id", "run_id", "created", "op", "variant", "shape", "dtype", "graph", "median_ms", "p20_ms",
+        "p80_ms", "iqr_ms", "ci_lo_ms", "ci_hi_ms", "n", "gbps", "tflops", "sol", "speedup", "speedup_lo",
+        "speedup_hi", "baseline", "samples", "work", "meta", "warnings", "device", "env",
+    },
+    "artifacts": {"id", "run_id", "created", "kind", "op", "variant", "payload"},
+}  # fmt: skip
+
 COLUMNS = [
     "run_id", "created", "op", "variant", "shape", "dtype", "graph", "median_ms", "p20_ms",
     "p80_ms", "iqr_ms", "ci_lo_ms", "ci_hi_ms", "n", "gbps", "tflops", "sol", "speedup",
     "speedup_lo", "speedup_hi", "baseline", "device",
 ]  # fmt: skip
+
+
+def is_our_export(path: str | os.PathLike) -> bool:
+    """Whether an existing file is an export perfloop wrote (so overwriting it loses nothing)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    csv_ours = head.startswith(",".join(COLUMNS))
+    json_ours = head.lstrip().startswith("[") and ('"run_id"' in head or head.strip() == "[]")
+    return csv_ours or json_ours
 
 
 class StoreError(RuntimeError):
@@ -91,42 +117,105 @@ class Store:
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = str(path) if path is not None else str(default_path())
+        self._pending: dict[str, tuple[str, str, str]] = {}  # run_id -> (created, command, env)
+        self.skipped: list[str] = []  # stored rows that could not be read, and why
+        self._wal = False
         if self.path != ":memory:":
             p = Path(self.path)
+            if p.is_dir():
+                raise StoreError(f"database {p}: is a folder; give a file path, e.g. {p / 'perfloop.db'}")
             try:
                 p.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise StoreError(f"--db {p}: cannot create its folder ({exc}); pass a writable path") from exc
+                raise StoreError(
+                    f"database {p}: cannot create its folder ({exc}); pass a writable path"
+                ) from exc
         try:
             self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
             self.conn.execute("PRAGMA busy_timeout = 30000")
-            if self.path != ":memory:":
-                self.conn.execute("PRAGMA journal_mode = WAL")
-            self.conn.executescript(SCHEMA)
+            self._fresh = self._check_schema()
         except sqlite3.DatabaseError as exc:
             raise StoreError(
-                f"--db {self.path}: not a usable perfloop database ({exc}). Move the file aside, "
-                "or pass another --db / PERFLOOP_DB; nothing in it was changed."
+                f"database {self.path}: not a usable perfloop database ({exc}). Move the file aside, "
+                "or pass another path (--db, PERFLOOP_DB); nothing in it was changed."
             ) from exc
+
+    def _check_schema(self) -> bool:
+        """True for an empty file (ours to create); raises StoreError, writing nothing, for one
+        that holds other tables, or ours with other columns or another schema version."""
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables.discard("sqlite_sequence")
+        if not tables:
+            return True
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        problems = []
+        if version not in (0, SCHEMA_VERSION):  # 0: written before versions were recorded
+            problems.append(f"schema version {version}, this perfloop reads {SCHEMA_VERSION}")
+        for name, cols in TABLES.items():
+            if name not in tables:
+                problems.append(f"no {name} table")
+                continue
+            have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({name})")}
+            if have != cols:
+                problems.append(f"table {name} has columns {sorted(have ^ cols)} that differ from ours")
+        if problems:
+            raise StoreError(
+                f"database {self.path}: not a perfloop database of this version ({'; '.join(problems)}). "
+                "It was left untouched; pass another path (--db, PERFLOOP_DB)."
+            )
+        return False
 
     def close(self) -> None:
         self.conn.close()
 
     def _write(self, sql: str, args: tuple) -> int:
         try:
+            if not self._wal:  # the first write: WAL, and our tables in a fresh file
+                if self.path != ":memory:":
+                    self.conn.execute("PRAGMA journal_mode = WAL")
+                if self._fresh:
+                    self.conn.executescript(SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
+                    self._fresh = False
+                self._wal = True
             cur = self.conn.execute(sql, args)  # autocommit: each row lands at once
             return cur.lastrowid
         except sqlite3.OperationalError as exc:
-            raise StoreError(f"--db {self.path}: write failed ({exc}); is it read-only?") from exc
+            raise StoreError(
+                f"database {self.path}: write failed ({exc}); is it read-only? Pass a writable path "
+                "(--db, PERFLOOP_DB)."
+            ) from exc
+
+    def check_writable(self) -> None:
+        """Raise StoreError now if the file cannot take a row (read-only file or folder), so a
+        command fails before it measures, not after."""
+        if self.path == ":memory:":
+            return
+        p = Path(self.path)
+        if (p.exists() and not os.access(p, os.W_OK)) or not os.access(p.parent, os.W_OK):
+            raise StoreError(f"database {p}: read-only; pass a writable path (--db, PERFLOOP_DB)")
+
+    def _ensure_run(self, run_id: str) -> None:
+        """The run's row, written with its first measurement or artifact."""
+        created, command, env = self._pending.pop(run_id, (_now(), "", "{}"))
+        self._write("INSERT OR IGNORE INTO runs(run_id, created, command, env) VALUES (?, ?, ?, ?)",
+                    (run_id, created, command, env))  # fmt: skip
+        if command:  # another process (a rank) may have written it first, bare
+            self._write("UPDATE runs SET command = ?, env = ? WHERE run_id = ? AND command = ''",
+                        (command, env, run_id))  # fmt: skip
+
+    def adopt_run(self, run_id: str) -> None:
+        """Give a run that other processes wrote rows into this store's command and env, if it
+        has rows at all."""
+        if run_id in self._pending and (self._select("measurements", run_id=run_id)
+                                        or self._select("artifacts", run_id=run_id)):  # fmt: skip
+            self._ensure_run(run_id)
 
     # ------------------------------------------------------------ writing
     def new_run(self, command: str = "", env: dict | None = None) -> str:
+        """A new run's id; the run is written with its first row (no run without rows)."""
         run_id = dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        self._write(
-            "INSERT INTO runs(run_id, created, command, env) VALUES (?, ?, ?, ?)",
-            (run_id, _now(), command, json.dumps(env or {})),
-        )
+        self._pending[run_id] = (_now(), command, json.dumps(env or {}))
         return run_id
 
     def add(
@@ -141,6 +230,7 @@ class Store:
         speedup=None,
         baseline: str | None = None,
     ) -> int:
+        self._ensure_run(run_id)
         lo, hi = m.ci95_ms
         sp, sp_lo, sp_hi = (speedup.speedup, *speedup.ci) if speedup else (None, None, None)
         return self._write(
@@ -162,13 +252,23 @@ class Store:
         )  # fmt: skip
 
     def add_artifact(self, run_id: str, kind: str, payload: dict, op=None, variant=None) -> int:
+        self._ensure_run(run_id)
         return self._write(
             "INSERT INTO artifacts(run_id, created, kind, op, variant, payload) VALUES (?,?,?,?,?,?)",
             (run_id, _now(), kind, op, variant, json.dumps(payload, default=str)),
         )
 
     # ------------------------------------------------------------ reading
+    def _empty(self) -> bool:
+        """Nothing written to this file yet, by us or by another process."""
+        if self._fresh:
+            q = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'measurements'"
+            self._fresh = not self.conn.execute(q).fetchone()[0]
+        return self._fresh
+
     def runs(self) -> list[dict]:
+        if self._empty():
+            return []
         q = """SELECT r.run_id, r.created, r.command, COUNT(m.id) AS rows
                FROM runs r LEFT JOIN measurements m ON m.run_id = r.run_id
                GROUP BY r.run_id ORDER BY r.created DESC, r.rowid DESC"""
@@ -190,22 +290,34 @@ class Store:
 
     def _select(self, table: str, **where) -> list[dict]:
         """Rows of `table` matching the non-None column filters, oldest first."""
+        if self._empty():
+            return []
         cols = {k: v for k, v in where.items() if v is not None}
         q = f"SELECT * FROM {table}" + (" WHERE " + " AND ".join(f"{k} = ?" for k in cols) if cols else "")
         return [dict(r) for r in self.conn.execute(q + " ORDER BY id", list(cols.values()))]
 
     def rows(self, run_id: str | None = None, op: str | None = None) -> list[dict]:
-        out = self._select("measurements", run_id=run_id, op=op)
-        for d in out:
-            for k in ("samples", "work", "meta", "warnings", "env"):
-                d[k] = json.loads(d[k]) if d[k] else None
+        out = []
+        for d in self._select("measurements", run_id=run_id, op=op):
+            try:
+                for k in ("samples", "work", "meta", "warnings", "env"):
+                    d[k] = json.loads(d[k]) if d[k] else None
+            except (json.JSONDecodeError, TypeError) as exc:
+                self.skipped.append(
+                    f"row {d['id']} ({d['op']}/{d['variant']} {d['shape']}): corrupt JSON ({exc})"
+                )
+                continue
+            out.append(d)
         return out
 
     def artifacts(self, run_id: str | None = None, kind: str | None = None) -> list[dict]:
-        return [
-            a | {"payload": json.loads(a["payload"])}
-            for a in self._select("artifacts", run_id=run_id, kind=kind)
-        ]
+        out = []
+        for a in self._select("artifacts", run_id=run_id, kind=kind):
+            try:
+                out.append(a | {"payload": json.loads(a["payload"])})
+            except json.JSONDecodeError as exc:
+                self.skipped.append(f"artifact {a['id']} ({a['kind']}): corrupt JSON ({exc})")
+        return out
 
     def measurement(self, row: dict) -> Measurement:
         from perfloop.harness.measurement import Work

@@ -12,10 +12,12 @@ import torch
 from perfloop.analysis.diagnose import Diagnosis
 from perfloop.analysis.profiling import Profile, profile
 from perfloop.device import default_device
+from perfloop.harness import gate
 from perfloop.harness.measurement import Comparison, Sweep, SweepPoint
 from perfloop.harness.timing import bench, compare, sweep
 from perfloop.ops.base import Op, dtype_name
 from perfloop.results.store import Store, shape_str
+from perfloop.workflows.runs import record_reference
 
 
 @dataclass
@@ -86,6 +88,7 @@ def bench_variants(
     >>> c, rows = bench_variants(op, ["naive", "builtin"], (2048, 2048), torch.float32)  # doctest: +SKIP
     """
     dev = default_device()
+    op.check_shape(shape, dtype, dev)
     for v in variants:  # never time a wrong answer
         op.check(v, dtypes=[dtype], shapes=op.test_shapes[2:4], seeds=1)
     inputs = op.make_inputs(shape, dtype=dtype, device=dev, seed=0)
@@ -94,7 +97,8 @@ def bench_variants(
     work = op.work(shape, dtype)
     fns = {v: (lambda var=op.variant(v): var(*inputs)) for v in variants}
     baseline = op.baseline if op.baseline in fns else variants[0]
-    c = compare(fns, baseline=baseline, work=work, flush_l2=flush_l2, budget_s=budget_s)
+    c = compare(fns, baseline=baseline, work=work, flush_l2=flush_l2, budget_s=budget_s,
+                reference=gate.reference(dev))  # fmt: skip
     graphs, graph_errors = {}, {}
     if graph:
         for v in variants:
@@ -124,6 +128,8 @@ def bench_variants(
             )
             if v in graphs:
                 store.add(run_id, graphs[v], op=op.name, variant=v, shape=shape, dtype=name)
+    if store is not None:
+        record_reference(store, run_id, c.reference)
     return c, rows
 
 
@@ -141,6 +147,8 @@ def sweep_variants(
     """Each variant over the shapes, with a fit of time against elements; each point is stored
     the moment it is measured (Ctrl-C keeps what was taken), each fit once it is made."""
     dev = default_device()
+    for shape in shapes:
+        op.check_shape(shape, dtype, dev)
     results = {}
     for v in variants:
         var = op.variant(v)
@@ -167,16 +175,20 @@ def sweep_variants(
         )
         if store is not None and results[v].fit:
             store.add_artifact(run_id, "sweep_fit", {"variant": v, **results[v].fit}, op=op.name, variant=v)
+    if store is not None:
+        record_reference(store, run_id)
     return results
 
 
 def sweep_points(results: dict[str, Sweep]) -> dict:
     """The sweeps as plain data: per variant, each point's shape, median (or error) and the fit."""
-    return {
-        v: {"points": [{"shape": list(p.size), "median_ms": p.measurement.median_ms if p.measurement
-                        else None, "error": p.error} for p in s.points], "fit": s.fit}
-        for v, s in results.items()
-    }  # fmt: skip
+
+    def point(p):
+        return {"shape": list(p.size), "median_ms": p.measurement.median_ms if p.measurement else None,
+                "error": p.error}  # fmt: skip
+
+    return {v: {"points": [point(p) for p in s.points], "fit": s.fit, "fit_error": s.fit_error}
+            for v, s in results.items()}  # fmt: skip
 
 
 def sweep_series(results: dict[str, Sweep]) -> dict[str, tuple[list[int], list[float]]]:
@@ -200,6 +212,7 @@ def profile_variant(
     cuda_profiler_range: bool = False,
 ) -> tuple[Profile, Diagnosis]:
     """Profile `calls` calls of one variant on the op's seeded inputs, and diagnose it."""
+    op.check_shape(shape, dtype)
     inputs = op.make_inputs(shape, dtype=dtype, device=default_device(), seed=0)
     v = op.variant(variant)
     p = profile(lambda: v(*inputs), calls=calls, work=op.work(shape, dtype), memory_snapshot=memory_snapshot,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
-from perfloop.device import env_fingerprint
+from perfloop.device import default_device, env_fingerprint
+from perfloop.harness import gate
+from perfloop.harness.measurement import Measurement
+from perfloop.harness.timing import bench
 from perfloop.results.store import Store
 
 
@@ -19,3 +22,15 @@ def start_run(store: Store, command: str) -> str:
 def open_store(path: str | os.PathLike | None = None) -> Store:
     """The results store at `path` (default: $PERFLOOP_DB or the user data dir)."""
     return Store(path)
+
+
+def record_reference(store: Store, run_id: str, m: Measurement | None = None) -> None:
+    """The reference workload (harness.gate) in the run, once per run -- `m` where it was timed
+    interleaved with the candidates, else measured now: the regression gate divides the
+    machine's own drift between two runs out with it."""
+    if store.rows(run_id, op=gate.REFERENCE_OP):
+        return
+    dev = default_device()
+    m = m or bench(gate.reference(dev), budget_s=0.3, label="reference")
+    store.add(run_id, m, op=gate.REFERENCE_OP, variant=dev, shape=(gate.reference(dev).args[0].numel(),),
+              dtype="fp32")  # fmt: skip

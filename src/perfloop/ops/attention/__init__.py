@@ -94,6 +94,7 @@ OP = _AttentionOp(
     ],
     bench_shape_gpu=(4, 16, 4096, 4096, 128, False),
     bench_shape_cpu=(1, 2, 256, 256, 64, False),
+    shape_names=("B", "H", "Sq", "Sk", "D", "causal"),
     tolerances={},
     out_shape=lambda shape: (shape[0], shape[1], shape[2], shape[4]),
     validate=validate,

@@ -75,6 +75,7 @@ OP = _MatmulReluOp(
     test_shapes=[(1, 1, 1), (17, 33, 65), (127, 129, 63), (5, 300, 17), (70, 3, 200)],
     bench_shape_gpu=(8192, 8192, 8192),
     bench_shape_cpu=(512, 512, 512),
+    shape_names=("M", "N", "K"),
     tolerances={},
     out_shape=lambda shape: (shape[0], shape[1]),
     validate=validate,

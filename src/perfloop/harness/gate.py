@@ -1,0 +1,140 @@
+"""The regression gate: is a later run slower than an earlier one by more than runs of the same
+code vary by?
+
+Samples within one run say nothing about the spread between runs: a machine's clocks, its other
+load, the memory a process happened to get all move from run to run. The gate therefore judges
+a slowdown against three things, and says which it used:
+
+1. the fast tail of each run's samples (their 10th percentile): interference only ever adds
+   time, so the fastest samples are the ones least touched by it;
+2. a reference workload measured in both runs (`reference()`, a fixed copy): its own change
+   between the runs is the machine's drift, and is divided out;
+3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
+   same commit) when the history holds at least three, else a default for the device kind.
+A slowdown is a regression only past the larger of the user's threshold and that floor, and
+when the two runs' samples differ significantly (Mann-Whitney).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfloop.harness import stats
+
+DEFAULT_FLOOR = {"cpu": 0.15, "cuda": 0.03}  # run-to-run spread assumed when no history is known
+MIN_HISTORY = 3  # runs of the same code needed to learn the floor
+TAIL = 0.1  # the quantile that stands for a run: its fast tail
+REFERENCE_OP = "_reference"  # the stored rows of the reference workload
+
+
+def tail_ms(samples: Sequence[float]) -> float:
+    return float(np.quantile(np.asarray(samples, dtype=float), TAIL))
+
+
+def normalized_tail(samples: Sequence[float], ref: Sequence[float] | None) -> float:
+    """A run's fast tail divided by its reference workload's: round by round where the two
+    were interleaved (equal counts), else tail over tail."""
+    if ref is None:
+        return tail_ms(samples)
+    if len(ref) == len(samples):
+        return tail_ms([x / r for x, r in zip(samples, ref, strict=True)])
+    return tail_ms(samples) / tail_ms(ref)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ratio: float  # b/a, fast tails, as measured
+    drift: float | None  # the reference workload's b/a: the machine's own change
+    adjusted: float  # ratio / drift
+    floor: float  # run-to-run spread a change must exceed (a fraction)
+    floor_source: str
+    p_value: float
+    regression: bool
+    verdict: str
+
+    @property
+    def method(self) -> str:
+        how = "fast tails (p10)"
+        how += f", divided by the reference workload's change ({self.drift:.3f}x)" if self.drift else ""
+        return f"{how}; noise floor {self.floor:.1%} ({self.floor_source})"
+
+
+def learned_floor(history: Sequence[float]) -> float | None:
+    """3 robust standard deviations of log(time) over runs of the same code, as a fraction;
+    None with fewer than MIN_HISTORY runs."""
+    if len(history) < MIN_HISTORY:
+        return None
+    logs = np.log(np.asarray(history, dtype=float))
+    sigma = 1.4826 * float(np.median(np.abs(logs - np.median(logs))))
+    return max(0.01, math.exp(3 * sigma) - 1)
+
+
+def judge(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    fail_above_pct: float | None = None,
+    kind: str = "cpu",
+    a_ref: Sequence[float] | None = None,
+    b_ref: Sequence[float] | None = None,
+    history: Sequence[float] | None = None,
+    alpha: float = 0.01,
+) -> Verdict:
+    """Whether samples `b` (a later run) are slower than `a` beyond run-to-run noise.
+
+    >>> v = judge([1.0, 1.01, 0.99] * 5, [1.5, 1.52, 1.49] * 5, fail_above_pct=5)
+    >>> v.regression, v.verdict
+    (True, 'slower')
+    """
+    ratio = tail_ms(b) / tail_ms(a)
+    drift = None
+    if a_ref is not None and b_ref is not None:
+        if len(a_ref) == len(a) and len(b_ref) == len(b):  # interleaved rounds: divide round by round
+            a = [x / r for x, r in zip(a, a_ref, strict=True)]
+            b = [x / r for x, r in zip(b, b_ref, strict=True)]
+            drift = ratio / (tail_ms(b) / tail_ms(a))
+        else:
+            drift = tail_ms(b_ref) / tail_ms(a_ref)
+    adjusted = ratio / drift if drift else ratio
+    learned = learned_floor(history or [])
+    if learned is not None:
+        floor, source = learned, f"learned from {len(history)} runs of the same code"
+    else:
+        floor = DEFAULT_FLOOR.get(kind, DEFAULT_FLOOR["cpu"])
+        source = f"default for a {kind} run; no history of the same code"
+    p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
+    significant = p < alpha and abs(math.log(adjusted)) > math.log1p(floor)
+    if not significant:
+        verdict = f"same (within {floor:.0%} noise)"
+    else:
+        verdict = "slower" if adjusted > 1 else "faster"
+    limit = max(floor, (fail_above_pct or 0) / 100)
+    regression = bool(fail_above_pct is not None and significant and adjusted > 1 + limit)
+    return Verdict(ratio, drift, adjusted, floor, source, p, regression, verdict)
+
+
+@functools.lru_cache(maxsize=2)
+def _reference_inputs(device: str):
+    import torch
+
+    n = 2**24 if device == "cuda" else 2**18  # 64 MiB on a GPU (past its L2); 1 MiB on a CPU
+    x = torch.randn(n, device=device, generator=torch.Generator(device=device).manual_seed(0))
+    return x, torch.empty_like(x)
+
+
+def reference(device: str):
+    """The fixed workload measured in every run: on a GPU a copy (bandwidth), on a CPU an
+    elementwise tanh that torch spreads over its threads like most tensor code, so it feels
+    the same clocks, cache and thread scheduling; its change between two runs is the
+    machine's, not the code's."""
+    import torch
+
+    x, y = _reference_inputs(device)
+    if device == "cuda":
+        return functools.partial(y.copy_, x)
+    return functools.partial(torch.tanh, x, out=y)

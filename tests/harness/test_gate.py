@@ -1,0 +1,89 @@
+"""The regression gate: run-to-run noise is not a regression; a real slowdown is (issue 15, 5)."""
+
+import numpy as np
+import pytest
+
+from perfloop.harness import gate
+
+
+def _samples(ms, n=60, spread=0.02, seed=0):
+    rng = np.random.default_rng(seed)
+    return list(ms * (1 + spread * rng.standard_normal(n)).clip(0.9, None))
+
+
+def test_within_run_samples_alone_would_call_noise_a_regression_the_floor_does_not():
+    a, b = _samples(1.0, seed=1), _samples(1.08, seed=2)  # an 8% run-to-run wobble, tight samples
+    v = gate.judge(a, b, fail_above_pct=5, kind="cpu")
+    assert v.p_value < 1e-6  # the within-run test alone says "significant"
+    assert not v.regression and v.verdict.startswith("same") and "default for a cpu" in v.floor_source
+
+
+def test_the_machines_drift_is_divided_out_with_the_reference():
+    a, b = _samples(1.0, seed=1), _samples(1.6, seed=2)  # everything 1.6x slower: a busy machine
+    ra, rb = _samples(0.2, seed=3), _samples(0.32, seed=4)
+    v = gate.judge(a, b, fail_above_pct=5, a_ref=ra, b_ref=rb)
+    assert v.drift == pytest.approx(1.6, rel=0.05) and v.adjusted == pytest.approx(1.0, abs=0.05)
+    assert not v.regression and "reference workload" in v.method
+
+
+def test_a_real_slowdown_past_the_floor_is_caught():
+    a, b = _samples(1.0, seed=1), _samples(1.3, seed=2)
+    ra, rb = _samples(0.2, seed=3), _samples(0.2, seed=4)
+    v = gate.judge(a, b, fail_above_pct=5, a_ref=ra, b_ref=rb)
+    assert v.regression and v.verdict == "slower" and v.adjusted == pytest.approx(1.3, rel=0.05)
+
+
+def test_the_floor_is_learned_from_runs_of_the_same_code():
+    history = [1.0, 1.01, 0.99, 1.02, 0.98]
+    floor = gate.learned_floor(history)
+    assert 0.01 <= floor < 0.1
+    assert gate.learned_floor([1.0, 1.1]) is None  # too few runs to learn from
+    v = gate.judge(_samples(1.0, seed=1), _samples(1.08, seed=2), fail_above_pct=5, history=history)
+    assert v.regression and "learned from 5 runs" in v.floor_source  # 8% is past a ~3% floor
+
+
+def test_a_slowdown_below_the_users_threshold_is_reported_but_does_not_fail():
+    v = gate.judge(_samples(1.0, seed=1), _samples(1.2, seed=2), fail_above_pct=50, kind="cpu")
+    assert v.verdict == "slower" and not v.regression
+
+
+def _one_run(slow: bool):
+    import torch
+
+    from perfloop.harness.timing import compare
+
+    x = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
+    part = x[:154]
+
+    def fn():
+        y = torch.nn.functional.gelu(x)
+        if slow:  # 30% more of the same work
+            torch.nn.functional.gelu(part)
+        return y
+
+    c = compare({"fn": fn}, reference=gate.reference("cpu"), budget_s=0.8, target_ci=0.005)
+    return list(c.measurements["fn"].samples_ms), list(c.reference.samples_ms)
+
+
+@pytest.mark.slow
+def test_back_to_back_runs_under_load_raise_no_false_alarm_and_a_real_slowdown_is_caught():
+    """Unchanged code, run after run, with another process loading a core: no alarm; the same
+    code 1.3x slower: caught. (benchmarks/gate_noise.py does this with 20 separate processes.)"""
+    import subprocess
+    import sys
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        same = [_one_run(False) for _ in range(6)]
+        slow = [_one_run(True) for _ in range(3)]
+    finally:
+        hog.kill()
+    history = []
+    for (a, ra), (b, rb) in zip(same, same[1:], strict=False):
+        history.append(gate.normalized_tail(a, ra))
+        v = gate.judge(a, b, fail_above_pct=5, a_ref=ra, b_ref=rb, history=history)
+        assert not v.regression, f"false alarm: {v}"
+    history.append(gate.normalized_tail(*same[-1]))
+    for b, rb in slow:
+        v = gate.judge(*same[-1][:1], b, fail_above_pct=5, a_ref=same[-1][1], b_ref=rb, history=history)
+        assert v.regression, f"missed a 1.3x slowdown: {v}"

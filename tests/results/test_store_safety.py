@@ -1,0 +1,114 @@
+"""Nothing lost: exports never overwrite the database, foreign files are left untouched, a
+failed command leaves no empty run, a corrupt row is skipped with a word (issue 15, 1-4, 10)."""
+
+import hashlib
+import sqlite3
+
+import pytest
+
+import perfloop as pl
+from perfloop.cli import main
+from perfloop.results.store import Store, StoreError
+
+
+def _db_with_a_row(path):
+    s = Store(path)
+    run = s.new_run("seed")
+    s.add(
+        run, pl.Measurement(samples_ms=(1.0, 1.1, 0.9)), op="gelu", variant="naive", shape=(8,), dtype="fp32"
+    )
+    s.close()
+    return run
+
+
+def _digest(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--export-json"])
+def test_an_export_onto_the_database_is_refused_and_the_database_survives(tmp_path, capsys, flag):
+    db = tmp_path / "r.db"
+    _db_with_a_row(db)
+    assert main(["report", "--db", str(db), flag, str(db)]) == 2
+    assert "the database itself" in capsys.readouterr().err
+    assert len(Store(db).rows()) == 1  # still a database, with its row
+
+
+def test_an_export_over_a_foreign_file_needs_force(tmp_path, capsys):
+    db, notes = tmp_path / "r.db", tmp_path / "notes.txt"
+    _db_with_a_row(db)
+    notes.write_text("my notes\n")
+    assert main(["report", "--db", str(db), "--csv", str(notes)]) == 2
+    assert "not a perfloop export" in capsys.readouterr().err and notes.read_text() == "my notes\n"
+    assert main(["report", "--db", str(db), "--csv", str(notes), "--force"]) == 0
+    assert notes.read_text().startswith("run_id,")
+    assert main(["report", "--db", str(db), "--csv", str(notes)]) == 0  # our own export: replaced freely
+
+
+def test_a_foreign_sqlite_file_is_refused_untouched(tmp_path, capsys):
+    db = tmp_path / "other.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE runs (id INTEGER, name TEXT)")  # another program's `runs`
+    con.execute("INSERT INTO runs VALUES (1, 'x')")
+    con.commit()
+    con.close()
+    before = _digest(db)
+    with pytest.raises(StoreError, match="left untouched"):
+        Store(db)
+    assert (
+        main(["bench", "gelu", "--variant", "builtin", "--shape", "64", "--db", str(db), "--budget", "0.1"])
+        == 2
+    )
+    assert "not a perfloop database" in capsys.readouterr().err
+    assert _digest(db) == before
+    tables = {r[0] for r in sqlite3.connect(db).execute("SELECT name FROM sqlite_master")}
+    assert tables == {"runs"} and not (tmp_path / "other.db-wal").exists()
+
+
+def test_a_newer_schema_is_refused(tmp_path):
+    db = tmp_path / "new.db"
+    _db_with_a_row(db)
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA user_version = 7")
+    con.close()
+    with pytest.raises(StoreError, match="schema version 7"):
+        Store(db)
+
+
+def test_a_failed_command_leaves_no_run(tmp_path):
+    db = str(tmp_path / "f.db")
+    assert (
+        main(["bench", "gelu", "--variant", "builtin", "--shape", "64", "--db", db, "--budget", "0.1"]) == 0
+    )
+    first = Store(db).runs()
+    assert len(first) == 1
+    assert main(["bench", "matmul_relu", "--shape", "64x64", "--db", db, "--budget", "0.1"]) == 2  # bad shape
+    assert Store(db).runs() == first  # `compare previous latest` still means the last two real runs
+    s = Store(db)
+    s.new_run("nothing measured")
+    assert len(s.runs()) == 1
+
+
+def test_a_corrupt_row_is_skipped_with_a_word(tmp_path, capsys):
+    db = tmp_path / "c.db"
+    _db_with_a_row(db)
+    s = Store(db)
+    run = s.new_run("second")
+    s.add(run, pl.Measurement(samples_ms=(2.0, 2.1)), op="gelu", variant="builtin", shape=(8,), dtype="fp32")
+    sqlite3.connect(db, isolation_level=None).execute(
+        "UPDATE measurements SET samples = '{broken' WHERE id = 1"
+    )
+    assert main(["report", "--db", str(db)]) == 0
+    out = capsys.readouterr()
+    assert "builtin" in out.out and "corrupt JSON" in out.err
+
+
+def test_a_read_only_database_is_refused_before_measuring(tmp_path, capsys, monkeypatch):
+    import os
+
+    db = tmp_path / "ro.db"
+    _db_with_a_row(db)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if mode == os.W_OK else real(p, mode))
+    assert main(["bench", "gelu", "--variant", "builtin", "--shape", "64", "--db", str(db)]) == 2
+    assert "read-only" in capsys.readouterr().err
