@@ -29,8 +29,16 @@ def fn():
     return y
 c = compare({"fn": fn}, reference=gate.reference("cpu"), budget_s=1.5, target_ci=0.005)
 m, r = c.measurements["fn"], c.reference
-print(json.dumps({"samples": list(m.samples_ms), "ref": list(r.samples_ms), "warnings": list(m.warnings)}))
+print(json.dumps({"samples": list(m.samples_ms), "ref": list(r.samples_ms), "warnings": list(m.warnings),
+                  "contended": gate.contended(m.meta)}))
 """
+
+
+def judge(a: dict, b: dict, history: list[float], fail_above: float):
+    from perfloop.harness import gate
+
+    return gate.judge(a["samples"], b["samples"], fail_above_pct=fail_above, a_ref=a["ref"], b_ref=b["ref"],
+                      history=history, contended=a["contended"] or b["contended"])  # fmt: skip
 
 
 def one_run(kind: str) -> dict:
@@ -59,8 +67,7 @@ def main() -> int:
     for i in range(1, len(same)):
         a, b = same[i - 1], same[i]
         history = [gate.normalized_tail(r["samples"], r["ref"]) for r in same[:i]]
-        v = gate.judge(a["samples"], b["samples"], fail_above_pct=args.fail_above, a_ref=a["ref"],
-                       b_ref=b["ref"], history=history)  # fmt: skip
+        v = judge(a, b, history, args.fail_above)
         s = stats.independent_ratio(a["samples"], b["samples"])
         naive = s["p_value"] < 0.01 and s["ratio"] > 1 + args.fail_above / 100
         alarms += v.regression
@@ -70,8 +77,7 @@ def main() -> int:
     history = [gate.normalized_tail(r["samples"], r["ref"]) for r in same]
     for i, b in enumerate(slow):
         a = same[-1]
-        v = gate.judge(a["samples"], b["samples"], fail_above_pct=args.fail_above, a_ref=a["ref"],
-                       b_ref=b["ref"], history=history)  # fmt: skip
+        v = judge(a, b, history, args.fail_above)
         misses += not v.regression
         rows.append({"pair": f"same -> slow {i}", "adjusted": v.adjusted, "floor": v.floor,
                      "regression": v.regression})  # fmt: skip

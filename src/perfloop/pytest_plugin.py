@@ -84,6 +84,7 @@ class Recorder:
                 kind=(m.env.get("device") or {}).get("kind", "cpu"),
                 a_ref=base.meta.get("reference_samples_ms"),
                 b_ref=m.meta.get("reference_samples_ms"),
+                contended=gate.contended(base.meta) or gate.contended(m.meta),
             )
             if v.regression:
                 pytest.fail(

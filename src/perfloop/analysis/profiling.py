@@ -239,6 +239,75 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1e3  # us -> ms
 
 
+def _peak_memory(call: Callable, memory_snapshot) -> int:
+    """Bytes one call allocates at its peak beyond what was held before; with
+    `memory_snapshot`, the allocator's history of that call written there."""
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    if memory_snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+    call()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    if memory_snapshot:
+        torch.cuda.memory._dump_snapshot(str(memory_snapshot))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return peak
+
+
+def _start_profiler(on_cuda: bool, warnings: list[str]):
+    """torch.profiler recording CPU and (on a GPU) CUDA activity, already started; CPU only,
+    with a warning, where CUPTI is missing or busy."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if on_cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    try:  # keep events from every call (torch >= 2.5 clears them per cycle otherwise)
+        prof = torch.profiler.profile(activities=acts, acc_events=True)
+    except TypeError:
+        prof = torch.profiler.profile(activities=acts)
+    try:
+        with _without_usdt_lines():
+            prof.__enter__()
+    except Exception as exc:
+        warnings.append(f"CUDA activity profiling unavailable ({exc}); CPU activities only")
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof.__enter__()
+    return prof
+
+
+def _activity(events, on_cuda: bool, warnings: list[str]) -> tuple[str, list[tuple], int]:
+    """(kind, [(name, start us, end us)], launches) of the recorded work: on a GPU its device
+    activity (kernels, memcpy, memset -- not the GPU-side mirrors of record_function ranges,
+    ours included, which span whole regions and are not work), else the top-level CPU ops."""
+    ranges = _annotation_names(events)
+    dev = [e for e in events if e.device_type == DeviceType.CUDA
+           and not getattr(e, "is_user_annotation", False) and e.name not in ranges]  # fmt: skip
+    if on_cuda and not dev:
+        warnings.append("no device activity was recorded (CUPTI unavailable?); CPU ops shown")
+    if dev:
+        items = [(e.name, e.time_range.start, e.time_range.end) for e in dev]
+        launches = sum(1 for e in events if e.name in _LAUNCH_APIS) or len(
+            [e for e in dev if "memset" not in e.name.lower() and "memcpy" not in e.name.lower()]
+        )
+        return "cuda", items, launches
+    top = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
+    items = [(e.name, e.time_range.start, e.time_range.end) for e in top]
+    return "cpu", items, len(items)
+
+
+def _kernel_table(items: list[tuple]) -> list[KernelStat]:
+    """Per name: calls, total ms and share of the total, largest first."""
+    agg: dict[str, list] = {}
+    for name, s, e in items:
+        a = agg.setdefault(name, [0, 0.0])
+        a[0] += 1
+        a[1] += (e - s) / 1e3
+    total = sum(v[1] for v in agg.values()) or 1e-12
+    stats = (KernelStat(name=n, short=short_name(n), calls=c, total_ms=t, share=t / total)
+             for n, (c, t) in agg.items())  # fmt: skip
+    return sorted(stats, key=lambda k: -k.total_ms)
+
+
 def profile(
     fn: Callable,
     *args: Any,
@@ -271,36 +340,11 @@ def profile(
         call()
     sync()
 
-    peak = None
-    if on_cuda:
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        if memory_snapshot:
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
-        call()
-        sync()
-        peak = torch.cuda.max_memory_allocated() - base
-        if memory_snapshot:
-            torch.cuda.memory._dump_snapshot(str(memory_snapshot))
-            torch.cuda.memory._record_memory_history(enabled=None)
-    elif memory_snapshot:
+    peak = _peak_memory(call, memory_snapshot) if on_cuda else None
+    if memory_snapshot and not on_cuda:
         raise ValueError("memory_snapshot: CUDA memory snapshots need a CUDA GPU")
-
     warnings: list[str] = []
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if on_cuda:
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    try:  # keep events from every call (torch >= 2.5 clears them per cycle otherwise)
-        prof = torch.profiler.profile(activities=acts, acc_events=True)
-    except TypeError:
-        prof = torch.profiler.profile(activities=acts)
-    try:
-        with _without_usdt_lines():
-            prof.__enter__()
-    except Exception as exc:  # CUPTI missing or busy: fall back to CPU activities
-        warnings.append(f"CUDA activity profiling unavailable ({exc}); CPU activities only")
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-        prof.__enter__()
+    prof = _start_profiler(on_cuda, warnings)
     try:
         nsys = on_cuda and cuda_profiler_range
         if nsys:
@@ -319,43 +363,9 @@ def profile(
         with _without_usdt_lines():
             prof.__exit__(None, None, None)  # stopped cleanly even when fn raised
 
-    events = prof.events()
-    # Device activity: kernels, memcpy, memset. Not the GPU-side mirrors of record_function
-    # ranges (ours included), which span whole regions and are not work.
-    ranges = _annotation_names(events)
-    dev = [
-        e
-        for e in events
-        if e.device_type == DeviceType.CUDA
-        and not getattr(e, "is_user_annotation", False)
-        and e.name not in ranges
-    ]
-    if on_cuda and not dev:
-        warnings.append("no device activity was recorded (CUPTI unavailable?); CPU ops shown")
-    kind = "cuda" if dev else "cpu"
-    if kind == "cuda":
-        items = [(e.name, e.time_range.start, e.time_range.end) for e in dev]
-        launches = sum(1 for e in events if e.name in _LAUNCH_APIS) or len(
-            [e for e in dev if "memset" not in e.name.lower() and "memcpy" not in e.name.lower()]
-        )
-    else:
-        # Top-level CPU ops: those with no parent op.
-        top = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
-        items = [(e.name, e.time_range.start, e.time_range.end) for e in top]
-        launches = len(items)
-    agg: dict[str, list] = {}
-    for name, s, e in items:
-        a = agg.setdefault(name, [0, 0.0])
-        a[0] += 1
-        a[1] += (e - s) / 1e3
-    total = sum(v[1] for v in agg.values()) or 1e-12
-    kernels = sorted(
-        (
-            KernelStat(name=n, short=short_name(n), calls=c, total_ms=t, share=t / total)
-            for n, (c, t) in agg.items()
-        ),
-        key=lambda k: -k.total_ms,
-    )
+    kind, items, launches = _activity(prof.events(), on_cuda, warnings)
+    kernels = _kernel_table(items)
+    total = sum(k.total_ms for k in kernels) or 1e-12
     return Profile(
         kernels=kernels,
         calls=calls,

@@ -69,7 +69,8 @@ def run(args) -> int:
     out, regressed = [], False
     for k in common:
         v = gate.judge(ra[k]["samples"], rb[k]["samples"], fail_above_pct=limit, kind=kind, a_ref=ref_a,
-                       b_ref=ref_b, history=_history(store, k, commit, {b}))  # fmt: skip
+                       b_ref=ref_b, history=_history(store, k, commit, {b}),
+                       contended=gate.contended(ra[k]["meta"]) or gate.contended(rb[k]["meta"]))  # fmt: skip
         regressed |= v.regression
         out.append({"op": k[0], "variant": k[1], "shape": k[2], "dtype": k[3], "graph": bool(k[4]),
                     "a_ms": ra[k]["median_ms"], "b_ms": rb[k]["median_ms"], "ratio": v.ratio,

@@ -11,8 +11,9 @@ a slowdown against three things, and says which it used:
    between the runs is the machine's drift, and is divided out;
 3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
    same commit) when the history holds at least three, else a default for the device kind.
-A slowdown is a regression only past the larger of the user's threshold and that floor, and
-when the two runs' samples differ significantly (Mann-Whitney).
+A slowdown is a regression only past the larger of the user's threshold and that floor, when
+the raw times show at least half of it too, and when the two runs' samples differ
+significantly (Mann-Whitney).
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ import numpy as np
 from perfloop.harness import stats
 
 DEFAULT_FLOOR = {"cpu": 0.15, "cuda": 0.03}  # run-to-run spread assumed when no history is known
+CONTENDED_FLOOR = 0.4  # ... when another process took CPU time while either run was timed
 MIN_HISTORY = 3  # runs of the same code needed to learn the floor
 TAIL = 0.1  # the quantile that stands for a run: its fast tail
+ROUND_Q = 0.25  # interleaved with the reference: this quantile of the per-round ratios
+SIGMAS = 4  # the learned floor: this many robust standard deviations of the runs' spread
 REFERENCE_OP = "_reference"  # the stored rows of the reference workload
 
 
@@ -42,7 +46,8 @@ def normalized_tail(samples: Sequence[float], ref: Sequence[float] | None) -> fl
     if ref is None:
         return tail_ms(samples)
     if len(ref) == len(samples):
-        return tail_ms([x / r for x, r in zip(samples, ref, strict=True)])
+        ratios = np.asarray(samples, dtype=float) / np.asarray(ref, dtype=float)
+        return float(np.quantile(ratios, ROUND_Q))
     return tail_ms(samples) / tail_ms(ref)
 
 
@@ -60,18 +65,28 @@ class Verdict:
     @property
     def method(self) -> str:
         how = "fast tails (p10)"
-        how += f", divided by the reference workload's change ({self.drift:.3f}x)" if self.drift else ""
+        how += (
+            f", divided by the reference workload timed beside it ({self.drift:.3f}x)" if self.drift else ""
+        )
         return f"{how}; noise floor {self.floor:.1%} ({self.floor_source})"
 
 
+def contended(meta: dict | None) -> bool:
+    """Whether a measurement's samples were taken while other processes took CPU time."""
+    from perfloop.harness.sampling import BUSY_OTHERS
+
+    cores = (meta or {}).get("other_cpu_cores")
+    return cores is not None and cores > BUSY_OTHERS
+
+
 def learned_floor(history: Sequence[float]) -> float | None:
-    """3 robust standard deviations of log(time) over runs of the same code, as a fraction;
+    """SIGMAS robust standard deviations of log(time) over runs of the same code, as a fraction;
     None with fewer than MIN_HISTORY runs."""
     if len(history) < MIN_HISTORY:
         return None
     logs = np.log(np.asarray(history, dtype=float))
     sigma = 1.4826 * float(np.median(np.abs(logs - np.median(logs))))
-    return max(0.01, math.exp(3 * sigma) - 1)
+    return max(0.01, math.exp(SIGMAS * sigma) - 1)
 
 
 def judge(
@@ -83,6 +98,7 @@ def judge(
     a_ref: Sequence[float] | None = None,
     b_ref: Sequence[float] | None = None,
     history: Sequence[float] | None = None,
+    contended: bool = False,
     alpha: float = 0.01,
 ) -> Verdict:
     """Whether samples `b` (a later run) are slower than `a` beyond run-to-run noise.
@@ -94,27 +110,39 @@ def judge(
     ratio = tail_ms(b) / tail_ms(a)
     drift = None
     if a_ref is not None and b_ref is not None:
-        if len(a_ref) == len(a) and len(b_ref) == len(b):  # interleaved rounds: divide round by round
+        adjusted = normalized_tail(b, b_ref) / normalized_tail(a, a_ref)
+        drift = ratio / adjusted
+        if len(a_ref) == len(a) and len(b_ref) == len(b):  # interleaved: test the per-round ratios
             a = [x / r for x, r in zip(a, a_ref, strict=True)]
             b = [x / r for x, r in zip(b, b_ref, strict=True)]
-            drift = ratio / (tail_ms(b) / tail_ms(a))
-        else:
-            drift = tail_ms(b_ref) / tail_ms(a_ref)
-    adjusted = ratio / drift if drift else ratio
+    else:
+        adjusted = ratio
     learned = learned_floor(history or [])
-    if learned is not None:
+    if learned is not None and contended and learned < CONTENDED_FLOOR:
+        floor, source = (
+            CONTENDED_FLOOR,
+            f"a contended run (the {len(history)} runs of the same code say {learned:.0%})",
+        )
+    elif learned is not None:
         floor, source = learned, f"learned from {len(history)} runs of the same code"
     else:
-        floor = DEFAULT_FLOOR.get(kind, DEFAULT_FLOOR["cpu"])
-        source = f"default for a {kind} run; no history of the same code"
+        floor = CONTENDED_FLOOR if contended else DEFAULT_FLOOR.get(kind, DEFAULT_FLOOR["cpu"])
+        source = ("default for a contended run" if contended else f"default for a {kind} run") + (
+            "; no history of the same code"
+        )
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
-    significant = p < alpha and abs(math.log(adjusted)) > math.log1p(floor)
+    # the change must show in the raw times too, at least half of it: a reference workload
+    # that got faster or slower on its own is not the code's change
+    raw_agrees = math.log(ratio) * math.copysign(1, math.log(adjusted)) > math.log1p(floor / 2)
+    significant = p < alpha and abs(math.log(adjusted)) > math.log1p(floor) and raw_agrees
     if not significant:
         verdict = f"same (within {floor:.0%} noise)"
     else:
         verdict = "slower" if adjusted > 1 else "faster"
     limit = max(floor, (fail_above_pct or 0) / 100)
-    regression = bool(fail_above_pct is not None and significant and adjusted > 1 + limit)
+    regression = bool(
+        fail_above_pct is not None and significant and adjusted > 1 + limit and ratio > 1 + limit / 2
+    )
     return Verdict(ratio, drift, adjusted, floor, source, p, regression, verdict)
 
 

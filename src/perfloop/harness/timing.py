@@ -183,32 +183,8 @@ def compare(
         except BenchError as exc:
             raise BenchError(f"fns[{name!r}]: {exc}") from exc.__cause__
     names = list(timed)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    rng = random.Random(0)
-    deadline = t0 + budget_s
-    reason = "max_rounds"
-    rounds = 0
-    load = CpuLoad().__enter__()
-    while rounds < max_rounds:
-        # A block of rounds is queued before any is read, so the GPU never idles
-        # between candidates; each round visits the candidates in a fresh order.
-        block = min(5, max_rounds - rounds)
-        queued = []
-        for _ in range(block):
-            order = names[:]
-            rng.shuffle(order)
-            queued += [(n, samplers[n].enqueue(1)) for n in order]
-        for n, token in queued:
-            samples[n] += samplers[n].collect(token)
-        rounds += block
-        if rounds >= min_rounds:
-            if all(stats.relative_ci_halfwidth(s) <= target_ci for s in samples.values()):
-                reason = "converged"
-                break
-            if time.perf_counter() >= deadline:
-                reason = "budget"
-                break
-    load.__exit__(None, None, None)
+    with CpuLoad() as load:
+        samples, reason = _interleave(samplers, min_rounds, max_rounds, target_ci, t0 + budget_s)
     contended = None if on_cuda else load.warning()
     env = _device.env_fingerprint()
     ceil = _resolve_ceilings(None, work)
@@ -245,6 +221,33 @@ def compare(
             significant=bool(s["p_value"] < alpha and excludes_one),
         )
     return Comparison(baseline=baseline, measurements=meas, speedups=speedups, reference=ref)
+
+
+def _interleave(samplers: dict, min_rounds: int, max_rounds: int, target_ci: float,
+                deadline: float) -> tuple[dict[str, list[float]], str]:  # fmt: skip
+    """Rounds of one sample of each candidate, in a fresh order each round, until every CI is
+    within target_ci, max_rounds, or the deadline. A block of rounds is queued before any is
+    read, so the GPU never idles between candidates."""
+    names = list(samplers)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    rng = random.Random(0)
+    rounds = 0
+    while rounds < max_rounds:
+        block = min(5, max_rounds - rounds)
+        queued = []
+        for _ in range(block):
+            order = names[:]
+            rng.shuffle(order)
+            queued += [(n, samplers[n].enqueue(1)) for n in order]
+        for n, token in queued:
+            samples[n] += samplers[n].collect(token)
+        rounds += block
+        if rounds >= min_rounds:
+            if all(stats.relative_ci_halfwidth(s) <= target_ci for s in samples.values()):
+                return samples, "converged"
+            if time.perf_counter() >= deadline:
+                return samples, "budget"
+    return samples, "max_rounds"
 
 
 def _outline(out: Any) -> Any:
