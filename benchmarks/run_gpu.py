@@ -300,23 +300,24 @@ def section_ops(res: Results, ceil: dict):
 
 def _tune_ops(res: Results, key: str, names: list[str]):
     """Each op's own tuner (ops/<op>/tuning.py): its search space timed here, the chosen table
-    written beside the kernel and copied to OUT/tuned/<op>.json to be recorded."""
+    written to OUT/tuned/<op>.json -- and beside the kernel, for its launcher to read, only with
+    TUNE_WRITE=1 (a benchmark run does not change the checkout by default)."""
     import importlib
-    import shutil
 
     out = {}
+    write = os.environ.get("TUNE_WRITE") == "1"
     for name in names:
         if os.environ.get("TUNE") and os.environ["TUNE"] not in name:
             continue
         try:
-            out[name] = importlib.import_module(f"perfloop.ops.{name}.tuning").tune(log=log)
+            out[name] = importlib.import_module(f"perfloop.ops.{name}.tuning").tune(write=write, log=log)
         except Exception as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
             log(f"tune {name}: {exc}")
             continue
         tuned = res.path.parent / "tuned"
         tuned.mkdir(exist_ok=True)
-        shutil.copy(Path(pl.ops.__file__).parent / name / "tuned.json", tuned / f"{name}.json")
+        (tuned / f"{name}.json").write_text(json.dumps(out[name]["table"], indent=1))
         res.put(key, out)
 
 
