@@ -142,6 +142,16 @@ class Profile:
     def distinct_kernels(self) -> int:
         return len(self.kernels)
 
+    def breakdown(self, by: str = "op") -> list:
+        """Device time by "kernel", by the aten "op" that launched each kernel, or by
+        "category" (matmul, attention, normalization, elementwise, ...): rows of (name, calls,
+        device_ms over all calls, share), largest first. Kernels no op launched keep their
+        own rows."""
+        from perfloop.analysis.attribution import breakdown
+
+        events = self._prof.events() if self._prof is not None else []
+        return breakdown(events, by, self.kind, _annotation_names(events))
+
     def table(self, top: int = 10) -> str:
         unit = "kernel" if self.kind == "cuda" else "op"
         rows = [f"{unit:<48} {'calls':>6} {'total':>10} {'mean':>10} {'share':>6}"]
