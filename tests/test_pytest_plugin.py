@@ -56,19 +56,7 @@ def test_unreadable_baseline_is_a_usage_error(pytester):
     r.stderr.fnmatch_lines(["*--perfloop-compare: cannot read baseline*"])
 
 
-UNNAMED = """
-import time
-
-def busy(ms):
-    def f():
-        end = time.perf_counter() + ms / 1e3
-        while time.perf_counter() < end:
-            pass
-    return f
-
-def test_kernel_speed(perfloop):
-    perfloop.bench(busy(MS), budget_s=0.3)
-"""
+UNNAMED = SUITE.replace('name="kernel", ', "")  # keyed by the test itself
 
 
 def test_keys_do_not_depend_on_the_folder_pytest_starts_in(pytester):

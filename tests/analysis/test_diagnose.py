@@ -1,4 +1,4 @@
-"""Profile, annotate, diagnose and diff on the CPU (the same code paths the GPU uses)."""
+"""The diagnosis rules: launch-, memory-, compute-bound, from the evidence in numbers."""
 
 import pytest
 import torch
@@ -7,7 +7,6 @@ import torch.nn.functional as F
 import perfloop as pl
 from perfloop.analysis.diagnose import classify
 
-CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
 CEIL = {"copy_gbps": 4200.0, "matmul_bf16_tflops": 790.0, "matmul_fp32_tflops": 50.0}
 GELU = pl.Work(bytes=2 * 16384**2 * 4, flops=10 * 16384**2, dtype="torch.float32")
 

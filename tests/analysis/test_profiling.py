@@ -9,7 +9,6 @@ import torch
 import perfloop as pl
 from perfloop.ops.gelu.torch_impl import naive
 
-CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
 CEIL = {"copy_gbps": 4200.0, "matmul_bf16_tflops": 790.0, "matmul_fp32_tflops": 50.0}
 GELU = pl.Work(bytes=2 * 16384**2 * 4, flops=10 * 16384**2, dtype="torch.float32")
 

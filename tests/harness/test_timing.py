@@ -5,8 +5,6 @@ import perfloop as pl
 from helpers import busy
 from perfloop.harness.measurement import Measurement
 
-CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
-
 
 @pytest.mark.gpu
 def test_events_time_a_known_gpu_sleep():

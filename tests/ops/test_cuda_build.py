@@ -1,4 +1,4 @@
-"""Every variant of every op against its float64 reference; known-wrong kernels rejected."""
+"""CUDA C++ sources: they compile with nvcc for sm_90, and a failed build shows its log."""
 
 import shutil
 import subprocess
@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 
 import perfloop as pl
-
-CASES = [(op, v) for op in pl.ops.names() for v in pl.ops.get(op).variants]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
