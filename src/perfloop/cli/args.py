@@ -4,6 +4,7 @@ library's errors (which name its arguments) into the flags a user typed."""
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 USAGE_ERROR = 2
 FAILED = 1
@@ -28,6 +29,18 @@ def parse_shape(text: str, flag: str = "--shape") -> tuple[int, ...]:
     if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise UsageError(f"{flag}: cannot read {text!r}; write positive sizes joined by x, e.g. 4096x4096")
     return tuple(int(p) for p in parts)
+
+
+@contextmanager
+def shape_errors(flag: str = "--shape"):
+    """The library's "shape: ..." errors (a rank the op does not take, too large for memory) as
+    usage errors naming `flag`; other errors pass on."""
+    try:
+        yield
+    except ValueError as exc:
+        if str(exc).startswith("shape:"):
+            raise as_flag(exc, flag, "shape") from None
+        raise
 
 
 def parse_dtype(text: str):
@@ -76,11 +89,10 @@ def get_variants(op, names: list[str] | None, timing: bool) -> list[str]:
 def open_store(args, writing: bool = True):
     """The results store named by --db; for a command that will write, checked writable
     before anything is measured."""
-    from perfloop.results.store import StoreError
-    from perfloop.workflows.runs import open_store
+    from perfloop.results.store import Store, StoreError
 
     try:
-        store = open_store(args.db)
+        store = Store(args.db)
         if writing:
             store.check_writable()
         return store

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from perfloop.cli.args import (
     UsageError,
-    as_flag,
     get_op,
     get_variants,
     open_store,
     parse_dtype,
     parse_shape,
+    shape_errors,
     start_run,
 )
 from perfloop.cli.output import console, emit_json, print_bench_rows, status
@@ -42,11 +42,10 @@ def run(args) -> int:
         raise UsageError(f"--variant: none of the asked variants of {op.name} can be timed here")
     store = open_store(args)
     run_id = start_run(store)
-    try:
-        op.check_shape(shape, dtype)
-    except ValueError as exc:
-        raise as_flag(exc, "--shape") from None
-    with status(args, f"checking, then timing {len(variants)} variants of {op.name} interleaved"):
+    with (
+        shape_errors(),
+        status(args, f"checking, then timing {len(variants)} variants of {op.name} interleaved"),
+    ):
         _, rows = bench_variants(op, variants, shape, dtype, budget_s=args.budget, flush_l2=not args.no_flush,
                                  graph=args.graph, store=store, run_id=run_id)  # fmt: skip
     if args.json:

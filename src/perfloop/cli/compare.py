@@ -26,18 +26,20 @@ def _commit(rows: list[dict]) -> str | None:
     return next(((r.get("env") or {}).get("git") for r in rows if (r.get("env") or {}).get("git")), None)
 
 
-def _history(store, key: tuple, commit: str | None, exclude: set[str]) -> list[float]:
-    """This key's fast tail over earlier runs of the same code, each divided by its run's
-    reference workload where the run has one."""
+def _histories(store, keys: list[tuple], commit: str | None, exclude: str) -> dict[tuple, list[float]]:
+    """Each key's fast tail over the stored runs of the same code (but `exclude`), divided by
+    its run's reference workload where the run has one; none for uncommitted code, which is
+    not known to be the same."""
     from perfloop.harness import gate
 
-    if commit is None or commit.endswith("-dirty"):  # uncommitted code: not known to be the same
-        return []
-    out = []
+    out: dict[tuple, list[float]] = {k: [] for k in keys}
+    if commit is None or commit.endswith("-dirty"):
+        return out
     refs = {r["run_id"]: r["samples"] for r in store.rows(op=gate.REFERENCE_OP)}
-    for r in store.rows(op=key[0]):
-        if _key(r) == key and r["run_id"] not in exclude and (r.get("env") or {}).get("git") == commit:
-            out.append(gate.normalized_tail(r["samples"], refs.get(r["run_id"])))
+    for op in {k[0] for k in keys}:
+        for r in store.rows(op=op):
+            if _key(r) in out and r["run_id"] != exclude and (r.get("env") or {}).get("git") == commit:
+                out[_key(r)].append(gate.normalized_tail(r["samples"], refs.get(r["run_id"])))
     return out
 
 
@@ -66,10 +68,11 @@ def run(args) -> int:
         raise UsageError(f"runs {a} and {b} share no (op, variant, shape, dtype) to compare")
     kind = "cuda" if (rows_a[0].get("env") or {}).get("device", {}).get("kind") == "cuda" else "cpu"
     commit = _commit(rows_a)
+    histories = _histories(store, common, commit, b)
     out, regressed = [], False
     for k in common:
         v = gate.judge(ra[k]["samples"], rb[k]["samples"], fail_above_pct=limit, kind=kind, a_ref=ref_a,
-                       b_ref=ref_b, history=_history(store, k, commit, {b}),
+                       b_ref=ref_b, history=histories[k],
                        contended=gate.contended(ra[k]["meta"]) or gate.contended(rb[k]["meta"]))  # fmt: skip
         regressed |= v.regression
         out.append({"op": k[0], "variant": k[1], "shape": k[2], "dtype": k[3], "graph": bool(k[4]),

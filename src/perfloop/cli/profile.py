@@ -11,12 +11,12 @@ import sys
 from perfloop.cli.args import (
     FAILED,
     UsageError,
-    as_flag,
     get_op,
     get_variants,
     open_store,
     parse_dtype,
     parse_shape,
+    shape_errors,
     start_run,
 )
 from perfloop.cli.output import console, emit_json, status
@@ -49,13 +49,9 @@ def run(args) -> int:
         return FAILED
     if args.nsys:
         return run_nsys(args)
-    try:
-        op.check_shape(shape, dtype)
-    except ValueError as exc:
-        raise as_flag(exc, "--shape") from None
     store = open_store(args)
     try:
-        with status(args, f"profiling {op.name}/{variant}"):
+        with shape_errors(), status(args, f"profiling {op.name}/{variant}"):
             p, d = profile_variant(op, variant, shape, dtype, calls=args.calls, trace=args.trace,
                                    memory_snapshot=args.memory_snapshot,
                                    cuda_profiler_range=args.cuda_profiler_range)  # fmt: skip

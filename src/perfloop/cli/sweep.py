@@ -6,12 +6,12 @@ from __future__ import annotations
 from perfloop.cli.args import (
     FAILED,
     UsageError,
-    as_flag,
     get_op,
     get_variants,
     open_store,
     parse_dtype,
     parse_shape,
+    shape_errors,
     start_run,
 )
 from perfloop.cli.output import console, emit_json, progress, table
@@ -38,17 +38,12 @@ def run(args) -> int:
     op = get_op(args.op)
     dtype = parse_dtype(args.dtype)
     shapes = [parse_shape(s, "--shapes") for s in args.shapes]
-    for s in shapes:
-        try:
-            op.check_shape(s, dtype)
-        except ValueError as exc:
-            raise as_flag(exc, "--shapes", "shape") from None
     variants = get_variants(op, args.variant, timing=True)
     store = open_store(args)
     run_id = start_run(store)
     if args.distributed:
         return distributed(args, op, variants, shapes, dtype, store, run_id)
-    with progress(args, len(shapes) * len(variants), "sweep") as step:
+    with shape_errors("--shapes"), progress(args, len(shapes) * len(variants), "sweep") as step:
         results = sweep_variants(
             op, variants, shapes, dtype, budget_s=args.budget, store=store, run_id=run_id,
             on_point=lambda v, pt: step(f"{v} {shape_str(pt.size)}"),
@@ -83,6 +78,9 @@ def distributed(args, op, variants, shapes, dtype, store, run_id, entry="sweep_o
 
     if not args.nproc:
         raise UsageError("--distributed: give --nproc N (ranks to spawn), one device each")
+    with shape_errors("--shapes"):  # the ranks only report a bad point; say it before they start
+        for s in shapes:
+            op.check_shape(s, dtype)
     failure = None
     try:  # each rank stores its own points as it measures them
         res = comm.spawn(args.nproc, entry, op.name, variants, shapes, dtype_name(dtype), args.budget,

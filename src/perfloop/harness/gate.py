@@ -7,13 +7,15 @@ a slowdown against three things, and says which it used:
 
 1. the fast tail of each run's samples (their 10th percentile): interference only ever adds
    time, so the fastest samples are the ones least touched by it;
-2. a reference workload measured in both runs (`reference()`, a fixed copy): its own change
-   between the runs is the machine's drift, and is divided out;
+2. a reference workload measured in both runs (`reference()`: a copy on a GPU, an elementwise
+   tanh over torch's threads on a CPU): its change between the runs is the machine's drift,
+   and is divided out -- round by round, by the lower quartile of the per-round ratios, where
+   the reference was timed interleaved with the code;
 3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
    same commit) when the history holds at least three, else a default for the device kind.
 A slowdown is a regression only past the larger of the user's threshold and that floor, when
-the raw times show at least half of it too, and when the two runs' samples differ
-significantly (Mann-Whitney).
+the raw times moved too (by a quarter of the floor: else only the reference did), and when the two
+runs' samples differ significantly (Mann-Whitney).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfloop.harness import stats
+from perfloop.harness.sampling import BUSY_OTHERS
 
 DEFAULT_FLOOR = {"cpu": 0.15, "cuda": 0.03}  # run-to-run spread assumed when no history is known
 CONTENDED_FLOOR = 0.4  # ... when another process took CPU time while either run was timed
@@ -34,6 +37,7 @@ TAIL = 0.1  # the quantile that stands for a run: its fast tail
 ROUND_Q = 0.25  # interleaved with the reference: this quantile of the per-round ratios
 SIGMAS = 4  # the learned floor: this many robust standard deviations of the runs' spread
 REFERENCE_OP = "_reference"  # the stored rows of the reference workload
+REFERENCE_N = {"cuda": 2**24, "cpu": 2**18}  # its elements: 64 MiB on a GPU (past its L2), 1 MiB on a CPU
 
 
 def tail_ms(samples: Sequence[float]) -> float:
@@ -64,17 +68,13 @@ class Verdict:
 
     @property
     def method(self) -> str:
-        how = "fast tails (p10)"
-        how += (
-            f", divided by the reference workload timed beside it ({self.drift:.3f}x)" if self.drift else ""
-        )
+        how = f"fast tails (p10), divided by the reference workload ({self.drift:.3f}x)" if self.drift else (
+            "fast tails (p10)")  # fmt: skip
         return f"{how}; noise floor {self.floor:.1%} ({self.floor_source})"
 
 
 def contended(meta: dict | None) -> bool:
     """Whether a measurement's samples were taken while other processes took CPU time."""
-    from perfloop.harness.sampling import BUSY_OTHERS
-
     cores = (meta or {}).get("other_cpu_cores")
     return cores is not None and cores > BUSY_OTHERS
 
@@ -131,18 +131,16 @@ def judge(
             "; no history of the same code"
         )
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
-    # the change must show in the raw times too, at least half of it: a reference workload
-    # that got faster or slower on its own is not the code's change
-    raw_agrees = math.log(ratio) * math.copysign(1, math.log(adjusted)) > math.log1p(floor / 2)
-    significant = p < alpha and abs(math.log(adjusted)) > math.log1p(floor) and raw_agrees
+    # the raw times must have moved too: where they did not, only the reference workload did,
+    # and its change is not the code's (code whose time does not follow the machine: a wait)
+    raw_moved = abs(math.log(ratio)) > math.log1p(floor / 4)
+    significant = p < alpha and abs(math.log(adjusted)) > math.log1p(floor) and raw_moved
     if not significant:
         verdict = f"same (within {floor:.0%} noise)"
     else:
         verdict = "slower" if adjusted > 1 else "faster"
     limit = max(floor, (fail_above_pct or 0) / 100)
-    regression = bool(
-        fail_above_pct is not None and significant and adjusted > 1 + limit and ratio > 1 + limit / 2
-    )
+    regression = bool(fail_above_pct is not None and significant and adjusted > 1 + limit)
     return Verdict(ratio, drift, adjusted, floor, source, p, regression, verdict)
 
 
@@ -150,8 +148,9 @@ def judge(
 def _reference_inputs(device: str):
     import torch
 
-    n = 2**24 if device == "cuda" else 2**18  # 64 MiB on a GPU (past its L2); 1 MiB on a CPU
-    x = torch.randn(n, device=device, generator=torch.Generator(device=device).manual_seed(0))
+    x = torch.randn(
+        REFERENCE_N[device], device=device, generator=torch.Generator(device=device).manual_seed(0)
+    )
     return x, torch.empty_like(x)
 
 

@@ -63,17 +63,6 @@ def _tensors_in(fn: Callable, args: Sequence) -> list[torch.Tensor]:
     return out
 
 
-def zero_input_warnings(fn: Callable, args: Sequence) -> list[str]:
-    warns = []
-    for t in _tensors_in(fn, args):
-        if t.numel() and t.dtype != torch.bool and not bool(t.detach().any()):
-            warns.append(
-                f"an input of shape {tuple(t.shape)} is all zeros: zeros hide unwritten outputs "
-                "and can run faster than real data; time on random inputs"
-            )
-    return warns
-
-
 def input_states(fn: Callable, args: Sequence) -> list[tuple[torch.Tensor, bool, bool]]:
     """(tensor, all zeros, all finite) for each input, to compare after the samples."""
     out = []
@@ -83,6 +72,12 @@ def input_states(fn: Callable, args: Sequence) -> list[tuple[torch.Tensor, bool,
             finite = bool(torch.isfinite(d).all()) if d.is_floating_point() else True
             out.append((t, not bool(d.any()), finite))
     return out
+
+
+def zero_input_warnings(states: list[tuple[torch.Tensor, bool, bool]]) -> list[str]:
+    """Inputs that are all zeros before any call (`input_states`)."""
+    return [f"an input of shape {tuple(t.shape)} is all zeros: zeros hide unwritten outputs and can run "
+            "faster than real data; time on random inputs" for t, zero, _ in states if zero]  # fmt: skip
 
 
 def input_drift_warnings(before: list[tuple[torch.Tensor, bool, bool]]) -> list[str]:
@@ -332,10 +327,11 @@ def prepare(
     warmup_s: float,
     on_cuda: bool,
 ):
-    """Warm up (compilation, autotuning, handles stay out) and build a calibrated sampler."""
+    """Warm up (compilation, autotuning, handles stay out) and build a calibrated sampler:
+    (sampler, warm-up calls, one call's ms, the first call's output)."""
     call = (lambda: fn(*args, **kwargs)) if (args or kwargs) else fn
     try:
-        call()  # the first call: compiles, autotunes, allocates; it can take seconds
+        first = call()  # the first call: compiles, autotunes, allocates; it can take seconds
         if on_cuda:
             torch.cuda.synchronize()
         sampler = CudaSampler(call, flush_l2, graph) if on_cuda else CpuSampler(call)
@@ -353,7 +349,7 @@ def prepare(
         ) from exc
     if not on_cuda:
         sampler.calibrate(est)
-    return sampler, calls, est
+    return sampler, calls, est, first
 
 
 def validate(fn, budget_s, target_ci, min_samples, max_samples, warmup_s, graph, count="samples"):

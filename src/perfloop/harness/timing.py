@@ -80,9 +80,9 @@ def bench(
     validate(fn, budget_s, target_ci, min_samples, max_samples, warmup_s, graph)
     on_cuda = _device.has_cuda()
     t0 = time.perf_counter()
-    warns = zero_input_warnings(fn, args)
     before = input_states(fn, args)
-    sampler, warm_calls, _ = prepare(
+    warns = zero_input_warnings(before)
+    sampler, warm_calls, _, _ = prepare(
         fn, args, kwargs, flush_l2=flush_l2, graph=graph, warmup_s=warmup_s, on_cuda=on_cuda
     )
     try:
@@ -150,7 +150,7 @@ def compare(
     (clocks, temperature, other load) hits all alike; speed-ups are ratios of
     medians with a paired bootstrap 95% CI, tested with Wilcoxon signed-rank on
     the per-round log ratios. A difference is called significant when p < alpha
-    and the CI excludes 1. Before any timing, each candidate's output must match the
+    and the CI excludes 1. Before any sample is taken, each candidate's output must match the
     baseline's in shape and dtype (and, with `check_values`, in value): a speed-up of a
     function that computes something else means nothing. A `reference` workload, when given,
     is timed in the same rounds (not checked, no speed-up): `Comparison.reference`, which the
@@ -170,18 +170,20 @@ def compare(
     if baseline not in fns:
         raise ValueError(f"baseline: {baseline!r} is not one of {sorted(fns)}")
     validate(next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False, "rounds")
-    _check_same_outputs(fns, baseline, check_values)
     on_cuda = _device.has_cuda()
     t0 = time.perf_counter()
-    samplers = {}
+    samplers, outputs = {}, {}
     timed = {**fns, _REFERENCE: reference} if reference is not None else fns
     for name, f in timed.items():
         try:
-            samplers[name] = prepare(
+            samplers[name], _, _, outputs[name] = prepare(
                 f, (), {}, flush_l2=flush_l2, graph=False, warmup_s=warmup_s, on_cuda=on_cuda
-            )[0]
+            )
         except BenchError as exc:
             raise BenchError(f"fns[{name!r}]: {exc}") from exc.__cause__
+    outputs.pop(_REFERENCE, None)
+    _check_same_outputs(outputs, baseline, check_values)
+    del outputs
     names = list(timed)
     with CpuLoad() as load:
         samples, reason = _interleave(samplers, min_rounds, max_rounds, target_ci, t0 + budget_s)
@@ -267,13 +269,9 @@ def _tensors(out: Any) -> list[torch.Tensor]:
     return []
 
 
-def _check_same_outputs(fns: dict[str, Callable], baseline: str, check_values: bool) -> None:
-    outs = {}
-    for name, f in fns.items():
-        try:
-            outs[name] = f()
-        except Exception as exc:
-            raise BenchError(f"fns[{name!r}] raised on its first call: {type(exc).__name__}: {exc}") from exc
+def _check_same_outputs(outs: dict[str, Any], baseline: str, check_values: bool) -> None:
+    """The candidates' first outputs: the same shapes and dtypes as the baseline's (and, with
+    `check_values`, close in value), or ValueError naming the one that differs."""
     want = _outline(outs[baseline])
     for name, out in outs.items():
         got = _outline(out)

@@ -105,13 +105,14 @@ class Variant:
 
     def __call__(self, *inputs: Any, out: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
         """The variant on `inputs`; keywords pass through to the function it wraps."""
-        first = next((t for t in inputs if isinstance(t, torch.Tensor)), None)
+        first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
         reason = self.why_unavailable(first.device.type if first is not None else "")
         if reason:
             raise Unavailable(f"variant {self.name!r}: {reason}")
         result = self.resolve()(*inputs, out=out, **kwargs)
-        detached = isinstance(result, torch.Tensor) and result.grad_fn is None and torch.is_grad_enabled()
-        if detached and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+        # cheapest tests first: this runs inside every timed call
+        wants_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs)
+        if wants_grad and isinstance(result, torch.Tensor) and result.grad_fn is None:
             _warn_detached(self)
         return result
 

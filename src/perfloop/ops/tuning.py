@@ -51,9 +51,3 @@ def time_candidates(candidates: dict[str, Callable[[], object]], budget_s: float
 def fastest(times: dict[str, float | str]) -> str | None:
     ok = {k: v for k, v in times.items() if isinstance(v, float)}
     return min(ok, key=ok.get) if ok else None
-
-
-def device_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -118,6 +118,7 @@ class Store:
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = str(path) if path is not None else str(default_path())
         self._pending: dict[str, tuple[str, str, str]] = {}  # run_id -> (created, command, env)
+        self._written: set[str] = set()  # runs whose row this store wrote or found
         self.skipped: list[str] = []  # stored rows that could not be read, and why
         self._wal = False
         if self.path != ":memory:":
@@ -196,7 +197,10 @@ class Store:
             raise StoreError(f"database {p}: read-only; pass a writable path (--db, PERFLOOP_DB)")
 
     def _ensure_run(self, run_id: str) -> None:
-        """The run's row, written with its first measurement or artifact."""
+        """The run's row, written with its first measurement or artifact (once per store)."""
+        if run_id in self._written:
+            return
+        self._written.add(run_id)
         created, command, env = self._pending.pop(run_id, (_now(), "", "{}"))
         self._write("INSERT OR IGNORE INTO runs(run_id, created, command, env) VALUES (?, ?, ?, ?)",
                     (run_id, created, command, env))  # fmt: skip
@@ -207,9 +211,15 @@ class Store:
     def adopt_run(self, run_id: str) -> None:
         """Give a run that other processes wrote rows into this store's command and env, if it
         has rows at all."""
-        if run_id in self._pending and (self._select("measurements", run_id=run_id)
-                                        or self._select("artifacts", run_id=run_id)):  # fmt: skip
+        if run_id in self._pending and (self.has_rows(run_id) or self._select("artifacts", run_id=run_id)):
             self._ensure_run(run_id)
+
+    def has_rows(self, run_id: str, op: str | None = None) -> bool:
+        """Whether the run holds a measurement (of `op`, when given), without reading any."""
+        if self._empty():
+            return False
+        q = "SELECT 1 FROM measurements WHERE run_id = ?" + (" AND op = ?" if op else "") + " LIMIT 1"
+        return self.conn.execute(q, (run_id, op) if op else (run_id,)).fetchone() is not None
 
     # ------------------------------------------------------------ writing
     def new_run(self, command: str = "", env: dict | None = None) -> str:

@@ -16,7 +16,7 @@ from perfloop.harness import gate
 from perfloop.harness.measurement import Comparison, Sweep, SweepPoint
 from perfloop.harness.timing import bench, compare, sweep
 from perfloop.ops.base import Op, dtype_name
-from perfloop.results.store import Store, shape_str
+from perfloop.results.store import Store
 from perfloop.workflows.runs import record_reference
 
 
@@ -222,5 +222,5 @@ def profile_variant(
     return p, p.diagnose()
 
 
-__all__ = ["BenchRow", "bench_variants", "profile_variant", "runnable_variants", "shape_str", "sweep_points",
+__all__ = ["BenchRow", "bench_variants", "profile_variant", "runnable_variants", "sweep_points",
            "sweep_series", "sweep_variants"]  # fmt: skip

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from perfloop.device import default_device, env_fingerprint
 from perfloop.harness import gate
 from perfloop.harness.measurement import Measurement
@@ -19,18 +17,12 @@ def start_run(store: Store, command: str) -> str:
     return store.new_run(command, env_fingerprint())
 
 
-def open_store(path: str | os.PathLike | None = None) -> Store:
-    """The results store at `path` (default: $PERFLOOP_DB or the user data dir)."""
-    return Store(path)
-
-
 def record_reference(store: Store, run_id: str, m: Measurement | None = None) -> None:
     """The reference workload (harness.gate) in the run, once per run -- `m` where it was timed
     interleaved with the candidates, else measured now: the regression gate divides the
     machine's own drift between two runs out with it."""
-    if store.rows(run_id, op=gate.REFERENCE_OP):
+    if store.has_rows(run_id, op=gate.REFERENCE_OP):
         return
     dev = default_device()
     m = m or bench(gate.reference(dev), budget_s=0.3, label="reference")
-    store.add(run_id, m, op=gate.REFERENCE_OP, variant=dev, shape=(gate.reference(dev).args[0].numel(),),
-              dtype="fp32")  # fmt: skip
+    store.add(run_id, m, op=gate.REFERENCE_OP, variant=dev, shape=(gate.REFERENCE_N[dev],), dtype="fp32")

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from perfloop.ops.tuning import device_name, load_table, save_table, time_candidates
+from perfloop.device import device_info
+from perfloop.ops.tuning import load_table, save_table, time_candidates
 
 # (BLOCK_M, BLOCK_N, warps, stages). At head dim 128 three stages of 64x128 K and V tiles
 # fill half an SM's shared memory (one 4-warp block an SM); two stages fit two.
@@ -119,5 +120,7 @@ def tune(kinds=("fwd", "dkdv", "dq"), cases=CASES, budget_s: float = 0.3, write:
                 rows.append(row)
     table = _choose(rows, kinds, load_table(Path(__file__).parent))
     if write:
-        save_table(Path(__file__).parent, table, device_name(), "tuning.tune() over SPACE x CASES, bf16")
+        save_table(
+            Path(__file__).parent, table, device_info()["name"], "tuning.tune() over SPACE x CASES, bf16"
+        )
     return {"rows": rows, "table": table}

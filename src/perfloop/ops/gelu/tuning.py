@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from perfloop.ops.tuning import device_name, fastest, load_table, save_table, time_candidates
+from perfloop.device import device_info
+from perfloop.ops.tuning import fastest, load_table, save_table, time_candidates
 
 SPACE = {
     "triton": {"fp32": [(1024, 4), (2048, 4), (2048, 8), (4096, 8)],
@@ -44,5 +45,5 @@ def tune(write: bool = True, log: Callable[[str], None] = print) -> dict:
         if best := fastest(t):
             table["cuda"][key] = int(best)
     if write:
-        save_table(Path(__file__).parent, table, device_name(), f"tuning.tune() at {SHAPE}")
+        save_table(Path(__file__).parent, table, device_info()["name"], f"tuning.tune() at {SHAPE}")
     return {"times": times, "table": table}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from perfloop.ops.tuning import device_name, fastest, load_table, save_table, time_candidates
+from perfloop.device import device_info
+from perfloop.ops.tuning import fastest, load_table, save_table, time_candidates
 
 SPACE = [(4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16), (16384, 32)]  # (block, warps)
 SHAPE = (16384, 16384)
@@ -29,5 +30,5 @@ def tune(write: bool = True, log: Callable[[str], None] = print) -> dict:
     if best := fastest(times):
         table["block"], table["num_warps"] = (int(s) for s in best.split(","))
     if write:
-        save_table(Path(__file__).parent, table, device_name(), f"tuning.tune() at {SHAPE} fp32")
+        save_table(Path(__file__).parent, table, device_info()["name"], f"tuning.tune() at {SHAPE} fp32")
     return {"times": times, "table": table}

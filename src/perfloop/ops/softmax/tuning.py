@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from perfloop.ops.tuning import device_name, fastest, load_table, save_table, time_candidates
+from perfloop.device import device_info
+from perfloop.ops.tuning import fastest, load_table, save_table, time_candidates
 
 SPACE = {
     "row_warps": [4, 8, 16],  # at 4096 columns
@@ -38,5 +39,5 @@ def tune(write: bool = True, log: Callable[[str], None] = print) -> dict:
     if best := fastest(split):
         table["split"] = [int(s) for s in best.split(",")]
     if write:
-        save_table(Path(__file__).parent, table, device_name(), f"tuning.tune() at {SHAPES} fp32")
+        save_table(Path(__file__).parent, table, device_info()["name"], f"tuning.tune() at {SHAPES} fp32")
     return {"times": {"row_warps": row, "split": split}, "table": table}
