@@ -140,8 +140,10 @@ def test_the_profilers_usdt_lines_are_held_back_and_other_output_kept(capfd):
     with _without_usdt_lines():
         os.write(2, b"USDT: profiler_start probe\n")
         os.write(1, b"a real message\n")
+        os.write(2, b"a real warning\n")
     out, err = capfd.readouterr()
-    assert "USDT" not in out + err and "a real message" in err
+    assert "USDT" not in out + err
+    assert "a real message" in out and "a real warning" in err  # each on the stream it was written to
 
 
 def test_cli_says_each_library_warning_once_as_a_note(capsys, monkeypatch):

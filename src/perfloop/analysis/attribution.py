@@ -1,6 +1,6 @@
 """Where a profile's device time went, by kernel, by the aten op that launched each kernel, or
-by category of work -- from the profiler's own links between a kernel and the op whose launch
-made it (its correlation id), not from matching names.
+by category of work -- from the kernel list the profiler keeps for each op (linked through the
+launch's correlation id), not from matching names.
 
     >>> p = pl.profile(step)                       # doctest: +SKIP
     >>> p.breakdown(by="category")[0]              # doctest: +SKIP
@@ -10,6 +10,7 @@ made it (its correlation id), not from matching names.
 from __future__ import annotations
 
 import re
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from torch.autograd import DeviceType
@@ -46,23 +47,30 @@ def category(name: str) -> str:
     return "other"
 
 
+def _launcher(e) -> str:
+    """The op a kernel list belongs to: the event itself, or for a runtime call that made the
+    launch (cudaStreamIsCapturing, ...), the nearest enclosing op (a name with "::")."""
+    while "::" not in e.name and e.cpu_parent is not None:
+        e = e.cpu_parent
+    return e.name
+
+
 def _device_items(events, ranges: set[str]) -> list[tuple[str, str, float]]:
-    """(kernel name, launching op or '', ms) for each device activity of the profile; '' where
-    no op launched it (a graph replay, NCCL, a memcpy issued by the runtime)."""
-    launched: dict[tuple[str, int], str] = {}
-    for e in events:
-        if e.device_type == DeviceType.CPU:
-            for k in getattr(e, "kernels", ()) or ():
-                launched.setdefault((k.name, round(k.duration, 3)), e.name)
+    """(kernel, op, ms) for each kernel recorded on the device, its op from the kernel lists
+    the profiler keeps per op (each kernel linked to one op by its launch's correlation id),
+    matched to the device's own records name by name in launch order; the times are the
+    device's. Activity no op's list holds (a graph replay, NCCL, the runtime's own memcpy)
+    comes with op ''."""
+    ops: dict[str, deque] = defaultdict(deque)
+    for e in sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start):
+        for k in getattr(e, "kernels", ()) or ():
+            ops[k.name].append(_launcher(e))
+    device = [e for e in events if e.device_type == DeviceType.CUDA
+              and not getattr(e, "is_user_annotation", False) and e.name not in ranges]  # fmt: skip
     out = []
-    for e in events:
-        if (
-            e.device_type == DeviceType.CUDA
-            and not getattr(e, "is_user_annotation", False)
-            and e.name not in ranges
-        ):
-            dur = e.time_range.elapsed_us()
-            out.append((e.name, launched.get((e.name, round(dur, 3)), ""), dur / 1e3))
+    for e in sorted(device, key=lambda e: e.time_range.start):
+        op = ops[e.name].popleft() if ops[e.name] else ""
+        out.append((e.name, op, e.time_range.elapsed_us() / 1e3))
     return out
 
 

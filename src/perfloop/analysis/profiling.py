@@ -204,32 +204,30 @@ class Profile:
 @contextlib.contextmanager
 def _without_usdt_lines():
     """The profiler's native start/stop print "USDT: ..." probe lines on some builds: hold the
-    process's stdout and stderr meanwhile, and pass on every other line."""
+    process's stdout and stderr meanwhile, and pass every other line on to where it was going."""
     import sys
     import tempfile
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    with tempfile.TemporaryFile(mode="w+b") as held:
+    streams = {1: sys.stdout, 2: sys.stderr}
+    for stream in streams.values():
+        stream.flush()
+    saved = {fd: os.dup(fd) for fd in streams}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        held = {1: out, 2: err}
         try:
-            for fd in saved:
-                os.dup2(held.fileno(), fd)
+            for fd, f in held.items():
+                os.dup2(f.fileno(), fd)
             yield
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            for fd, orig in saved.items():
-                os.dup2(orig, fd)
-                os.close(orig)
-            held.seek(0)
-            kept = [
-                ln
-                for ln in held.read().decode(errors="replace").splitlines(True)
-                if not ln.startswith("USDT")
-            ]
-            if kept:
-                sys.stderr.write("".join(kept))
+            for fd, stream in streams.items():
+                stream.flush()
+                os.dup2(saved[fd], fd)
+                os.close(saved[fd])
+                held[fd].seek(0)
+                lines = held[fd].read().decode(errors="replace").splitlines(True)
+                kept = "".join(ln for ln in lines if not ln.startswith("USDT"))
+                if kept:
+                    stream.write(kept)
 
 
 def _annotation_names(events) -> set[str]:
