@@ -1,21 +1,34 @@
-"""Where a profile's device time went, by kernel, by the aten op that launched each kernel, or
-by category of work -- from the kernel list the profiler keeps for each op (linked through the
-launch's correlation id), not from matching names.
+"""Where a profile's device time went: by kernel, by the aten op that launched each kernel, by
+the nn.Module that ran it, or by category of work.
+
+Each kernel's op comes from the kernel list the profiler keeps for each launch (linked through
+the launch's correlation id), not from matching names; its module from the module range
+around the op (`modules.module_ranges`); a backward kernel is charged to the module whose
+forward op created its autograd node (the node's sequence number is the forward op's), and
+optimizer kernels to "optimizer". On a CPU the outermost ops are the work.
 
     >>> p = pl.profile(step)                       # doctest: +SKIP
-    >>> p.breakdown(by="category")[0]              # doctest: +SKIP
-    Row(name='elementwise', calls=8, device_ms=0.71, share=0.62)
+    >>> p.breakdown(by="module")[0]                # doctest: +SKIP
+    Row(name='transformer.h.0.mlp.c_fc', calls=4, device_ms=0.71, share=0.12, ...)
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch.autograd import DeviceType
 
-BY = ("kernel", "op", "category")
+from perfloop.analysis import roofline
+from perfloop.analysis.modules import PREFIX as MODULE
+from perfloop.analysis.work import MARKER
+
+BY = ("module", "op", "kernel", "category")
+BACKWARD = "autograd::engine::evaluate_function: "
+OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
+NO_MODULE = "(no module)"
+WORK_FROM = "flops: torch's formulas; bytes: the op's tensors"
 
 # (category, pattern over the op's or kernel's lower-cased name); the first match wins
 CATEGORIES = [
@@ -26,9 +39,23 @@ CATEGORIES = [
     ("matmul", r"\bmm\b|addmm|bmm|matmul|linear|gemm|cutlass|xmma|sm\d+_|cublas|wgmma|conv"),
     ("normalization", r"layer_norm|rms_norm|batch_norm|group_norm|norm_"),
     ("dtype cast/copy", r"copy_|_to_copy|\bto\b|cast|contiguous|clone"),
-    ("reduction", r"sum|mean|max|min|softmax|reduce|argmax|norm\b|logsumexp"),
-    ("elementwise", r"add|mul|sub|div|gelu|relu|silu|tanh|exp|pow|sigmoid|where|elementwise|vectorized|fill"),
+    ("reduction", r"sum|mean|max|min|softmax|reduce|argmax|norm\b|logsumexp|nll_loss"),
+    ("elementwise", r"add|mul|sub|div|gelu|relu|silu|tanh|exp|pow|sigmoid|where|elementwise|vectorized|fill|sqrt|lerp"),
 ]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One kernel on a GPU (one outermost op on a CPU) and where it came from."""
+
+    kernel: str
+    op: str  # the aten op that launched it, "" if none
+    module: str
+    phase: str  # "forward", "backward", "optimizer"
+    ms: float
+    start_us: float
+    end_us: float
+    markers: tuple = ()  # indices of the WorkCounter records behind it
 
 
 @dataclass(frozen=True)
@@ -37,6 +64,20 @@ class Row:
     calls: int
     device_ms: float  # over all the profiled calls
     share: float  # of the profile's attributed time
+    backward_ms: float = 0.0
+    flops: float | None = None  # estimated, over all the profiled calls
+    bytes: float | None = None
+    dtype: str = ""
+    work_from: str = ""  # how flops and bytes were obtained
+    # from the measured ceilings (roofline.apply)
+    gbps: float | None = None
+    tflops: float | None = None
+    intensity: float | None = None
+    of_copy: float | None = None
+    of_matmul: float | None = None
+    bound: str = ""
+    headroom_ms: float | None = None  # its time minus its time at the ceiling
+    note: str = ""
 
 
 def category(name: str) -> str:
@@ -47,56 +88,203 @@ def category(name: str) -> str:
     return "other"
 
 
-def _launcher(e) -> str:
-    """The op a kernel list belongs to: the event itself, or for a runtime call that made the
-    launch (cudaStreamIsCapturing, ...), the nearest enclosing op (a name with "::")."""
-    while "::" not in e.name and e.cpu_parent is not None:
+def _ancestors(e):
+    while e is not None:
+        yield e
         e = e.cpu_parent
-    return e.name
 
 
-def _device_items(events, ranges: set[str]) -> list[tuple[str, str, float]]:
-    """(kernel, op, ms) for each kernel recorded on the device, its op from the kernel lists
-    the profiler keeps per op (each kernel linked to one op by its launch's correlation id),
-    matched to the device's own records name by name in launch order; the times are the
-    device's. Activity no op's list holds (a graph replay, NCCL, the runtime's own memcpy)
-    comes with op ''."""
-    ops: dict[str, deque] = defaultdict(deque)
-    for e in sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start):
-        for k in getattr(e, "kernels", ()) or ():
-            ops[k.name].append(_launcher(e))
-    device = [e for e in events if e.device_type == DeviceType.CUDA
-              and not getattr(e, "is_user_annotation", False) and e.name not in ranges]  # fmt: skip
-    out = []
-    for e in sorted(device, key=lambda e: e.time_range.start):
-        op = ops[e.name].popleft() if ops[e.name] else ""
-        out.append((e.name, op, e.time_range.elapsed_us() / 1e3))
+def _is_op(e) -> bool:
+    return "::" in e.name and not e.name.startswith(BACKWARD) and not getattr(e, "is_user_annotation", False)
+
+
+def _context(e, seq_module: dict) -> tuple[str, str, str, tuple]:
+    """(op, module, phase, markers) for a runtime call or op event, from the events around it."""
+    op = module = ""
+    phase = "forward"
+    markers = []
+    for a in _ancestors(e):
+        name = a.name
+        if not op and "::" in name and not name.startswith(BACKWARD):
+            op = name
+        if name.startswith(MARKER):
+            markers.append(int(name[len(MARKER):]))
+        elif not module and name.startswith(MODULE):
+            module = name[len(MODULE):]
+        elif name.startswith(BACKWARD):
+            phase = "backward"
+            module = module or seq_module.get((a.fwd_thread, a.sequence_nr), NO_MODULE)
+            break
+        elif name.startswith(OPTIMIZER):
+            phase, module = "optimizer", "optimizer"
+            break
+    return op, module or NO_MODULE, phase, tuple(markers[:1])
+
+
+def _seq_modules(events) -> dict:
+    """(thread, sequence number) of each forward op -> the module it ran in."""
+    out = {}
+    for e in events:
+        if e.device_type != DeviceType.CPU or e.sequence_nr is None or e.sequence_nr < 0:
+            continue
+        if e.name.startswith(BACKWARD) or (e.fwd_thread and e.fwd_thread != e.thread):
+            continue
+        module = next((a.name[len(MODULE):] for a in _ancestors(e) if a.name.startswith(MODULE)), NO_MODULE)
+        out.setdefault((e.thread, e.sequence_nr), module)
     return out
 
 
-def _cpu_items(events) -> list[tuple[str, str, float]]:
-    """On a CPU the ops are the work: (op, op, ms) for each top-level op."""
-    top = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
-    return [(e.name, e.name, e.time_range.elapsed_us() / 1e3) for e in top]
+def annotations(events) -> set[str]:
+    """Names of record_function ranges (annotate, modules, markers); their GPU-side mirrors
+    share the name and are not work."""
+    return {e.name for e in events if getattr(e, "is_user_annotation", False)}
 
 
-def breakdown(events, by: str, kind: str, ranges: set[str] = frozenset()) -> list[Row]:
-    """Rows of device time by `by` ("kernel", "op" or "category"), largest first; every kernel
-    is counted once, those no op launched under "(no op) <kernel>"."""
-    if by not in BY:
-        raise ValueError(f"by: {by!r} is not one of {', '.join(BY)}")
-    items = _device_items(events, ranges) if kind == "cuda" else _cpu_items(events)
-    agg: dict[str, list] = {}
-    for kernel, op, ms in items:
-        if by == "kernel":
-            key = kernel
-        elif by == "op":
-            key = op or f"(no op) {kernel}"
+def device_events(events, ranges: set[str]) -> list:
+    return [e for e in events if e.device_type == DeviceType.CUDA
+            and not getattr(e, "is_user_annotation", False) and e.name not in ranges]  # fmt: skip
+
+
+def cpu_ops(events) -> list:
+    """The outermost op events: ops with no op around them (ranges and autograd's own
+    events do not count as ops)."""
+    out = []
+    for e in events:
+        if e.device_type == DeviceType.CPU and _is_op(e):
+            if not any(_is_op(a) for a in _ancestors(e.cpu_parent)):
+                out.append(e)
+    return out
+
+
+def items(events, kind: str) -> list[Item]:
+    """Every kernel recorded on the device (every outermost op on a CPU), in time order, with
+    its op, module and phase. A kernel no op's list holds (a graph replay, NCCL, the runtime's
+    own memcpy) keeps op ''."""
+    seq_module = _seq_modules(events)
+    if kind != "cuda":
+        out = []
+        for e in cpu_ops(events):
+            op, module, phase, _ = _context(e, seq_module)
+            marks = tuple(int(c.name[len(MARKER):]) for c in _descendants(e) if c.name.startswith(MARKER))
+            out.append(Item(e.name, e.name, module, phase, e.time_range.elapsed_us() / 1e3,
+                            e.time_range.start, e.time_range.end, marks))  # fmt: skip
+        return sorted(out, key=lambda i: i.start_us)
+    launches: dict[str, deque] = defaultdict(deque)
+    for e in sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start):
+        for k in getattr(e, "kernels", ()) or ():
+            launches[k.name].append(e)
+    out = []
+    for d in sorted(device_events(events, annotations(events)), key=lambda e: e.time_range.start):
+        if launches[d.name]:
+            op, module, phase, marks = _context(launches[d.name].popleft(), seq_module)
         else:
-            key = category(op or kernel)
-        a = agg.setdefault(key, [0, 0.0])
-        a[0] += 1
-        a[1] += ms
-    total = sum(v[1] for v in agg.values()) or 1e-12
-    rows = [Row(name=k, calls=c, device_ms=t, share=t / total) for k, (c, t) in agg.items()]
+            op, module, phase, marks = "", NO_MODULE, "forward", ()
+        out.append(Item(d.name, op, module, phase, d.time_range.elapsed_us() / 1e3,
+                        d.time_range.start, d.time_range.end, marks))  # fmt: skip
+    return out
+
+
+def _descendants(e):
+    for c in e.cpu_children:
+        yield c
+        yield from _descendants(c)
+
+
+def key_of(item: Item, by: str, depth: int | None = None) -> str:
+    if by == "kernel":
+        return item.kernel
+    if by == "op":
+        return item.op or f"(no op) {item.kernel}"
+    if by == "op/phase":
+        return f"{item.op or '(no op) ' + item.kernel} ({item.phase})"
+    if by == "module":
+        if depth and item.module not in (NO_MODULE, "optimizer"):
+            return ".".join(item.module.split(".")[:depth])
+        return item.module
+    return category(item.op or item.kernel)
+
+
+def group(its: list[Item], by: str, depth: int | None = None, work: dict | None = None,
+          ceilings: dict | None = None, l2_bytes: int = 0) -> list[Row]:
+    """Rows of time by `by`, largest first; with `work` ((module, phase, op) -> [flops, bytes,
+    dtype]), the estimated work of each row's ops, and with `ceilings` their roofline columns
+    (each op against the ceiling of its own dtype)."""
+    if by not in BY + ("op/phase",):
+        raise ValueError(f"by: {by!r} is not one of {', '.join(BY)}")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+        raise ValueError(f"depth: must be an integer >= 1, got {depth!r}")
+    agg: dict[str, dict] = {}
+    seen_keys: dict[str, set] = defaultdict(set)
+    for it in its:
+        name = key_of(it, by, depth)
+        a = agg.setdefault(name, {"calls": 0, "ms": 0.0, "bwd": 0.0})
+        a["calls"] += 1
+        a["ms"] += it.ms
+        a["bwd"] += it.ms if it.phase == "backward" else 0.0
+        seen_keys[name].add((it.module, it.phase, it.op))
+    total = sum(a["ms"] for a in agg.values()) or 1e-12
+    rows = []
+    for name, a in agg.items():
+        row = Row(name=name, calls=a["calls"], device_ms=a["ms"], share=a["ms"] / total, backward_ms=a["bwd"])
+        if work is not None and by != "kernel":
+            ws = [work[k] for k in seen_keys[name] if k in work]
+            if ws:
+                dtypes = {w[2] for w in ws if w[2]}
+                flops = sum(w[0] for w in ws)
+                row = replace(row, flops=flops, bytes=sum(w[1] for w in ws), dtype="/".join(sorted(dtypes)),
+                              work_from=WORK_FROM if flops else WORK_FROM.split("; ")[1])  # fmt: skip
+                if ceilings:
+                    at = [roofline.ceiling_ms(*w[:3], ceilings) for w in ws]
+                    row = roofline.apply(row, ceilings, sum(a[0] for a in at), sum(a[1] for a in at), l2_bytes)
+        rows.append(row)
     return sorted(rows, key=lambda r: -r.device_ms)
+
+
+def work_by_key(its: list[Item], records: list, scale: float) -> dict:
+    """(module, phase, op) -> [flops, bytes, dtype] from the WorkCounter records behind the
+    items, each record counted once (with the first kernel it launched), times `scale`."""
+    out: dict = {}
+    used = set()
+    for it in its:
+        for m in it.markers:
+            if m in used or m >= len(records) or records[m] is None:
+                continue
+            used.add(m)
+            r = records[m]
+            w = out.setdefault((it.module, it.phase, it.op), [0.0, 0.0, ""])
+            w[0] += r.flops * scale
+            w[1] += r.bytes * scale
+            w[2] = w[2] or r.dtype
+    return out
+
+
+def _rate(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if v >= 10 else f"{v:.2g}"
+
+
+def table(rows: list[Row], calls: int, title: str, top: int = 12) -> str:
+    """Rows as text: time per call, share, backward share, achieved rates, bound, headroom."""
+    from perfloop.harness.measurement import fmt_ms
+
+    head = (f"{title:<44} {'calls':>6} {'ms/call':>9} {'share':>6} {'bwd':>5} {'GB/s':>9} "
+            f"{'TFLOP/s':>9} {'bound':>8} {'headroom':>9}")  # fmt: skip
+    lines = [head]
+    for r in rows[:top]:
+        lines.append(
+            f"{r.name[:44]:<44} {r.calls // calls:>6} {fmt_ms(r.device_ms / calls):>9} {r.share:>6.1%} "
+            f"{r.backward_ms / r.device_ms if r.device_ms else 0:>5.0%} {_rate(r.gbps):>9} "
+            f"{_rate(r.tflops):>9} {r.bound or '-':>8} "
+            f"{fmt_ms(r.headroom_ms / calls) if r.headroom_ms is not None else '-':>9}"
+        )
+        if r.note:
+            lines.append(f"    note: {r.note}")
+    if len(rows) > top:
+        rest = sum(r.device_ms for r in rows[top:]) / calls
+        lines.append(f"... {len(rows) - top} more rows, {fmt_ms(rest)} per call")
+    return "\n".join(lines)
+
+
+def row_dict(r: Row) -> dict:
+    return {k: v for k, v in r.__dict__.items() if v is not None and v != ""}

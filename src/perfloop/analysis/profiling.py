@@ -23,6 +23,10 @@ import torch
 from torch.autograd import DeviceType
 
 from perfloop import device as _device
+from perfloop.analysis.attribution import annotations, cpu_ops, device_events
+from perfloop.analysis.modules import module_ranges
+from perfloop.analysis.work import WorkCounter
+from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms
 
 # --------------------------------------------------------------------- annotate
@@ -49,6 +53,8 @@ class annotate(contextlib.ContextDecorator):
         self._nvtx = torch.cuda.is_available()
 
     def __enter__(self):
+        for w in RANGE_WATCHERS:
+            w.enter(self.name)
         if self._nvtx:
             torch.cuda.nvtx.range_push(self.name)
         if torch.autograd.profiler._is_profiler_enabled:
@@ -62,7 +68,13 @@ class annotate(contextlib.ContextDecorator):
             self._rf = None
         if self._nvtx:
             torch.cuda.nvtx.range_pop()
+        for w in RANGE_WATCHERS:
+            w.exit(self.name)
         return False
+
+
+# objects with enter(name) and exit(name), told of every annotate range (profile --script)
+RANGE_WATCHERS: list = []
 
 
 # --------------------------------------------------------------------- names
@@ -133,6 +145,8 @@ class Profile:
     work: Work | None = None
     warnings: list[str] = field(default_factory=list)
     _prof: Any = field(default=None, repr=False)
+    _counted: Any = field(default=None, repr=False)  # (records, items, calls) of the counted call
+    _items: Any = field(default=None, repr=False)
 
     @property
     def gpu_busy_fraction(self) -> float:
@@ -142,15 +156,48 @@ class Profile:
     def distinct_kernels(self) -> int:
         return len(self.kernels)
 
-    def breakdown(self, by: str = "op") -> list:
-        """Device time by "kernel", by the aten "op" that launched each kernel, or by
-        "category" (matmul, attention, normalization, elementwise, ...): rows of (name, calls,
-        device_ms over all calls, share), largest first. Kernels no op launched keep their
-        own rows."""
-        from perfloop.analysis.attribution import breakdown
+    def items(self) -> list:
+        """Every kernel (on a CPU, every outermost op) with its op, module and phase."""
+        from perfloop.analysis.attribution import items
 
-        events = self._prof.events() if self._prof is not None else []
-        return breakdown(events, by, self.kind, _annotation_names(events))
+        if self._items is None:
+            self._items = items(self._prof.events() if self._prof is not None else [], self.kind)
+        return self._items
+
+    def _work(self) -> dict | None:
+        from perfloop.analysis.attribution import work_by_key
+
+        if self._counted is None:
+            return None
+        records, counted_items, counted_calls = self._counted
+        return work_by_key(counted_items, records, self.calls / counted_calls)
+
+    def breakdown(self, by: str = "op", depth: int | None = None, ceilings: dict | None = None) -> list:
+        """Device time by "module" (qualified name; backward charged to the forward module,
+        optimizer kernels to "optimizer"), by the aten "op" that launched each kernel, by
+        "kernel", or by "category" (matmul, attention, normalization, elementwise, ...): rows of
+        (name, calls, device_ms over all calls, share, backward_ms), largest first. Kernels no op
+        launched keep their own rows. Where the work was counted (the default), rows also carry
+        the estimated FLOPs and bytes and, against the measured ceilings, GB/s, TFLOP/s, share
+        of each ceiling, bound and headroom. `depth` rolls modules up to that many name parts."""
+        from perfloop.analysis.attribution import group
+
+        work = self._work()
+        if work is not None and ceilings is None:
+            ceilings = measured_ceilings()
+        return group(self.items(), by, depth, work, ceilings, _device.l2_bytes() if self.kind == "cuda" else 0)
+
+    def idle(self):
+        """When and why the GPU sat idle (timeline.Idle), None on a CPU."""
+        from perfloop.analysis.timeline import idle
+
+        if self.kind != "cuda" or self._prof is None:
+            return None
+        sites: dict = {}
+        for r in (self._counted[0] if self._counted else []):
+            if r is not None and r.site:
+                sites.setdefault(r.op, set()).add(r.site)
+        return idle(self._prof.events(), [(i.start_us, i.end_us) for i in self.items()], sites)
 
     def table(self, top: int = 10) -> str:
         unit = "kernel" if self.kind == "cuda" else "op"
@@ -181,9 +228,16 @@ class Profile:
         return p
 
     def diagnose(self, ceilings: dict | None = None):
+        """With `work` given: what kind of bound this one op is (Diagnosis). Without: the
+        step's opportunities, largest time saved first (StepDiagnosis)."""
         from perfloop.analysis.diagnose import diagnose
+        from perfloop.analysis.opportunities import rank
 
-        return diagnose(self, ceilings)
+        if self.work is not None or not self.items():
+            return diagnose(self, ceilings)
+        ceilings = ceilings if ceilings is not None else measured_ceilings()
+        records, counted_items, _ = self._counted or (None, None, 1)
+        return rank(self.items(), self._work(), records, counted_items, self.idle(), ceilings, self.calls, self.wall_ms_per_call, _device.l2_bytes() if self.kind == "cuda" else 0)  # fmt: skip
 
     def to_dict(self) -> dict:
         return {
@@ -230,11 +284,6 @@ def _without_usdt_lines():
                     stream.write(kept)
 
 
-def _annotation_names(events) -> set[str]:
-    """Names of record_function ranges (annotate); their GPU-side mirrors share the name."""
-    return {e.name for e in events if getattr(e, "is_user_annotation", False)}
-
-
 def _union_ms(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, -float("inf")
     for s, e in sorted(intervals):
@@ -263,7 +312,7 @@ def _peak_memory(call: Callable, memory_snapshot) -> int:
     return peak
 
 
-def _start_profiler(on_cuda: bool, warnings: list[str]):
+def start_profiler(on_cuda: bool, warnings: list[str]):
     """torch.profiler recording CPU and (on a GPU) CUDA activity, already started; CPU only,
     with a warning, where CUPTI is missing or busy."""
     acts = [torch.profiler.ProfilerActivity.CPU]
@@ -286,10 +335,8 @@ def _start_profiler(on_cuda: bool, warnings: list[str]):
 def _activity(events, on_cuda: bool, warnings: list[str]) -> tuple[str, list[tuple], int]:
     """(kind, [(name, start us, end us)], launches) of the recorded work: on a GPU its device
     activity (kernels, memcpy, memset -- not the GPU-side mirrors of record_function ranges,
-    ours included, which span whole regions and are not work), else the top-level CPU ops."""
-    ranges = _annotation_names(events)
-    dev = [e for e in events if e.device_type == DeviceType.CUDA
-           and not getattr(e, "is_user_annotation", False) and e.name not in ranges]  # fmt: skip
+    ours included, which span whole regions and are not work), else the outermost CPU ops."""
+    dev = device_events(events, annotations(events))
     if on_cuda and not dev:
         warnings.append("no device activity was recorded (CUPTI unavailable?); CPU ops shown")
     if dev:
@@ -298,7 +345,7 @@ def _activity(events, on_cuda: bool, warnings: list[str]) -> tuple[str, list[tup
             [e for e in dev if "memset" not in e.name.lower() and "memcpy" not in e.name.lower()]
         )
         return "cuda", items, launches
-    top = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
+    top = cpu_ops(events)
     items = [(e.name, e.time_range.start, e.time_range.end) for e in top]
     return "cpu", items, len(items)
 
@@ -324,9 +371,15 @@ def profile(
     work: Work | None = None,
     memory_snapshot: str | os.PathLike | None = None,
     cuda_profiler_range: bool = False,
+    count_work: bool = True,
     **kwargs: Any,
 ) -> Profile:
     """Profile `calls` calls of fn(*args) after `warmup` calls.
+
+    Every nn.Module called meanwhile is a range named by its qualified name, so each kernel is
+    charged to its op and module (`Profile.breakdown`). With `count_work` (the default) one more
+    call runs under a dispatch mode that counts each op's FLOPs and bytes (the timed calls do
+    not), for the roofline columns and the ranked `diagnose()`.
 
     `cuda_profiler_range=True` brackets the profiled calls with cudaProfilerStart/Stop, so
     Nsight Systems run with `--capture-range=cudaProfilerApi` captures exactly them.
@@ -352,7 +405,54 @@ def profile(
     if memory_snapshot and not on_cuda:
         raise ValueError("memory_snapshot: CUDA memory snapshots need a CUDA GPU")
     warnings: list[str] = []
-    prof = _start_profiler(on_cuda, warnings)
+    with module_ranges():
+        prof, wall_ms, host = _timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
+        work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
+
+    return build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work)
+
+
+def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: bool, warnings: list[str],
+                  counted=None, peak: int | None = None, work: Work | None = None) -> Profile:  # fmt: skip
+    """A Profile from a stopped profiler that recorded `calls` calls (times over all of them)."""
+    kind, items, launches = _activity(prof.events(), on_cuda, warnings)
+    kernels = _kernel_table(items)
+    total = sum(k.total_ms for k in kernels) or 1e-12
+    return Profile(
+        kernels=kernels,
+        calls=calls,
+        device_ms_per_call=total / calls,
+        busy_ms_per_call=_union_ms([(s, e) for _, s, e in items]) / calls,
+        wall_ms_per_call=wall_ms / calls,
+        host_ms_per_call=host_ms / calls,
+        launches_per_call=launches / calls,
+        kind=kind,
+        peak_memory_bytes=peak,
+        work=work,
+        warnings=warnings,
+        _prof=prof,
+        _counted=counted,
+    )
+
+
+def stop_profiler(prof) -> None:
+    with _without_usdt_lines():
+        prof.__exit__(None, None, None)
+
+
+def counted(prof, records: list, on_cuda: bool):
+    """(records, items, 1) of a call counted by a WorkCounter under the (stopped) profiler."""
+    from perfloop.analysis.attribution import items
+
+    events = prof.events()
+    kind = "cuda" if on_cuda and device_events(events, annotations(events)) else "cpu"
+    return records, items(events, kind), 1
+
+
+def _timed_calls(call, calls: int, on_cuda: bool, cuda_profiler_range: bool, warnings: list[str]):
+    """(profiler, wall ms, host s) of `calls` calls under the profiler."""
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    prof = start_profiler(on_cuda, warnings)
     try:
         nsys = on_cuda and cuda_profiler_range
         if nsys:
@@ -368,26 +468,26 @@ def profile(
             torch.cuda.profiler.stop()
         wall_ms = (time.perf_counter() - t0) * 1e3
     finally:
-        with _without_usdt_lines():
-            prof.__exit__(None, None, None)  # stopped cleanly even when fn raised
+        stop_profiler(prof)  # stopped cleanly even when fn raised
+    return prof, wall_ms, host
 
-    kind, items, launches = _activity(prof.events(), on_cuda, warnings)
-    kernels = _kernel_table(items)
-    total = sum(k.total_ms for k in kernels) or 1e-12
-    return Profile(
-        kernels=kernels,
-        calls=calls,
-        device_ms_per_call=total / calls,
-        busy_ms_per_call=_union_ms([(s, e) for _, s, e in items]) / calls,
-        wall_ms_per_call=wall_ms / calls,
-        host_ms_per_call=host * 1e3 / calls,
-        launches_per_call=launches / calls,
-        kind=kind,
-        peak_memory_bytes=peak,
-        work=work,
-        warnings=warnings,
-        _prof=prof,
-    )
+
+def _counted_call(call, on_cuda: bool, warnings: list[str]):
+    """(records, items, 1): one more call under the WorkCounter and the profiler, each kernel
+    tied to the counted op that launched it; None, with a warning, where the call cannot run
+    under a dispatch mode."""
+    prof = start_profiler(on_cuda, [])
+    try:
+        with WorkCounter() as wc:
+            call()
+        if on_cuda:
+            torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 -- the timed calls stand; only the estimate is lost
+        warnings.append(f"FLOPs and bytes not counted: the call failed under the counting mode ({exc})")
+        return None
+    finally:
+        stop_profiler(prof)
+    return counted(prof, wc.records, on_cuda)
 
 
 @dataclass(frozen=True)

@@ -61,9 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`profile --script PATH ARGS...`: everything after the script's path is the script's."""
+    if "--script" in argv and argv[:1] == ["profile"]:
+        i = argv.index("--script")
+        rest = argv[i + 2 :]
+        return argv[: i + 2], rest[1:] if rest[:1] == ["--"] else rest
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
+    argv, script_args = _split_script_args([*(sys.argv[1:] if argv is None else argv)])
     args = ap.parse_args(argv)  # unknown verbs/flags: usage + the choices, exit 2
+    args.script_args = script_args
     for name in ("calls", "top", "seeds"):
         if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:
             ap.error(f"--{name}: must be >= 1")

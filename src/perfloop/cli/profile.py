@@ -23,9 +23,10 @@ from perfloop.cli.output import console, emit_json, status
 
 
 def register(verb) -> None:
-    p = verb("profile", "where the time goes: kernels, launches, busy time, diagnosis", run, db=True)
-    p.add_argument("op")
-    p.add_argument("--variant", required=True)
+    p = verb("profile", "where the time goes: kernels, launches, busy time, diagnosis; an op's variant, "
+             "or a window of your own script (--script)", run, db=True)  # fmt: skip
+    p.add_argument("op", nargs="?", help="an op of the library (or --script instead)")
+    p.add_argument("--variant", help="the op's variant (with OP)")
     p.add_argument("--shape")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--calls", type=int, default=3, help="calls inside the profile (default 3)")
@@ -35,12 +36,28 @@ def register(verb) -> None:
     p.add_argument("--nsys", action="store_true", help="run under Nsight Systems (needs nsys)")
     # set by --nsys for the process it runs under nsys: bracket the profiled calls for capture
     p.add_argument("--cuda-profiler-range", action="store_true", help=argparse.SUPPRESS)
+    s = p.add_argument_group("a script (perfloop profile [flags] --script train.py [its arguments])")
+    s.add_argument("--script", help="run this Python script unchanged and profile a window of it; "
+                   "everything after its path goes to it")  # fmt: skip
+    s.add_argument("--range", default=None, help="the annotate range that is one step (default: step)")
+    s.add_argument("--skip", type=int, default=1, help="occurrences of the range to skip first (default 1)")
+    s.add_argument("--steps", type=int, default=2, help="occurrences to profile (default 2)")
+    s.add_argument("--window", help="START:DURATION in seconds, for a script without ranges")
+    s.add_argument("--depth", type=int, default=3, help="module names rolled up to this many parts (default 3)")
+    s.add_argument("--no-count", action="store_true", help="do not count FLOPs and bytes (no roofline)")
 
 
 def run(args) -> int:
     from perfloop.device import default_device
     from perfloop.workflows.ops import profile_variant
 
+    if args.script:
+        if args.op or args.variant:
+            raise UsageError("--script: give either an op (with --variant) or --script, not both")
+        return run_script(args)
+    if not args.op or not args.variant:
+        raise UsageError("profile: give an op and --variant (perfloop profile gelu --variant triton), "
+                         "or --script train.py")  # fmt: skip
     op = get_op(args.op)
     dtype = parse_dtype(args.dtype)
     shape = parse_shape(args.shape) if args.shape else op.bench_shape(default_device())
@@ -94,3 +111,71 @@ def run_nsys(args) -> int:
         cmd += ["--shape", args.shape]
     console().print("running: " + " ".join(cmd))
     return subprocess.call(cmd, env=dict(os.environ))
+
+
+def _window(text: str | None):
+    if text is None:
+        return None
+    try:
+        start, duration = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise UsageError(f"--window: cannot read {text!r}; write START:DURATION in seconds, e.g. 5:2") from None
+    return start, duration
+
+
+def run_script(args) -> int:
+    from perfloop.analysis.attribution import row_dict, table
+    from perfloop.workflows.script import ScriptError, profile_script
+
+    if args.range and args.window:
+        raise UsageError("--range and --window: give one (a range's occurrences, or a time window)")
+    if args.depth < 1:
+        raise UsageError(f"--depth: must be >= 1, got {args.depth}")
+    window = _window(args.window)
+    range_name = None if window else (args.range or "step")
+    store = open_store(args)
+    try:
+        with status(args, f"running {args.script}"):
+            p = profile_script(args.script, args.script_args, range_name, skip=args.skip, steps=args.steps,
+                               window=window, count_work=not args.no_count)  # fmt: skip
+    except ScriptError as exc:
+        import traceback
+
+        traceback.print_exception(exc.original, file=sys.stderr)
+        console(True).print(f"--script: {exc}; the profiler was stopped and nothing was stored", style="red")
+        return FAILED
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    with status(args, "attributing and ranking"):
+        modules = p.breakdown("module", depth=args.depth)
+        ops = p.breakdown("op")
+        d = p.diagnose()
+        idle = p.idle()
+    if args.trace:
+        p.export_trace(args.trace)
+    what = f"{p.calls} occurrence(s) of {range_name!r}" if range_name else f"the window {args.window} s"
+    payload = p.to_dict() | {
+        "script": args.script, "script_args": args.script_args, "window": what,
+        "modules": [row_dict(r) for r in modules], "ops": [row_dict(r) for r in ops],
+        "idle": idle.__dict__ if idle else None, "diagnosis": d.to_dict(),
+    }  # fmt: skip
+    run_id = start_run(store)
+    name = f"script:{os.path.basename(args.script)}"
+    store.add_artifact(run_id, "profile", payload, op=name, variant=range_name or "window")
+    if args.json:
+        emit_json(payload)
+        return 0
+    out = console()
+    out.print(f"{args.script}: profiled {what}", style="bold")
+    out.print(table(modules, p.calls, "module", top=args.top), markup=False, highlight=False)
+    out.print(table(ops, p.calls, "op", top=args.top), markup=False, highlight=False)
+    if idle is not None:
+        causes = ", ".join(f"{c} {v / p.calls:.3f} ms" for c, v in idle.by_cause.items() if v)
+        out.print(f"GPU idle {idle.idle_share:.0%} of the window ({causes or 'none'})")
+    out.print(str(d), markup=False, highlight=False)
+    for w in p.warnings:
+        out.print(w, style="yellow")
+    out.print(f"stored as run {run_id} ({name}); compare two runs op by op: perfloop compare RUN_A RUN_B")
+    if args.trace:
+        out.print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
+    return 0

@@ -1,0 +1,55 @@
+"""Which nn.Module ran each op: while profiling, every module call is a profiler range named
+by the module's qualified name (`transformer.h.3.attn.c_attn`), so the trace's event tree
+says which module an op ran in.
+
+A module called with no module around it is a root: it is named by its class, and the modules
+under it by their attribute paths from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch._C._profiler import _RecordFunctionFast
+
+PREFIX = "module: "
+
+
+class _Tracker:
+    def __init__(self):
+        self.names: dict[int, str] = {}  # id(module) -> qualified name
+        self.open: list = []  # one range per module call in flight
+
+    def _name(self, module) -> str:
+        name = self.names.get(id(module))
+        if name is None:  # a root: name it and everything under it
+            root = type(module).__name__
+            for qual, sub in module.named_modules():
+                self.names.setdefault(id(sub), qual or root)
+            name = self.names[id(module)]
+        return name
+
+    def pre(self, module, args):
+        rf = _RecordFunctionFast(PREFIX + self._name(module))
+        rf.__enter__()
+        self.open.append(rf)
+
+    def post(self, module, args, output):
+        if self.open:
+            self.open.pop().__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def module_ranges():
+    """Within: each nn.Module call is a profiler range "module: <qualified name>"."""
+    t = _Tracker()
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(t.pre)
+    post = torch.nn.modules.module.register_module_forward_hook(t.post, always_call=True)
+    try:
+        yield t
+    finally:
+        pre.remove()
+        post.remove()
+        while t.open:
+            t.open.pop().__exit__(None, None, None)

@@ -1,0 +1,276 @@
+"""A whole step's diagnosis: the opportunities in it, largest time saved first, each with its
+evidence, its bound and the next step.
+
+Where the saving comes from:
+- fusion: a run of memory-bound ops in one module moves every intermediate through memory;
+  fused, it reads its inputs and writes its outputs once (the tensors it touches say how many
+  bytes that is); a run of tiny kernels is launch-bound instead;
+- precision: an fp32 matmul with TF32 off, when the TF32 or bf16 ceiling is higher;
+- an op below its ceiling: its time minus its time at the ceiling (the roofline's headroom);
+- dtype casts and copies: the time of the casts autocast inserts;
+- idle: the time the device waited on the host, after synchronizing calls or while it launched.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from perfloop.analysis import attribution as attr
+from perfloop.analysis import roofline
+from perfloop.harness.measurement import fmt_ms, matmul_ceiling
+
+MIN_SHARE = 0.01  # opportunities saving less of the step are not listed
+CHAIN_MIN = 3
+SHOWN = 10
+FUSE_PASSES = 1.5  # a run that moves at least this many times the bytes it needs fused
+NOT_FUSABLE = {"matmul", "attention", "optimizer", "communication", "memcpy/memset"}
+ADVICE = {
+    "normalization": "a fused norm kernel (x and dy read once, dx written once, the weight "
+    "gradients reduced in the same pass), or torch.compile on the module",
+    "elementwise": "fuse it into its neighbours: torch.compile, or a Triton kernel",
+    "reduction": "fuse the reduction with the ops around it (torch.compile), or a Triton kernel "
+    "that keeps each row in registers",
+    "matmul": "shapes in multiples of 64 (or 128), bf16/fp16 operands, bias and activation fused "
+    "into the matmul's epilogue (torch.compile)",
+    "attention": "F.scaled_dot_product_attention with a flash backend (bf16/fp16, head dim <= 256)",
+    "optimizer": "a fused optimizer: torch.optim.AdamW(..., fused=True)",
+    "other": "look at its kernels (perfloop asm, ncu)",
+}
+
+
+@dataclass(frozen=True)
+class Opportunity:
+    title: str
+    saves_ms: float  # per call
+    share: float  # of the step's wall time
+    bound: str  # "memory", "compute", "launch", "latency", "host", "precision"
+    evidence: str
+    advice: str
+
+    def __str__(self) -> str:
+        return (f"{self.title}\n    saves up to {fmt_ms(self.saves_ms)} per call ({self.share:.0%} of the step), "
+                f"{self.bound}-bound\n    evidence: {self.evidence}\n    next: {self.advice}")  # fmt: skip
+
+
+@dataclass
+class StepDiagnosis:
+    opportunities: list[Opportunity]
+    wall_ms: float  # per call
+    device_ms: float
+    busy_share: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bound(self) -> str:
+        return self.opportunities[0].bound if self.opportunities else "none"
+
+    @property
+    def advice(self) -> str:
+        return self.opportunities[0].advice if self.opportunities else "nothing ranks above 1% of the step"
+
+    @property
+    def evidence(self) -> dict:
+        return {"wall_time": fmt_ms(self.wall_ms), "device_time": fmt_ms(self.device_ms),
+                "busy": f"{self.busy_share:.0%}", "opportunities": len(self.opportunities)}  # fmt: skip
+
+    def __str__(self) -> str:
+        head = (f"step: wall {fmt_ms(self.wall_ms)}, device {fmt_ms(self.device_ms)}, "
+                f"busy {self.busy_share:.0%}; {len(self.opportunities)} opportunities, largest first")  # fmt: skip
+        lines = [head] + [f"{i}. {o}" for i, o in enumerate(self.opportunities[:SHOWN], 1)]
+        if len(self.opportunities) > SHOWN:
+            lines.append(f"... and {len(self.opportunities) - SHOWN} smaller ones (.opportunities)")
+        lines += self.notes
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"bound": self.bound, "wall_ms": self.wall_ms, "device_ms": self.device_ms,
+                "opportunities": [o.__dict__ for o in self.opportunities], "notes": self.notes}  # fmt: skip
+
+
+def _chains(records, b_items, a_ms: dict) -> list[dict]:
+    """Runs of consecutive memory-bound ops in one module and phase (from the counted call),
+    timed from the timed calls: each (module, phase, op)'s time per call in `a_ms`, shared
+    among the counted ops behind it."""
+    info: dict[int, dict] = {}
+    for it in b_items:
+        for m in it.markers:
+            d = info.setdefault(m, {"kernels": 0, "module": it.module, "phase": it.phase, "op": it.op})
+            d["kernels"] += 1
+    per_key: dict = defaultdict(int)
+    for d in info.values():
+        per_key[(d["module"], d["phase"], d["op"])] += 1
+    last_read: dict = {}
+    for r in records:
+        if r is not None:
+            for k, _ in r.reads:
+                last_read[k] = r.index
+    runs, cur = [], []
+
+    def close():
+        if len(cur) >= CHAIN_MIN:
+            runs.append(list(cur))
+        cur.clear()
+
+    for m in sorted(info):
+        r, d = records[m] if m < len(records) else None, info[m]
+        if r is None:  # a view or an allocation: no data moved, the run goes on
+            continue
+        if r.flops or attr.category(r.op) in NOT_FUSABLE or d["phase"] == "optimizer":
+            close()
+            continue
+        if cur and (info[cur[-1]]["module"], info[cur[-1]]["phase"]) != (d["module"], d["phase"]):
+            close()
+        cur.append(m)
+    close()
+    out = []
+    for run in runs:
+        produced: dict = {}
+        seen: set = set()
+        ext_read = 0.0
+        for m in run:
+            for k, b in records[m].reads:
+                if k not in produced and k not in seen:
+                    seen.add(k)
+                    ext_read += b
+            for k, b in records[m].writes:
+                produced[k] = b
+        last_writes = {k for k, _ in records[run[-1]].writes}
+        ext_write = sum(b for k, b in produced.items() if last_read.get(k, -1) > run[-1] or k in last_writes)
+        keys = [(info[m]["module"], info[m]["phase"], info[m]["op"]) for m in run]
+        out.append({
+            "module": info[run[0]]["module"], "phase": info[run[0]]["phase"],
+            "ms": sum(a_ms.get(k, 0.0) / per_key[k] for k in keys),
+            "kernels": sum(info[m]["kernels"] for m in run),
+            "bytes": sum(records[m].bytes for m in run), "ideal_bytes": ext_read + ext_write,
+            "ops": [records[m].op.split("::")[-1] for m in run], "keys": set(keys),
+        })  # fmt: skip
+    return _merged(out)
+
+
+def _merged(chains: list[dict]) -> list[dict]:
+    """Chains of the same ops in modules that differ only in their layer numbers, as one."""
+    out: dict = {}
+    for c in chains:
+        pattern = re.sub(r"\.\d+(?=\.|$)", ".*", c["module"])
+        k = (pattern, c["phase"], tuple(c["ops"]))
+        if k not in out:
+            out[k] = dict(c, module=pattern, count=1)
+            continue
+        m = out[k]
+        m["count"] += 1
+        m["keys"] = m["keys"] | c["keys"]
+        for f in ("ms", "kernels", "bytes", "ideal_bytes"):
+            m[f] += c[f]
+    return list(out.values())
+
+
+def _ops_list(ops: list[str]) -> str:
+    head = ", ".join(ops[:6])
+    return head + (f", ... ({len(ops)} ops)" if len(ops) > 6 else "")
+
+
+def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_ms: float,
+         l2_bytes: int = 0) -> StepDiagnosis:  # fmt: skip
+    """The ranked opportunities of a profile: `items` and `work` from the timed calls (`calls`
+    of them), `records` and `b_items` from the counted call, `idle` from timeline.idle; times
+    per call."""
+    device_ms = sum(i.ms for i in items) / calls
+    step_ms = max(wall_ms, device_ms) or 1e-12
+    copy = ceilings.get("copy_gbps") or 0.0
+    found: list[Opportunity] = []
+    covered: set = set()
+
+    def add(title, saves, bound, evidence, advice):
+        if saves / step_ms >= MIN_SHARE:
+            found.append(Opportunity(title, saves, saves / step_ms, bound, evidence, advice))
+
+    a_ms: dict = defaultdict(float)
+    for i in items:
+        a_ms[(i.module, i.phase, i.op)] += i.ms / calls
+    for c in _chains(records or [], b_items or [], a_ms):
+        ideal = c["ideal_bytes"] / (copy * 1e9) * 1e3 if copy else 0.0
+        mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
+        where = f"{c['module']} ({c['phase']}{', x' + str(c['count']) if c['count'] > 1 else ''})"
+        if mean_us < roofline.LATENCY_US:
+            add(f"{c['kernels']} tiny kernels in a row in {where}", c["ms"] - ideal, "launch",
+                f"{_ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call",
+                "fuse them into one kernel (torch.compile), or replay the step as a CUDA graph "
+                "(torch.compile(mode='reduce-overhead'), torch.cuda.graphs)")  # fmt: skip
+            covered |= c["keys"]
+            continue
+        passes = c["bytes"] / c["ideal_bytes"] if c["ideal_bytes"] else float("inf")
+        if passes < FUSE_PASSES:
+            continue  # little to fuse: its ops are judged one by one below
+        covered |= c["keys"]
+        add(f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them", c["ms"] - ideal, "memory",
+            f"{_ops_list(c['ops'])}: {c['bytes'] / 1e6:.1f} MB moved where {c['ideal_bytes'] / 1e6:.1f} MB "
+            f"(its inputs and outputs) would do, {passes:.1f}x; {fmt_ms(c['ms'])} -> ~{fmt_ms(ideal)} fused",
+            ADVICE["normalization"] if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in c["ops"])
+            else "torch.compile on the module, or one Triton kernel for the run")  # fmt: skip
+
+    kept = [i for i in items if (i.module, i.phase, i.op) not in covered and i.phase != "optimizer"]
+    opt = [i for i in items if i.phase == "optimizer"]
+    if opt:
+        opt_ms = sum(i.ms for i in opt) / calls
+        nbytes = sum(w[1] for k, w in (work or {}).items() if k[1] == "optimizer") / calls
+        ideal = nbytes / (copy * 1e9) * 1e3 if copy else 0.0
+        add(f"optimizer: {len(opt) // calls} kernels per step", opt_ms - ideal, "memory",
+            f"{fmt_ms(opt_ms)} per call" + (f" for {nbytes / 1e6:.1f} MB of parameters, gradients and "
+            f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / copy:.0%} of the copy ceiling" if nbytes and copy else ""),
+            ADVICE["optimizer"] + " (one pass over the parameters, its state and gradients)")  # fmt: skip
+    casts = 0.0
+    for row in attr.group(kept, "op/phase", work=work, ceilings=ceilings, l2_bytes=l2_bytes):
+        op = row.name.rsplit(" (", 1)[0]
+        cat = attr.category(op)
+        ms = row.device_ms / calls
+        if cat == "dtype cast/copy":
+            casts += ms
+            continue
+        faster = max(filter(None, [ceilings.get("matmul_tf32_tflops"), ceilings.get("matmul_bf16_tflops")]), default=0)
+        fp32 = matmul_ceiling(ceilings, "fp32") or 0
+        if cat == "matmul" and row.dtype == "fp32" and row.flops and fp32 and faster > 1.5 * fp32:
+            at = max(row.bytes / (copy * 1e9) * 1e3 if copy else 0.0, row.flops / (faster * 1e12) * 1e3) / calls
+            add(f"{row.name}: fp32 matmuls with TF32 off", ms - at, "precision",
+                f"{row.calls // calls} calls, {row.tflops:.1f} TFLOP/s against the TF32 ceiling of {faster:.0f}",
+                "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
+                "or bf16 autocast")  # fmt: skip
+            continue
+        if row.headroom_ms is None or row.bound == "":
+            continue
+        of = row.of_matmul if row.bound == "compute" else row.of_copy
+        ceiling = "matmul" if row.bound == "compute" else "copy"
+        ev = f"{row.calls // calls} calls, {fmt_ms(ms)} per call" + (
+            f", {of:.0%} of the {ceiling} ceiling" if of is not None else "")
+        if row.bound == "latency":
+            ev += f", mean {row.device_ms * 1e3 / row.calls:.1f} us: too short to fill the GPU"
+        add(f"{row.name} below its ceiling", row.headroom_ms / calls, row.bound, ev,
+            ADVICE.get(cat, ADVICE["other"]) if row.bound != "latency"
+            else "fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs")  # fmt: skip
+
+    if casts:
+        n = sum(1 for i in kept if attr.category(i.op or i.kernel) == "dtype cast/copy") // calls
+        add(f"dtype casts and copies: {n} per call", casts, "memory",
+            f"{fmt_ms(casts)} per call in copy kernels (autocast casts each weight on every use)",
+            "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy), or "
+            "torch.compile, which folds the casts into the kernels that use them")  # fmt: skip
+
+    notes = []
+    if idle is not None:
+        sync = idle.by_cause["synchronizing calls"] / calls
+        host = (idle.by_cause["host launch overhead"] + idle.by_cause["before the first kernel"]) / calls
+        if idle.syncs:
+            sites = "; ".join(f"{op.split('::')[-1]} x{n // calls}" + (f" at {', '.join(s[:3])}" if s else "")
+                              for op, n, _, s in idle.syncs[:3])  # fmt: skip
+            add("the GPU waits on the host after synchronizing calls", sync, "host",
+                f"idle {fmt_ms(sync)} per call after {sites}",
+                "remove the synchronization from the step: keep values on the GPU (no .item(), "
+                ".cpu(), print of a tensor, or data-dependent shapes) or read them every N steps")  # fmt: skip
+        add("the GPU waits while the host launches work", host, "launch",
+            f"idle {fmt_ms(host)} per call between kernels; busy {idle.busy_ms / idle.wall_ms:.0%}",
+            "fewer launches: torch.compile, or CUDA graphs (torch.compile(mode='reduce-overhead')); "
+            "keep the host ahead (no Python work between kernels)")  # fmt: skip
+    found.sort(key=lambda o: -o.saves_ms)
+    busy = idle.busy_ms / idle.wall_ms if idle is not None and idle.wall_ms else min(1.0, device_ms / step_ms)
+    return StepDiagnosis(found, step_ms, device_ms, busy, notes)
