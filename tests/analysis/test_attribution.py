@@ -1,4 +1,5 @@
-"""Device time by kernel, by launching op, by category (issue 16, a first slice)."""
+"""Device time by kernel, by launching op, by module (backward charged to the forward module,
+optimizer apart), by category."""
 
 import pytest
 import torch
@@ -29,8 +30,10 @@ def test_the_naive_gelu_splits_into_its_ops_and_all_of_it_is_elementwise():
     assert sum(r.share for r in ops.values()) == pytest.approx(1.0)
     [cat] = p.breakdown("category")
     assert cat.name == "elementwise" and cat.share == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="by: 'module'"):
-        p.breakdown("module")
+    with pytest.raises(ValueError, match="by: 'modules'"):
+        p.breakdown("modules")
+    with pytest.raises(ValueError, match="depth: must be an integer >= 1"):
+        p.breakdown("module", depth=0)
 
 
 @pytest.mark.gpu
@@ -47,3 +50,61 @@ def test_every_gpu_kernel_is_charged_to_the_op_that_launched_it():
     assert attributed / sum(r.device_ms for r in ops) > 0.98
     cats = {r.name for r in p.breakdown("category")}
     assert {"matmul", "elementwise"} <= cats
+
+
+class Net(torch.nn.Module):
+    def __init__(self, d=128):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+        self.norm = torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.norm(self.body(x))
+
+
+def _step(dev="cpu"):
+    torch.manual_seed(0)
+    net = Net().to(dev)
+    opt = torch.optim.AdamW(net.parameters())
+    x = torch.randn(256, 128, device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        net(x).square().mean().backward()
+        opt.step()
+
+    return step
+
+
+def test_each_op_is_charged_to_its_module_and_backward_to_the_forward_module():
+    p = pl.profile(_step(), calls=2, count_work=False)
+    by = {(i.module, i.phase, i.op) for i in p.items()}
+    assert ("body.0", "forward", "aten::linear") in by
+    assert ("body.0", "backward", "aten::mm") in by  # AddmmBackward's mm, charged to body.0
+    assert ("body.1", "backward", "aten::gelu_backward") in by
+    assert ("norm", "backward", "aten::native_layer_norm_backward") in by
+    assert any(m == "optimizer" and ph == "optimizer" for m, ph, _ in by)
+    # the loss ops ran outside any module: their own row, never dropped
+    assert ("(no module)", "forward", "aten::square") in by
+    rows = {r.name: r for r in p.breakdown("module")}
+    assert {"body.0", "body.1", "body.2", "norm", "optimizer", "(no module)"} <= set(rows)
+    assert sum(r.device_ms for r in rows.values()) == pytest.approx(sum(i.ms for i in p.items()))
+    assert 0 < rows["body.0"].backward_ms < rows["body.0"].device_ms
+    # rolled up to the first name part: body.0-2 become one row of the same time
+    rolled = {r.name: r for r in p.breakdown("module", depth=1)}
+    assert rolled["body"].device_ms == pytest.approx(sum(rows[f"body.{i}"].device_ms for i in range(3)))
+
+
+def test_rows_carry_the_counted_work_and_the_roofline():
+    p = pl.profile(_step(), calls=2)
+    rows = {r.name: r for r in p.breakdown("module")}
+    body0 = rows["body.0"]
+    # Linear 128 -> 512 on 256 rows: forward 2*256*128*512 and the same for dW in backward (the
+    # input needs no gradient, so no dx), over two profiled calls
+    assert body0.flops == pytest.approx(2 * 2 * 256 * 128 * 512 * 2, rel=1e-6)
+    assert rows["body.2"].flops == pytest.approx(3 * 2 * 256 * 512 * 128 * 2, rel=1e-6)  # dx too
+    assert body0.bytes > 0 and body0.gbps > 0 and body0.tflops > 0
+    assert body0.bound in ("compute", "memory", "latency") and body0.headroom_ms >= 0
+    assert "formula" in body0.work_from
+    assert rows["body.1"].flops == 0 and rows["body.1"].bytes > 0  # GELU: bytes only
+    assert rows["body.1"].bound in ("memory", "latency")

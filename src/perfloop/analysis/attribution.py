@@ -56,6 +56,7 @@ class Item:
     start_us: float
     end_us: float
     markers: tuple = ()  # indices of the WorkCounter records behind it
+    launch_us: float = 0.0  # when the host launched it (a CPU op: its start)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,17 @@ def cpu_ops(events) -> list:
     return out
 
 
+def windows(events, name: str) -> list[tuple[float, float]]:
+    """The host-side intervals of every occurrence of the range `name`."""
+    return sorted((e.time_range.start, e.time_range.end) for e in events
+                  if e.device_type == DeviceType.CPU and e.name == name)  # fmt: skip
+
+
+def within(its: list[Item], spans: list[tuple[float, float]]) -> list[Item]:
+    """The items launched inside one of `spans`."""
+    return [i for i in its if any(s <= i.launch_us <= e for s, e in spans)]
+
+
 def items(events, kind: str) -> list[Item]:
     """Every kernel recorded on the device (every outermost op on a CPU), in time order, with
     its op, module and phase. A kernel no op's list holds (a graph replay, NCCL, the runtime's
@@ -167,7 +179,7 @@ def items(events, kind: str) -> list[Item]:
             op, module, phase, _ = _context(e, seq_module)
             marks = tuple(int(c.name[len(MARKER):]) for c in _descendants(e) if c.name.startswith(MARKER))
             out.append(Item(e.name, e.name, module, phase, e.time_range.elapsed_us() / 1e3,
-                            e.time_range.start, e.time_range.end, marks))  # fmt: skip
+                            e.time_range.start, e.time_range.end, marks, e.time_range.start))  # fmt: skip
         return sorted(out, key=lambda i: i.start_us)
     launches: dict[str, deque] = defaultdict(deque)
     for e in sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start):
@@ -175,12 +187,13 @@ def items(events, kind: str) -> list[Item]:
             launches[k.name].append(e)
     out = []
     for d in sorted(device_events(events, annotations(events)), key=lambda e: e.time_range.start):
-        if launches[d.name]:
-            op, module, phase, marks = _context(launches[d.name].popleft(), seq_module)
+        launch = launches[d.name].popleft() if launches[d.name] else None
+        if launch is not None:
+            op, module, phase, marks = _context(launch, seq_module)
         else:
             op, module, phase, marks = "", NO_MODULE, "forward", ()
-        out.append(Item(d.name, op, module, phase, d.time_range.elapsed_us() / 1e3,
-                        d.time_range.start, d.time_range.end, marks))  # fmt: skip
+        out.append(Item(d.name, op, module, phase, d.time_range.elapsed_us() / 1e3, d.time_range.start,
+                        d.time_range.end, marks, launch.time_range.start if launch else d.time_range.start))  # fmt: skip
     return out
 
 

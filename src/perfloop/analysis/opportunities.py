@@ -193,7 +193,8 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         ideal = c["ideal_bytes"] / (copy * 1e9) * 1e3 if copy else 0.0
         mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
         where = f"{c['module']} ({c['phase']}{', x' + str(c['count']) if c['count'] > 1 else ''})"
-        if mean_us < roofline.LATENCY_US:
+        at_copy = c["bytes"] / (copy * 1e9) * 1e3 if copy else 0.0
+        if roofline.latency_bound(c["ms"], at_copy, c["bytes"] / max(c["kernels"], 1)):
             add(f"{c['kernels']} tiny kernels in a row in {where}", c["ms"] - ideal, "launch",
                 f"{_ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call",
                 "fuse them into one kernel (torch.compile), or replay the step as a CUDA graph "

@@ -147,6 +147,7 @@ class Profile:
     _prof: Any = field(default=None, repr=False)
     _counted: Any = field(default=None, repr=False)  # (records, items, calls) of the counted call
     _items: Any = field(default=None, repr=False)
+    _windows: Any = field(default=None, repr=False)  # host intervals the profile is limited to
 
     @property
     def gpu_busy_fraction(self) -> float:
@@ -160,8 +161,12 @@ class Profile:
         """Every kernel (on a CPU, every outermost op) with its op, module and phase."""
         from perfloop.analysis.attribution import items
 
+        from perfloop.analysis.attribution import within
+
         if self._items is None:
             self._items = items(self._prof.events() if self._prof is not None else [], self.kind)
+            if self._windows:
+                self._items = within(self._items, self._windows)
         return self._items
 
     def _work(self) -> dict | None:
@@ -197,7 +202,7 @@ class Profile:
         for r in (self._counted[0] if self._counted else []):
             if r is not None and r.site:
                 sites.setdefault(r.op, set()).add(r.site)
-        return idle(self._prof.events(), [(i.start_us, i.end_us) for i in self.items()], sites)
+        return idle(self._prof.events(), [(i.start_us, i.end_us) for i in self.items()], sites, self._windows)
 
     def table(self, top: int = 10) -> str:
         unit = "kernel" if self.kind == "cuda" else "op"
@@ -332,10 +337,18 @@ def start_profiler(on_cuda: bool, warnings: list[str]):
     return prof
 
 
-def _activity(events, on_cuda: bool, warnings: list[str]) -> tuple[str, list[tuple], int]:
+def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[str, list[tuple], int]:
     """(kind, [(name, start us, end us)], launches) of the recorded work: on a GPU its device
     activity (kernels, memcpy, memset -- not the GPU-side mirrors of record_function ranges,
-    ours included, which span whole regions and are not work), else the outermost CPU ops."""
+    ours included, which span whole regions and are not work), else the outermost CPU ops;
+    with `spans`, what was launched inside them."""
+    if spans:
+        from perfloop.analysis.attribution import items, within
+
+        its = within(items(events, "cuda" if on_cuda else "cpu"), spans)
+        launches = sum(1 for e in events if e.name in _LAUNCH_APIS and any(s <= e.time_range.start <= t for s, t in spans))
+        kind = "cuda" if on_cuda and its else "cpu"
+        return kind, [(i.kernel, i.start_us, i.end_us) for i in its], launches or len(its)
     dev = device_events(events, annotations(events))
     if on_cuda and not dev:
         warnings.append("no device activity was recorded (CUPTI unavailable?); CPU ops shown")
@@ -413,9 +426,18 @@ def profile(
 
 
 def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: bool, warnings: list[str],
-                  counted=None, peak: int | None = None, work: Work | None = None) -> Profile:  # fmt: skip
-    """A Profile from a stopped profiler that recorded `calls` calls (times over all of them)."""
-    kind, items, launches = _activity(prof.events(), on_cuda, warnings)
+                  counted=None, peak: int | None = None, work: Work | None = None,
+                  range_name: str | None = None) -> Profile:  # fmt: skip
+    """A Profile from a stopped profiler that recorded `calls` calls (times over all of them);
+    with `range_name`, of the work launched inside that range's occurrences only, and the wall
+    time theirs."""
+    from perfloop.analysis.attribution import windows
+
+    events = prof.events()
+    spans = windows(events, range_name) if range_name else None
+    kind, items, launches = _activity(events, on_cuda, warnings, spans)
+    if spans:
+        wall_ms = host_ms = sum(e - s for s, e in spans) / 1e3
     kernels = _kernel_table(items)
     total = sum(k.total_ms for k in kernels) or 1e-12
     return Profile(
@@ -432,6 +454,7 @@ def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: boo
         warnings=warnings,
         _prof=prof,
         _counted=counted,
+        _windows=spans,
     )
 
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from perfloop.harness.measurement import matmul_ceiling
 
-LATENCY_US = 10.0  # a kernel this short cannot fill the machine
-LATENCY_SHARE = 0.3  # ... when it reaches under this share of its ceiling
+SMALL_BYTES = 2**20  # a kernel moving less than this cannot hide its launch and ramp-up ...
+LATENCY_SHARE = 0.3  # ... and is latency-bound when it reaches under this share of its ceiling
 SUSPECT = 1.05
 
 
@@ -21,6 +21,11 @@ def ceiling_ms(flops: float, nbytes: float, dtype: str, ceilings: dict) -> tuple
     mem = nbytes / (copy * 1e9) * 1e3 if copy else 0.0
     comp = flops / (peak * 1e12) * 1e3 if peak and flops else 0.0
     return mem, comp
+
+
+def latency_bound(ms: float, at_ceiling_ms: float, bytes_per_kernel: float) -> bool:
+    """Small kernels far from their ceiling: launch and ramp-up, not bandwidth, set their time."""
+    return bytes_per_kernel < SMALL_BYTES and at_ceiling_ms < LATENCY_SHARE * ms
 
 
 def apply(row, ceilings: dict, memory_ms: float, compute_ms: float, l2_bytes: int = 0):
@@ -36,10 +41,7 @@ def apply(row, ceilings: dict, memory_ms: float, compute_ms: float, l2_bytes: in
     of_copy = gbps / copy if copy else None
     of_matmul = tflops / peak if peak and row.flops else None
     at_ceiling = max(memory_ms, compute_ms)
-    mean_us = ms * 1e3 / row.calls if row.calls else 0.0
-    if at_ceiling <= 0:
-        bound = "latency"
-    elif mean_us < LATENCY_US and at_ceiling / ms < LATENCY_SHARE:
+    if at_ceiling <= 0 or latency_bound(ms, at_ceiling, row.bytes / max(row.calls, 1)):
         bound = "latency"
     else:
         bound = "compute" if compute_ms > memory_ms else "memory"

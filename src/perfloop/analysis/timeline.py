@@ -62,15 +62,29 @@ def gaps(intervals: list[tuple[float, float]], start: float, end: float) -> list
     return [(s, e) for s, e in out if e > s]
 
 
-def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None) -> Idle | None:
+def _clip(holes, spans):
+    out = []
+    for s, e in holes:
+        for a, b in spans:
+            if min(e, b) > max(s, a):
+                out.append((max(s, a), min(e, b)))
+    return out
+
+
+def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None,
+         spans: list[tuple[float, float]] | None = None) -> Idle | None:  # fmt: skip
     """The idle breakdown of a GPU profile (None when nothing ran on the device). `sites`: op ->
-    source lines that made that synchronizing call (from the WorkCounter)."""
+    source lines that made that synchronizing call (from the WorkCounter); `spans`: the host
+    intervals the profile is limited to (the occurrences of a range), idle counted inside them."""
     if not device_intervals:
         return None
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
     start = min([e.time_range.start for e in cpu] + [s for s, _ in device_intervals])
     end = max(e for _, e in device_intervals)  # the host's wait for the last kernel is ours
     holes = gaps(device_intervals, start, end)
+    if spans:
+        start, end = spans[0][0], max(end, spans[-1][1])
+        holes = _clip(gaps(device_intervals, start, end), spans)
     first = min(s for s, _ in device_intervals)
     syncs = _sync_calls(events)
     by_cause = dict.fromkeys(CAUSES, 0.0)
@@ -89,6 +103,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
             after[blocking[-1]] += ms
         else:
             by_cause["host launch overhead"] += ms
-    busy = (end - start) / 1e3 - sum((e - s) / 1e3 for s, e in holes)
+    wall = sum(e - s for s, e in spans) / 1e3 if spans else (end - start) / 1e3
+    busy = wall - sum((e - s) / 1e3 for s, e in holes)
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
-    return Idle(wall_ms=(end - start) / 1e3, busy_ms=busy, by_cause=by_cause, syncs=sync_rows)
+    return Idle(wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows)

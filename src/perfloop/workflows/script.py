@@ -194,4 +194,5 @@ def _result(w: _Window) -> profiling.Profile:
         w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} after the profiled "
                           "ones (raise --skip/--steps' total below the script's count by one)")  # fmt: skip
     counted = profiling.counted(w.counted_prof, w.counter.records, w.on_cuda) if w.counted_prof else None
-    return profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings, counted)
+    return profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings, counted,
+                                   range_name=w.range_name)  # fmt: skip
