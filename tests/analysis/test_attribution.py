@@ -108,3 +108,25 @@ def test_rows_carry_the_counted_work_and_the_roofline():
     assert "formula" in body0.work_from
     assert rows["body.1"].flops == 0 and rows["body.1"].bytes > 0  # GELU: bytes only
     assert rows["body.1"].bound in ("memory", "latency")
+
+
+@pytest.mark.gpu
+def test_a_gpt_step_on_the_gpu_is_attributed_to_modules_and_its_backward_to_the_forward_modules():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+    spec = importlib.util.spec_from_file_location("train_gpt", path)
+    ex = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("train_gpt", ex)
+    spec.loader.exec_module(ex)
+    _, step, _ = ex.make_step(ex.GPTConfig(256, 2, 4, vocab=4096, context=256), 4, "cuda")
+    p = pl.profile(step, calls=2)
+    its = p.items()
+    total = sum(i.ms for i in its)
+    assert sum(i.ms for i in its if i.module != "(no module)" and i.op) / total > 0.98
+    bwd = [i for i in its if i.phase == "backward"]
+    assert sum(i.ms for i in bwd if i.module != "(no module)") / sum(i.ms for i in bwd) > 0.95
+    assert any(i.module == "optimizer" and "fused_adamw" in i.op for i in its)
+    assert any(r.name == "transformer.h.0.attn.c_attn" and r.backward_ms > 0 for r in p.breakdown("module"))
