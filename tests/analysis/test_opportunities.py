@@ -79,8 +79,9 @@ def test_on_the_gpu_an_fp32_matmul_with_tf32_off_is_a_precision_problem():
 
 @pytest.mark.gpu
 def test_on_the_gpu_an_item_in_the_step_is_found_with_its_line():
-    lin = nn.Linear(256, 256, device="cuda")
-    x = torch.randn(64, 256, device="cuda")
+    # kernels long enough that, without the .item(), the host would run ahead of the device
+    lin = nn.Linear(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
 
     def step():
         y = x

@@ -40,3 +40,15 @@ def test_each_gap_is_charged_to_its_cause():
 
 def test_nothing_on_the_device_is_no_idle_breakdown():
     assert idle([ev("aten::add", 0, 10)], []) is None
+
+
+def test_the_breakdown_scales_to_the_wall_time_without_the_profiler():
+    step = ev("step", 0, 1000)
+    # under the profiler: 900 us to the last kernel, 300 idle (100 before the first kernel, 200 between)
+    r = idle([step], [(100, 300), (500, 900)])
+    assert r.wall_ms == pytest.approx(0.9) and r.idle_ms == pytest.approx(0.3)
+    plain = r.scaled_to(0.8)  # the same calls took 800 us unprofiled: 200 us idle, shared 1:2
+    assert plain.busy_ms == pytest.approx(0.6) and plain.idle_ms == pytest.approx(0.2) and plain.scaled
+    assert plain.by_cause["before the first kernel"] == pytest.approx(0.2 / 3)
+    assert plain.by_cause["host launch overhead"] == pytest.approx(0.4 / 3)
+    assert r.scaled_to(0.5).idle_ms == 0  # faster than the busy time: no idle, never negative

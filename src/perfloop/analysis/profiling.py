@@ -79,6 +79,7 @@ RANGE_WATCHERS: list = []
 
 # --------------------------------------------------------------------- names
 
+COVERED = 0.9  # a range's occurrences fill its window when they cover this share of it
 _LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 
 
@@ -137,11 +138,12 @@ class Profile:
     calls: int
     device_ms_per_call: float  # sum of kernel (or op) times
     busy_ms_per_call: float  # union of device activity intervals
-    wall_ms_per_call: float
+    wall_ms_per_call: float  # without the profiler where that was timed (it slows the host)
     host_ms_per_call: float  # time the host spent issuing one call
     launches_per_call: float
     kind: str  # "cuda" or "cpu"
     peak_memory_bytes: int | None = None
+    profiled_wall_ms_per_call: float | None = None  # under the profiler
     work: Work | None = None
     warnings: list[str] = field(default_factory=list)
     _prof: Any = field(default=None, repr=False)
@@ -202,7 +204,10 @@ class Profile:
         for r in (self._counted[0] if self._counted else []):
             if r is not None and r.site:
                 sites.setdefault(r.op, set()).add(r.site)
-        return idle(self._prof.events(), [(i.start_us, i.end_us) for i in self.items()], sites, self._windows)
+        r = idle(self._prof.events(), [(i.start_us, i.end_us) for i in self.items()], sites, self._windows)
+        if r is not None and self.profiled_wall_ms_per_call:
+            r = r.scaled_to(self.wall_ms_per_call * self.calls)
+        return r
 
     def table(self, top: int = 10) -> str:
         unit = "kernel" if self.kind == "cuda" else "op"
@@ -251,6 +256,7 @@ class Profile:
             "device_ms_per_call": self.device_ms_per_call,
             "busy_ms_per_call": self.busy_ms_per_call,
             "wall_ms_per_call": self.wall_ms_per_call,
+            "profiled_wall_ms_per_call": self.profiled_wall_ms_per_call,
             "host_ms_per_call": self.host_ms_per_call,
             "launches_per_call": self.launches_per_call,
             "gpu_busy_fraction": self.gpu_busy_fraction,
@@ -418,19 +424,31 @@ def profile(
     if memory_snapshot and not on_cuda:
         raise ValueError("memory_snapshot: CUDA memory snapshots need a CUDA GPU")
     warnings: list[str] = []
+    plain_ms = _plain_wall_ms(call, calls, sync)
     with module_ranges():
         prof, wall_ms, host = _timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
         work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
 
-    return build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work)
+    return build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work,
+                         plain_wall_ms=plain_ms)  # fmt: skip
+
+
+def _plain_wall_ms(call, calls: int, sync) -> float:
+    """Wall time of `calls` calls without the profiler, whose per-op cost slows the host."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    sync()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: bool, warnings: list[str],
                   counted=None, peak: int | None = None, work: Work | None = None,
-                  range_name: str | None = None) -> Profile:  # fmt: skip
+                  range_name: str | None = None, plain_wall_ms: float | None = None) -> Profile:  # fmt: skip
     """A Profile from a stopped profiler that recorded `calls` calls (times over all of them);
     with `range_name`, of the work launched inside that range's occurrences only, and the wall
-    time theirs."""
+    time theirs; `plain_wall_ms`: the same calls' wall time without the profiler."""
     from perfloop.analysis.attribution import windows
 
     events = prof.events()
@@ -438,6 +456,10 @@ def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: boo
     kind, items, launches = _activity(events, on_cuda, warnings, spans)
     if spans:
         wall_ms = host_ms = sum(e - s for s, e in spans) / 1e3
+        if plain_wall_ms and len(spans) > 1 and wall_ms * 1e3 < COVERED * (spans[-1][1] - spans[0][0]):
+            warnings.append(f"idle time measured under the profiler: other work runs between the occurrences of "
+                            f"{range_name!r}, so their pace is not the range's time")  # fmt: skip
+            plain_wall_ms = None
     kernels = _kernel_table(items)
     total = sum(k.total_ms for k in kernels) or 1e-12
     return Profile(
@@ -445,7 +467,8 @@ def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: boo
         calls=calls,
         device_ms_per_call=total / calls,
         busy_ms_per_call=_union_ms([(s, e) for _, s, e in items]) / calls,
-        wall_ms_per_call=wall_ms / calls,
+        wall_ms_per_call=(plain_wall_ms if plain_wall_ms else wall_ms) / calls,
+        profiled_wall_ms_per_call=wall_ms / calls if plain_wall_ms else None,
         host_ms_per_call=host_ms / calls,
         launches_per_call=launches / calls,
         kind=kind,

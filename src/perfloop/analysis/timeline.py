@@ -26,6 +26,18 @@ class Idle:
     by_cause: dict  # cause -> idle ms, all calls
     syncs: list = field(default_factory=list)  # (op, calls, idle ms after them, sites)
 
+    scaled: bool = False  # causes scaled to the time without the profiler
+
+    def scaled_to(self, wall_ms: float) -> Idle:
+        """The same breakdown for the calls' wall time without the profiler (whose per-op cost
+        slows the host and so lengthens the gaps): the idle is that wall minus the busy time,
+        shared among the causes as the profiled gaps were."""
+        idle_ms = max(0.0, wall_ms - self.busy_ms)
+        k = idle_ms / self.idle_ms if self.idle_ms else 0.0
+        return Idle(wall_ms=max(wall_ms, self.busy_ms), busy_ms=self.busy_ms,
+                    by_cause={c: v * k for c, v in self.by_cause.items()},
+                    syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs], scaled=True)  # fmt: skip
+
     @property
     def idle_ms(self) -> float:
         return sum(self.by_cause.values())

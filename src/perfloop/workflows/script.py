@@ -48,6 +48,7 @@ class _Window:
     t0: float = 0.0
     timed_at: float = 0.0
     wall_ms: float = 0.0
+    enters: list = field(default_factory=list)  # when the skipped occurrences began
     calls: int = 0
     warnings: list = field(default_factory=list)
 
@@ -60,6 +61,8 @@ class _Window:
         if name != self.range_name:
             return
         n = self.seen[name]
+        if self.state == "before":
+            self.enters.append(time.perf_counter())
         if self.state == "before" and n == self.skip + 1:
             self._start_timed()
         elif self.state == "timed_done" and self.count_work:
@@ -194,5 +197,10 @@ def _result(w: _Window) -> profiling.Profile:
         w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} after the profiled "
                           "ones (raise --skip/--steps' total below the script's count by one)")  # fmt: skip
     counted = profiling.counted(w.counted_prof, w.counter.records, w.on_cuda) if w.counted_prof else None
+    periods = sorted(b - a for a, b in zip(w.enters, w.enters[1:], strict=False))
+    plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
+    if w.range_name and plain is None:
+        w.warnings.append("idle time measured under the profiler, which slows the host: --skip 2 or more "
+                          "times the unprofiled steps and scales the idle to them")  # fmt: skip
     return profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings, counted,
-                                   range_name=w.range_name)  # fmt: skip
+                                   range_name=w.range_name, plain_wall_ms=plain)  # fmt: skip
