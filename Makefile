@@ -31,8 +31,8 @@ demo: $(READY)
 	$(VENV)/bin/perfloop demo
 
 lint: $(READY)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 test: $(READY) $(CHROMIUM) lint
 	TRITON_INTERPRET=1 $(PY) -m pytest -q tests

@@ -31,7 +31,6 @@ import perfloop as pl  # noqa: E402
 from perfloop.analysis.attribution import NO_MODULE, row_dict, table  # noqa: E402
 from perfloop.analysis.work import total_flops  # noqa: E402
 
-
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only for a dry run of this script
 SYNC = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)
 
@@ -91,7 +90,8 @@ def analyse(a) -> None:
         "profile_wall_ms_per_call": p.wall_ms_per_call, "ceilings": ceilings,
         "analysis_s": t_all, "profile_s": t_profile, "analysis_budget_s": budget,
         "within_budget": t_all <= budget, **_shares(p),
-        "flops_estimated": est, "flops_analytic": analytic, "flops_ratio": est / analytic if analytic else None,
+        "flops_estimated": est, "flops_analytic": analytic,
+        "flops_ratio": est / analytic if analytic else None,
         "modules": [row_dict(r) for r in modules], "ops": [row_dict(r) for r in ops],
         "categories": [row_dict(r) for r in cats],
         "idle": idle.__dict__ if idle else None, "diagnosis": d.to_dict(), "warnings": p.warnings,
@@ -145,7 +145,8 @@ def ncu_child(a) -> None:
 def ncu_check(a, out: Path, p) -> None:
     cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv",
            "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum",
-           sys.executable, __file__, str(out), "--ncu-child", "--size", a.size, "--batch", str(a.batch)]  # fmt: skip
+           sys.executable, __file__, str(out), "--ncu-child", "--size", a.size,
+           "--batch", str(a.batch)]  # fmt: skip
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.ncu_timeout, env=dict(os.environ))
     (out / "ncu-stdout.csv").write_text(r.stdout[-2_000_000:])
@@ -159,7 +160,9 @@ def ncu_check(a, out: Path, p) -> None:
         scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1, "usecond": 1e3,
                  "msecond": 1e6}.get(unit, 1)  # fmt: skip
         k[row["Metric Name"]] = v * scale
-    est = json.loads((out / "ncu-estimates.json").read_text()) if (out / "ncu-estimates.json").exists() else []
+    est = (
+        json.loads((out / "ncu-estimates.json").read_text()) if (out / "ncu-estimates.json").exists() else []
+    )
     seq = [kernels[i] for i in sorted(kernels)]
     rows = []
     if len(seq) == len(est):

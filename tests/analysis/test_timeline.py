@@ -35,7 +35,9 @@ def test_each_gap_is_charged_to_its_cause():
     assert r.wall_ms == pytest.approx(1.0) and r.busy_ms == pytest.approx(0.76)
     assert r.idle_share == pytest.approx(0.24)
     [(op, calls, ms, sites)] = r.syncs
-    assert (op, calls, sites) == ("aten::_local_scalar_dense", 1, ["train.py:88"]) and ms == pytest.approx(0.1)
+    assert (op, calls, sites) == ("aten::_local_scalar_dense", 1, ["train.py:88"]) and ms == pytest.approx(
+        0.1
+    )
 
 
 def test_nothing_on_the_device_is_no_idle_breakdown():

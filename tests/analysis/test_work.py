@@ -67,7 +67,9 @@ def test_an_item_call_records_the_source_line_that_made_it():
     recs = count(lambda: x.sum().item())
     [sync] = [r for r in recs if r.site]
     assert sync.op == "aten::_local_scalar_dense"
-    assert sync.site.endswith(f"test_work.py:{test_an_item_call_records_the_source_line_that_made_it.__code__.co_firstlineno + 2}")
+    assert sync.site.endswith(
+        f"test_work.py:{test_an_item_call_records_the_source_line_that_made_it.__code__.co_firstlineno + 2}"
+    )
 
 
 def _example():

@@ -73,7 +73,9 @@ def test_a_script_that_raises_stops_the_profiler_and_says_so(script):
 
 def test_a_script_without_ranges_is_profiled_over_a_time_window(tmp_path):
     p = tmp_path / "plain.py"
-    p.write_text("import torch\nnet = torch.nn.Linear(32, 32)\nfor _ in range(200):\n    net(torch.randn(8, 32))\n")
+    p.write_text(
+        "import torch\nnet = torch.nn.Linear(32, 32)\nfor _ in range(200):\n    net(torch.randn(8, 32))\n"
+    )
     prof = profile_script(p, [], None, window=(0.0, 0.05))
     _clean()
     assert prof.calls == 1 and any(i.module == "Linear" for i in prof.items())

@@ -40,7 +40,10 @@ CATEGORIES = [
     ("normalization", r"layer_norm|rms_norm|batch_norm|group_norm|norm_"),
     ("dtype cast/copy", r"copy_|_to_copy|\bto\b|cast|contiguous|clone"),
     ("reduction", r"sum|mean|max|min|softmax|reduce|argmax|norm\b|logsumexp|nll_loss"),
-    ("elementwise", r"add|mul|sub|div|gelu|relu|silu|tanh|exp|pow|sigmoid|where|elementwise|vectorized|fill|sqrt|lerp"),
+    (
+        "elementwise",
+        r"add|mul|sub|div|gelu|relu|silu|tanh|exp|pow|sigmoid|where|elementwise|vectorized|fill|sqrt|lerp",
+    ),
 ]
 
 
@@ -109,9 +112,9 @@ def _context(e, seq_module: dict) -> tuple[str, str, str, tuple]:
         if not op and "::" in name and not name.startswith(BACKWARD):
             op = name
         if name.startswith(MARKER):
-            markers.append(int(name[len(MARKER):]))
+            markers.append(int(name[len(MARKER) :]))
         elif not module and name.startswith(MODULE):
-            module = name[len(MODULE):]
+            module = name[len(MODULE) :]
         elif name.startswith(BACKWARD):
             phase = "backward"
             module = module or seq_module.get((a.fwd_thread, a.sequence_nr), NO_MODULE)
@@ -130,7 +133,7 @@ def _seq_modules(events) -> dict:
             continue
         if e.name.startswith(BACKWARD) or (e.fwd_thread and e.fwd_thread != e.thread):
             continue
-        module = next((a.name[len(MODULE):] for a in _ancestors(e) if a.name.startswith(MODULE)), NO_MODULE)
+        module = next((a.name[len(MODULE) :] for a in _ancestors(e) if a.name.startswith(MODULE)), NO_MODULE)
         out.setdefault((e.thread, e.sequence_nr), module)
     return out
 
@@ -151,9 +154,12 @@ def cpu_ops(events) -> list:
     events do not count as ops)."""
     out = []
     for e in events:
-        if e.device_type == DeviceType.CPU and _is_op(e):
-            if not any(_is_op(a) for a in _ancestors(e.cpu_parent)):
-                out.append(e)
+        if (
+            e.device_type == DeviceType.CPU
+            and _is_op(e)
+            and not any(_is_op(a) for a in _ancestors(e.cpu_parent))
+        ):
+            out.append(e)
     return out
 
 
@@ -177,7 +183,7 @@ def items(events, kind: str) -> list[Item]:
         out = []
         for e in cpu_ops(events):
             op, module, phase, _ = _context(e, seq_module)
-            marks = tuple(int(c.name[len(MARKER):]) for c in _descendants(e) if c.name.startswith(MARKER))
+            marks = tuple(int(c.name[len(MARKER) :]) for c in _descendants(e) if c.name.startswith(MARKER))
             out.append(Item(e.name, e.name, module, phase, e.time_range.elapsed_us() / 1e3,
                             e.time_range.start, e.time_range.end, marks, e.time_range.start))  # fmt: skip
         return sorted(out, key=lambda i: i.start_us)
@@ -192,8 +198,9 @@ def items(events, kind: str) -> list[Item]:
             op, module, phase, marks = _context(launch, seq_module)
         else:
             op, module, phase, marks = "", NO_MODULE, "forward", ()
+        at = launch.time_range.start if launch else d.time_range.start
         out.append(Item(d.name, op, module, phase, d.time_range.elapsed_us() / 1e3, d.time_range.start,
-                        d.time_range.end, marks, launch.time_range.start if launch else d.time_range.start))  # fmt: skip
+                        d.time_range.end, marks, at))  # fmt: skip
     return out
 
 
@@ -217,8 +224,14 @@ def key_of(item: Item, by: str, depth: int | None = None) -> str:
     return category(item.op or item.kernel)
 
 
-def group(its: list[Item], by: str, depth: int | None = None, work: dict | None = None,
-          ceilings: dict | None = None, l2_bytes: int = 0) -> list[Row]:
+def group(
+    its: list[Item],
+    by: str,
+    depth: int | None = None,
+    work: dict | None = None,
+    ceilings: dict | None = None,
+    l2_bytes: int = 0,
+) -> list[Row]:
     """Rows of time by `by`, largest first; with `work` ((module, phase, op) -> [flops, bytes,
     dtype]), the estimated work of each row's ops, and with `ceilings` their roofline columns
     (each op against the ceiling of its own dtype)."""
@@ -248,7 +261,9 @@ def group(its: list[Item], by: str, depth: int | None = None, work: dict | None 
                               work_from=WORK_FROM if flops else WORK_FROM.split("; ")[1])  # fmt: skip
                 if ceilings:
                     at = [roofline.ceiling_ms(*w[:3], ceilings) for w in ws]
-                    row = roofline.apply(row, ceilings, sum(a[0] for a in at), sum(a[1] for a in at), l2_bytes)
+                    row = roofline.apply(
+                        row, ceilings, sum(a[0] for a in at), sum(a[1] for a in at), l2_bytes
+                    )
         rows.append(row)
     return sorted(rows, key=lambda r: -r.device_ms)
 

@@ -50,8 +50,9 @@ class Opportunity:
     advice: str
 
     def __str__(self) -> str:
-        return (f"{self.title}\n    saves up to {fmt_ms(self.saves_ms)} per call ({self.share:.0%} of the step), "
-                f"{self.bound}-bound\n    evidence: {self.evidence}\n    next: {self.advice}")  # fmt: skip
+        saves = f"saves up to {fmt_ms(self.saves_ms)} per call ({self.share:.0%} of the step)"
+        return "\n    ".join([self.title, f"{saves}, {self.bound}-bound", f"evidence: {self.evidence}",
+                                f"next: {self.advice}"])  # fmt: skip
 
 
 @dataclass
@@ -76,8 +77,8 @@ class StepDiagnosis:
                 "busy": f"{self.busy_share:.0%}", "opportunities": len(self.opportunities)}  # fmt: skip
 
     def __str__(self) -> str:
-        head = (f"step: wall {fmt_ms(self.wall_ms)}, device {fmt_ms(self.device_ms)}, "
-                f"busy {self.busy_share:.0%}; {len(self.opportunities)} opportunities, largest first")  # fmt: skip
+        head = (f"step: wall {fmt_ms(self.wall_ms)}, device {fmt_ms(self.device_ms)}, busy "
+                f"{self.busy_share:.0%}; {len(self.opportunities)} opportunities, largest first")  # fmt: skip
         lines = [head] + [f"{i}. {o}" for i, o in enumerate(self.opportunities[:SHOWN], 1)]
         if len(self.opportunities) > SHOWN:
             lines.append(f"... and {len(self.opportunities) - SHOWN} smaller ones (.opportunities)")
@@ -166,6 +167,16 @@ def _merged(chains: list[dict]) -> list[dict]:
     return list(out.values())
 
 
+def _chain_advice(ops: list[str]) -> str:
+    if any("nll_loss" in o or "log_softmax" in o for o in ops):
+        return ("a fused cross-entropy: the loss and its gradient from the logits in one pass, in "
+                "the logits' dtype (torch.compile, or Liger's); or chunk the output projection "
+                "with it")  # fmt: skip
+    if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in ops):
+        return ADVICE["normalization"]
+    return "torch.compile on the module, or one Triton kernel for the run"
+
+
 def _ops_list(ops: list[str]) -> str:
     head = ", ".join(ops[:6])
     return head + (f", ... ({len(ops)} ops)" if len(ops) > 6 else "")
@@ -205,11 +216,14 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         if passes < FUSE_PASSES:
             continue  # little to fuse: its ops are judged one by one below
         covered |= c["keys"]
-        add(f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them", c["ms"] - ideal, "memory",
+        add(
+            f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them",
+            c["ms"] - ideal,
+            "memory",
             f"{_ops_list(c['ops'])}: {c['bytes'] / 1e6:.1f} MB moved where {c['ideal_bytes'] / 1e6:.1f} MB "
             f"(its inputs and outputs) would do, {passes:.1f}x; {fmt_ms(c['ms'])} -> ~{fmt_ms(ideal)} fused",
-            ADVICE["normalization"] if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in c["ops"])
-            else "torch.compile on the module, or one Triton kernel for the run")  # fmt: skip
+            _chain_advice(c["ops"]),
+        )
 
     kept = [i for i in items if (i.module, i.phase, i.op) not in covered and i.phase != "optimizer"]
     opt = [i for i in items if i.phase == "optimizer"]
@@ -219,7 +233,7 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         ideal = nbytes / (copy * 1e9) * 1e3 if copy else 0.0
         add(f"optimizer: {len(opt) // calls} kernels per step", opt_ms - ideal, "memory",
             f"{fmt_ms(opt_ms)} per call" + (f" for {nbytes / 1e6:.1f} MB of parameters, gradients and "
-            f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / copy:.0%} of the copy ceiling" if nbytes and copy else ""),
+            f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / copy:.0%} of copy" if nbytes and copy else ""),
             ADVICE["optimizer"] + " (one pass over the parameters, its state and gradients)")  # fmt: skip
     casts = 0.0
     for row in attr.group(kept, "op/phase", work=work, ceilings=ceilings, l2_bytes=l2_bytes):
@@ -229,12 +243,17 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         if cat == "dtype cast/copy":
             casts += ms
             continue
-        faster = max(filter(None, [ceilings.get("matmul_tf32_tflops"), ceilings.get("matmul_bf16_tflops")]), default=0)
+        faster = max(
+            filter(None, [ceilings.get("matmul_tf32_tflops"), ceilings.get("matmul_bf16_tflops")]), default=0
+        )
         fp32 = matmul_ceiling(ceilings, "fp32") or 0
         if cat == "matmul" and row.dtype == "fp32" and row.flops and fp32 and faster > 1.5 * fp32:
-            at = max(row.bytes / (copy * 1e9) * 1e3 if copy else 0.0, row.flops / (faster * 1e12) * 1e3) / calls
+            at = (
+                max(row.bytes / (copy * 1e9) * 1e3 if copy else 0.0, row.flops / (faster * 1e12) * 1e3)
+                / calls
+            )
             add(f"{row.name}: fp32 matmuls with TF32 off", ms - at, "precision",
-                f"{row.calls // calls} calls, {row.tflops:.1f} TFLOP/s against the TF32 ceiling of {faster:.0f}",
+                f"{row.calls // calls} calls, {row.tflops:.1f} TFLOP/s; the TF32 ceiling is {faster:.0f}",
                 "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
                 "or bf16 autocast")  # fmt: skip
             continue
@@ -243,7 +262,8 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         of = row.of_matmul if row.bound == "compute" else row.of_copy
         ceiling = "matmul" if row.bound == "compute" else "copy"
         ev = f"{row.calls // calls} calls, {fmt_ms(ms)} per call" + (
-            f", {of:.0%} of the {ceiling} ceiling" if of is not None else "")
+            f", {of:.0%} of the {ceiling} ceiling" if of is not None else ""
+        )
         if row.bound == "latency":
             ev += f", mean {row.device_ms * 1e3 / row.calls:.1f} us: too short to fill the GPU"
         add(f"{row.name} below its ceiling", row.headroom_ms / calls, row.bound, ev,
@@ -266,8 +286,8 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
                               for op, n, _, s in idle.syncs[:3])  # fmt: skip
             add("the GPU waits on the host after synchronizing calls", sync, "host",
                 f"idle {fmt_ms(sync)} per call after {sites}",
-                "remove the synchronization from the step: keep values on the GPU (no .item(), "
-                ".cpu(), print of a tensor, or data-dependent shapes) or read them every N steps")  # fmt: skip
+                "remove the synchronization from the step: keep values on the GPU (no .item(), .cpu(), "
+                "print of a tensor, or data-dependent shapes) or read them every N steps")  # fmt: skip
         add("the GPU waits while the host launches work", host, "launch",
             f"idle {fmt_ms(host)} per call between kernels; busy {idle.busy_ms / idle.wall_ms:.0%}",
             "fewer launches: torch.compile, or CUDA graphs (torch.compile(mode='reduce-overhead')); "

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.autograd import DeviceType
 
 from perfloop import device as _device
 from perfloop.analysis.attribution import annotations, cpu_ops, device_events
@@ -161,9 +160,7 @@ class Profile:
 
     def items(self) -> list:
         """Every kernel (on a CPU, every outermost op) with its op, module and phase."""
-        from perfloop.analysis.attribution import items
-
-        from perfloop.analysis.attribution import within
+        from perfloop.analysis.attribution import items, within
 
         if self._items is None:
             self._items = items(self._prof.events() if self._prof is not None else [], self.kind)
@@ -192,7 +189,9 @@ class Profile:
         work = self._work()
         if work is not None and ceilings is None:
             ceilings = measured_ceilings()
-        return group(self.items(), by, depth, work, ceilings, _device.l2_bytes() if self.kind == "cuda" else 0)
+        return group(
+            self.items(), by, depth, work, ceilings, _device.l2_bytes() if self.kind == "cuda" else 0
+        )
 
     def idle(self):
         """When and why the GPU sat idle (timeline.Idle), None on a CPU."""
@@ -201,7 +200,7 @@ class Profile:
         if self.kind != "cuda" or self._prof is None:
             return None
         sites: dict = {}
-        for r in (self._counted[0] if self._counted else []):
+        for r in self._counted[0] if self._counted else []:
             if r is not None and r.site:
                 sites.setdefault(r.op, set()).add(r.site)
         r = idle(self._prof.events(), [(i.start_us, i.end_us) for i in self.items()], sites, self._windows)
@@ -247,7 +246,9 @@ class Profile:
             return diagnose(self, ceilings)
         ceilings = ceilings if ceilings is not None else measured_ceilings()
         records, counted_items, _ = self._counted or (None, None, 1)
-        return rank(self.items(), self._work(), records, counted_items, self.idle(), ceilings, self.calls, self.wall_ms_per_call, _device.l2_bytes() if self.kind == "cuda" else 0)  # fmt: skip
+        l2 = _device.l2_bytes() if self.kind == "cuda" else 0
+        return rank(self.items(), self._work(), records, counted_items, self.idle(), ceilings, self.calls,
+                    self.wall_ms_per_call, l2)  # fmt: skip
 
     def to_dict(self) -> dict:
         return {
@@ -352,7 +353,11 @@ def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[s
         from perfloop.analysis.attribution import items, within
 
         its = within(items(events, "cuda" if on_cuda else "cpu"), spans)
-        launches = sum(1 for e in events if e.name in _LAUNCH_APIS and any(s <= e.time_range.start <= t for s, t in spans))
+        launches = sum(
+            1
+            for e in events
+            if e.name in _LAUNCH_APIS and any(s <= e.time_range.start <= t for s, t in spans)
+        )
         kind = "cuda" if on_cuda and its else "cpu"
         return kind, [(i.kernel, i.start_us, i.end_us) for i in its], launches or len(its)
     dev = device_events(events, annotations(events))
@@ -457,8 +462,8 @@ def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: boo
     if spans:
         wall_ms = host_ms = sum(e - s for s, e in spans) / 1e3
         if plain_wall_ms and len(spans) > 1 and wall_ms * 1e3 < COVERED * (spans[-1][1] - spans[0][0]):
-            warnings.append(f"idle time measured under the profiler: other work runs between the occurrences of "
-                            f"{range_name!r}, so their pace is not the range's time")  # fmt: skip
+            warnings.append(f"idle time measured under the profiler: other work runs between the "
+                            f"occurrences of {range_name!r}, so their pace is not its time")  # fmt: skip
             plain_wall_ms = None
     kernels = _kernel_table(items)
     total = sum(k.total_ms for k in kernels) or 1e-12

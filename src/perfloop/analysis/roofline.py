@@ -37,7 +37,11 @@ def apply(row, ceilings: dict, memory_ms: float, compute_ms: float, l2_bytes: in
     copy = ceilings.get("copy_gbps")
     gbps = row.bytes / (ms * 1e-3) / 1e9
     tflops = (row.flops or 0.0) / (ms * 1e-3) / 1e12
-    peak = (row.flops / (compute_ms * 1e-3) / 1e12) if compute_ms else matmul_ceiling(ceilings, row.dtype or None)
+    peak = (
+        (row.flops / (compute_ms * 1e-3) / 1e12)
+        if compute_ms
+        else matmul_ceiling(ceilings, row.dtype or None)
+    )
     of_copy = gbps / copy if copy else None
     of_matmul = tflops / peak if peak and row.flops else None
     at_ceiling = max(memory_ms, compute_ms)
@@ -54,8 +58,8 @@ def apply(row, ceilings: dict, memory_ms: float, compute_ms: float, l2_bytes: in
             note = (f"{of_copy:.0%} of the copy ceiling: the byte estimate is suspect (the kernel "
                     "may read less than its whole tensors); check it with ncu")  # fmt: skip
     if of_matmul is not None and of_matmul > SUSPECT:
-        note = (f"{of_matmul:.0%} of the {row.dtype or 'fp32'} matmul ceiling: the FLOP formula or "
-                "the dtype is suspect (a kernel that skips work, or a narrower dtype than recorded)")  # fmt: skip
+        note = (f"{of_matmul:.0%} of the {row.dtype or 'fp32'} matmul ceiling: the FLOP formula or the "
+                "dtype is suspect (a kernel that skips work, or a narrower dtype than recorded)")  # fmt: skip
     return replace(
         row,
         gbps=gbps,

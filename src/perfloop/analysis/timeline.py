@@ -102,7 +102,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     by_cause = dict.fromkeys(CAUSES, 0.0)
     after: Counter = Counter()
     calls: Counter = Counter()
-    for s, e, op in syncs:
+    for *_, op in syncs:
         calls[op] += 1
     for s, e in holes:
         ms = (e - s) / 1e3

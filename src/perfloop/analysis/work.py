@@ -35,8 +35,8 @@ MARKER = "pl.op#"
 
 OVERWRITES = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_",
               "exponential_", "index_put_", "masked_fill_", "scatter_", "set_"}  # fmt: skip
-NO_DATA = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "_unsafe_view",
-             "_local_scalar_dense", "lift_fresh", "detach", "alias"}  # fmt: skip
+NO_DATA = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_",
+           "_unsafe_view", "_local_scalar_dense", "lift_fresh", "detach", "alias"}  # fmt: skip
 SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "unique_consecutive", "_unique2",
          "item", "equal", "is_nonzero"}  # fmt: skip
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
@@ -61,7 +61,7 @@ def footprint(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
     n = 1
-    for size, stride in zip(t.shape, t.stride()):
+    for size, stride in zip(t.shape, t.stride(), strict=True):
         if stride != 0:
             n *= size
     return n * t.element_size()
@@ -84,7 +84,7 @@ def _key(t: torch.Tensor):
 
 def _bound(func, args, kwargs) -> dict:
     names = [a.name for a in func._schema.arguments]
-    out = dict(zip(names, args))
+    out = dict(zip(names, args, strict=False))  # trailing arguments left to their defaults
     out.update(kwargs)
     return out
 
@@ -131,7 +131,10 @@ def _bytes(func, name: str, args, kwargs, out) -> tuple[tuple, tuple]:
         reads = [(_key(index), footprint(index))] + [(("rows", id(t)), footprint(t)) for t in outs]
     elif name == "nll_loss_forward":
         target = b["target"]
-        reads = [(_key(target), footprint(target)), (_key(b["self"]), target.numel() * b["self"].element_size())]
+        reads = [
+            (_key(target), footprint(target)),
+            (_key(b["self"]), target.numel() * b["self"].element_size()),
+        ]
     elif name == "nll_loss_backward":
         reads = [(_key(t), footprint(t)) for t in (b["grad_output"], b["target"])]
     elif name == "embedding_dense_backward":
@@ -193,8 +196,11 @@ class WorkCounter(TorchDispatchMode):
         except Exception:  # a formula that does not take these arguments: count no arithmetic
             flops = None
         moving = reads or writes or flops
-        to_host = name in ("_to_copy", "copy_") and any(t.device.type == "cpu" for t in _tensors(out)) and any(
-            t.is_cuda for t in _tensors(list(args)))
+        to_host = (
+            name in ("_to_copy", "copy_")
+            and any(t.device.type == "cpu" for t in _tensors(out))
+            and any(t.is_cuda for t in _tensors(list(args)))
+        )
         if moving or name in SYNCS:
             self.records.append(OpWork(
                 index=index, op=func._schema.name, flops=flops or 0.0,

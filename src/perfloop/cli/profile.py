@@ -40,11 +40,18 @@ def register(verb) -> None:
     s.add_argument("--script", help="run this Python script unchanged and profile a window of it; "
                    "everything after its path goes to it")  # fmt: skip
     s.add_argument("--range", default=None, help="the annotate range that is one step (default: step)")
-    s.add_argument("--skip", type=int, default=2, help="occurrences of the range to skip first, the warm-up "
-                   "(default 2; their pace is the wall time without the profiler)")
+    s.add_argument(
+        "--skip",
+        type=int,
+        default=2,
+        help="occurrences of the range to skip first, the warm-up "
+        "(default 2; their pace is the wall time without the profiler)",
+    )
     s.add_argument("--steps", type=int, default=2, help="occurrences to profile (default 2)")
     s.add_argument("--window", help="START:DURATION in seconds, for a script without ranges")
-    s.add_argument("--depth", type=int, default=3, help="module names rolled up to this many parts (default 3)")
+    s.add_argument(
+        "--depth", type=int, default=3, help="module names rolled up to this many parts (default 3)"
+    )
     s.add_argument("--no-count", action="store_true", help="do not count FLOPs and bytes (no roofline)")
 
 
@@ -120,7 +127,9 @@ def _window(text: str | None):
     try:
         start, duration = (float(x) for x in text.split(":"))
     except ValueError:
-        raise UsageError(f"--window: cannot read {text!r}; write START:DURATION in seconds, e.g. 5:2") from None
+        raise UsageError(
+            f"--window: cannot read {text!r}; write START:DURATION in seconds, e.g. 5:2"
+        ) from None
     return start, duration
 
 

@@ -194,13 +194,13 @@ def _result(w: _Window) -> profiling.Profile:
                          f"--skip {w.skip} --steps {w.steps} needs {w.skip + w.steps}" if w.range_name
                          else "--window: the script ended before the window opened")  # fmt: skip
     if w.count_work and w.range_name and w.counted_prof is None:
-        w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} after the profiled "
-                          "ones (raise --skip/--steps' total below the script's count by one)")  # fmt: skip
+        w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} after the "
+                          "profiled ones (keep --skip plus --steps below the script's count)")  # fmt: skip
     counted = profiling.counted(w.counted_prof, w.counter.records, w.on_cuda) if w.counted_prof else None
     periods = sorted(b - a for a, b in zip(w.enters, w.enters[1:], strict=False))
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
     if w.range_name and plain is None:
         w.warnings.append("idle time measured under the profiler, which slows the host: --skip 2 or more "
                           "times the unprofiled steps and scales the idle to them")  # fmt: skip
-    return profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings, counted,
-                                   range_name=w.range_name, plain_wall_ms=plain)  # fmt: skip
+    return profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings,
+                                   counted, range_name=w.range_name, plain_wall_ms=plain)  # fmt: skip
