@@ -109,6 +109,7 @@ def analyse(a) -> None:
     (out / f"step-analysis{a.tag}.txt").write_text(text)
     print(text[:3000])
     if a.ncu and shutil.which("ncu"):
+        (out / "ncu-estimates.json").write_text(json.dumps(_single_kernel_estimates(p)))
         ncu_check(a, out, p)
 
 
@@ -129,17 +130,22 @@ def _single_kernel_estimates(p) -> list[tuple[str, float | None, str]]:
 
 
 def ncu_child(a) -> None:
-    """Under ncu: count one step (for the estimates), then one step inside the capture range."""
+    """Under ncu (which holds CUPTI, so no torch.profiler here): warm-up steps, then one step
+    inside the capture range; the estimates come from the parent's counted step, kernel by
+    kernel in launch order."""
     c, model, step = _step(a)
-    for _ in range(2):
+    for _ in range(3):
         step()
-    p = pl.profile(step, calls=1, warmup=0)
-    Path(a.out, "ncu-estimates.json").write_text(json.dumps(_single_kernel_estimates(p)))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     step()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
+
+
+def _base(name: str) -> str:
+    """A kernel's function name without namespaces, templates or arguments."""
+    return name.split("(")[0].split("<")[0].split("::")[-1].replace("void ", "").strip()[:40]
 
 
 def ncu_check(a, out: Path, p) -> None:
@@ -164,10 +170,17 @@ def ncu_check(a, out: Path, p) -> None:
         json.loads((out / "ncu-estimates.json").read_text()) if (out / "ncu-estimates.json").exists() else []
     )
     seq = [kernels[i] for i in sorted(kernels)]
-    rows = []
-    if len(seq) == len(est):
-        by = defaultdict(lambda: {"est": 0.0, "dram": 0.0, "ns": 0.0, "n": 0, "op": ""})
-        for (name, b, op), k in zip(est, seq, strict=True):
+    # the i-th launch of a kernel in ncu's step is the i-th launch of that kernel in the counted step
+    ours, theirs = defaultdict(list), defaultdict(list)
+    for n, b, op in est:
+        ours[_base(n)].append((n, b, op))
+    for k in seq:
+        theirs[_base(k["name"])].append(k)
+    by = defaultdict(lambda: {"est": 0.0, "dram": 0.0, "ns": 0.0, "n": 0, "op": ""})
+    matched = 0
+    for base, launches in ours.items():
+        for (name, b, op), k in zip(launches, theirs.get(base, []), strict=False):
+            matched += 1
             if b is None:
                 continue
             g = by[name]
@@ -176,12 +189,14 @@ def ncu_check(a, out: Path, p) -> None:
             g["ns"] += k.get("gpu__time_duration.sum", 0)
             g["n"] += 1
             g["op"] = op
-        for name, g in sorted(by.items(), key=lambda kv: -kv[1]["ns"])[:12]:
-            rows.append({"kernel": name[:90], "op": g["op"], "launches": g["n"], "est_MB": g["est"] / 1e6,
-                         "dram_MB": g["dram"] / 1e6, "ratio": g["est"] / g["dram"] if g["dram"] else None,
-                         "ncu_us": g["ns"] / 1e3})  # fmt: skip
+    rows = []
+    for name, g in sorted(by.items(), key=lambda kv: -kv[1]["ns"])[:12]:
+        rows.append({"kernel": name[:90], "op": g["op"], "launches": g["n"], "est_MB": g["est"] / 1e6,
+                     "dram_MB": g["dram"] / 1e6, "ratio": g["est"] / g["dram"] if g["dram"] else None,
+                     "ncu_us": g["ns"] / 1e3})  # fmt: skip
     res = {"rc": r.returncode, "seconds": time.perf_counter() - t0, "ncu_kernels": len(seq),
-           "estimated_kernels": len(est), "rows": rows}  # fmt: skip
+           "estimated_kernels": len(est), "matched": matched, "rows": rows,
+           "names": sorted(theirs)[:40]}  # fmt: skip
     (out / "ncu-check.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1)[:4000])
 

@@ -28,6 +28,8 @@ BY = ("module", "op", "kernel", "category")
 BACKWARD = "autograd::engine::evaluate_function: "
 OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
 NO_MODULE = "(no module)"
+COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
+COMPILED_OP = "(compiled)"  # a kernel of a torch.compile graph: no aten op launched it
 WORK_FROM = "flops: torch's formulas; bytes: the op's tensors"
 
 # (category, pattern over the op's or kernel's lower-cased name); the first match wins
@@ -111,6 +113,8 @@ def _context(e, seq_module: dict) -> tuple[str, str, str, tuple]:
         name = a.name
         if not op and "::" in name and not name.startswith(BACKWARD):
             op = name
+        elif not op and name.startswith(COMPILED):
+            op = COMPILED_OP
         if name.startswith(MARKER):
             markers.append(int(name[len(MARKER) :]))
         elif not module and name.startswith(MODULE):
@@ -214,6 +218,8 @@ def key_of(item: Item, by: str, depth: int | None = None) -> str:
     if by == "kernel":
         return item.kernel
     if by == "op":
+        if item.op == COMPILED_OP:
+            return f"{COMPILED_OP} {item.kernel}"
         return item.op or f"(no op) {item.kernel}"
     if by == "op/phase":
         return f"{item.op or '(no op) ' + item.kernel} ({item.phase})"

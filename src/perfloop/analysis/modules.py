@@ -24,19 +24,21 @@ class _Tracker:
     def _name(self, module) -> str:
         name = self.names.get(id(module))
         if name is None:  # a root: name it and everything under it
-            root = type(module).__name__
+            root = type(getattr(module, "_orig_mod", module)).__name__  # torch.compile's wrapper: the model's
             for qual, sub in module.named_modules():
                 self.names.setdefault(id(sub), qual or root)
             name = self.names[id(module)]
         return name
 
     def pre(self, module, args):
+        if torch.compiler.is_compiling():  # inside a compiled graph the ranges would break it
+            return
         rf = _RecordFunctionFast(PREFIX + self._name(module))
         rf.__enter__()
         self.open.append(rf)
 
     def post(self, module, args, output):
-        if self.open:
+        if self.open and not torch.compiler.is_compiling():
             self.open.pop().__exit__(None, None, None)
 
 
