@@ -101,3 +101,15 @@ def test_the_cli_passes_the_scripts_error_on_and_stores_nothing(script, tmp_path
     assert not db.exists() or Store(db).artifacts(kind="profile") == []
     assert main(["profile", "--db", str(db), "--range", "nope", "--script", str(script), "2"]) == 2
     assert "ranges seen: step (x2), eval (x2)" in capsys.readouterr().err
+
+
+def test_two_profiled_runs_compare_op_by_op(script, tmp_path, capsys):
+    db = tmp_path / "r.db"
+    for steps in ("4", "4"):
+        assert main(["profile", "--db", str(db), "--steps", "1", "--script", str(script), steps]) == 0
+    capsys.readouterr()
+    assert main(["compare", "--db", str(db), "previous", "latest", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = {r["name"] for r in out["ops"]}
+    assert "aten::linear" in names and {"0", "2", "optimizer"} <= {r["name"] for r in out["modules"]}
+    assert all(r["a_ms"] > 0 and r["b_ms"] > 0 for r in out["ops"] if r["name"] == "aten::linear")

@@ -322,3 +322,14 @@ def table(rows: list[Row], calls: int, title: str, top: int = 12) -> str:
 
 def row_dict(r: Row) -> dict:
     return {k: v for k, v in r.__dict__.items() if v is not None and v != ""}
+
+
+def compare_rows(a: list[dict], b: list[dict], a_calls: int, b_calls: int) -> list[dict]:
+    """Two breakdowns (row dicts, as stored) side by side, per call: name, a_ms, b_ms, b/a, and
+    the change in ms; largest change first. A row only one side has is 0 on the other."""
+    ta = {r["name"]: r["device_ms"] / a_calls for r in a}
+    tb = {r["name"]: r["device_ms"] / b_calls for r in b}
+    out = [{"name": n, "a_ms": ta.get(n, 0.0), "b_ms": tb.get(n, 0.0),
+            "ratio": tb.get(n, 0.0) / ta[n] if ta.get(n) else None,
+            "change_ms": tb.get(n, 0.0) - ta.get(n, 0.0)} for n in {*ta, *tb}]  # fmt: skip
+    return sorted(out, key=lambda r: -abs(r["change_ms"]))

@@ -64,6 +64,8 @@ def run(args) -> int:
     ra = {_key(r): r for r in rows_a if r["op"] != gate.REFERENCE_OP}
     rb = {_key(r): r for r in rows_b if r["op"] != gate.REFERENCE_OP}
     common = [k for k in ra if k in rb]
+    if not common and _profiles(store, a, b):
+        return _compare_profiles(args, *_profiles(store, a, b), a, b)
     if not common:
         raise UsageError(f"runs {a} and {b} share no (op, variant, shape, dtype) to compare")
     kind = "cuda" if (rows_a[0].get("env") or {}).get("device", {}).get("kind") == "cuda" else "cpu"
@@ -98,3 +100,33 @@ def run(args) -> int:
         console().print(f"note: the noise between runs here is above {limit:g}%, so a slowdown of {limit:g}% "
                         "cannot be told from noise; it takes one past the floor", style="yellow")  # fmt: skip
     return FAILED if regressed else 0
+
+
+def _profiles(store, a: str, b: str):
+    """The two runs' stored step profiles (`profile --script`), if both have one."""
+    pa = [x["payload"] for x in store.artifacts(a, kind="profile") if x["payload"].get("ops")]
+    pb = [x["payload"] for x in store.artifacts(b, kind="profile") if x["payload"].get("ops")]
+    return (pa[0], pb[0]) if pa and pb else None
+
+
+def _compare_profiles(args, pa: dict, pb: dict, a: str, b: str) -> int:
+    """Two profiled runs op by op and module by module: device time per call, each side."""
+    from perfloop.analysis.attribution import compare_rows
+    from perfloop.harness.measurement import fmt_ms
+
+    ops = compare_rows(pa["ops"], pb["ops"], pa["calls"], pb["calls"])
+    modules = compare_rows(pa["modules"], pb["modules"], pa["calls"], pb["calls"])
+    totals = {k: (pa.get(k), pb.get(k)) for k in ("device_ms_per_call", "wall_ms_per_call")}
+    if args.json:
+        emit_json({"run_a": a, "run_b": b, "ops": ops, "modules": modules, "totals": totals})
+        return 0
+    for what, rows in (("op", ops), ("module", modules)):
+        table(f"{b} against {a}: device time per call by {what}, largest change first",
+              [what, "a", "b", "b/a", "change"],
+              [[r["name"][:60], fmt_ms(r["a_ms"]), fmt_ms(r["b_ms"]),
+                f"{r['ratio']:.2f}" if r["ratio"] is not None else "new", f"{r['change_ms']:+.3f} ms"]
+               for r in rows[:15]])  # fmt: skip
+    (da, db), (wa, wb) = totals["device_ms_per_call"], totals["wall_ms_per_call"]
+    console().print(f"device {fmt_ms(da)} -> {fmt_ms(db)} per call; wall {fmt_ms(wa)} -> {fmt_ms(wb)} "
+                    "(one profile each: judge a speed-up by timing the step: bench, compare)")  # fmt: skip
+    return 0
