@@ -113,3 +113,15 @@ def test_two_profiled_runs_compare_op_by_op(script, tmp_path, capsys):
     names = {r["name"] for r in out["ops"]}
     assert "aten::linear" in names and {"0", "2", "optimizer"} <= {r["name"] for r in out["modules"]}
     assert all(r["a_ms"] > 0 and r["b_ms"] > 0 for r in out["ops"] if r["name"] == "aten::linear")
+
+
+def test_the_report_page_shows_the_roofline_modules_and_opportunities(script, tmp_path, capsys):
+    out = tmp_path / "page"
+    args = ["profile", "--db", str(tmp_path / "r.db"), "--steps", "1", "--report", str(out)]
+    assert main([*args, "--script", str(script), "4"]) == 0
+    page = (out / "index.html").read_text()
+    assert "step profile" in page and "roofline" in page and "opportunity" in page
+    assert (out / "step-0-roofline.png").stat().st_size > 1000 and (out / "step-0-modules.png").exists()
+    (tmp_path / "file").write_text("")
+    bad = ["profile", "--report", str(tmp_path / "file" / "x"), "--script", str(script), "4"]
+    assert main(bad) == 2 and "--report: cannot write" in capsys.readouterr().err

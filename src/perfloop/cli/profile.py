@@ -53,6 +53,7 @@ def register(verb) -> None:
         "--depth", type=int, default=3, help="module names rolled up to this many parts (default 3)"
     )
     s.add_argument("--no-count", action="store_true", help="do not count FLOPs and bytes (no roofline)")
+    s.add_argument("--report", metavar="DIR", help="also write a report page there: roofline, modules, idle")
 
 
 def run(args) -> int:
@@ -135,6 +136,8 @@ def _window(text: str | None):
 
 def run_script(args) -> int:
     from perfloop.analysis.attribution import row_dict, table
+    from perfloop.harness.ceilings import ceilings as measured_ceilings
+    from perfloop.results.report import render_html
     from perfloop.workflows.script import ScriptError, profile_script
 
     if args.range and args.window:
@@ -143,6 +146,15 @@ def run_script(args) -> int:
         raise UsageError(f"--depth: must be >= 1, got {args.depth}")
     window = _window(args.window)
     range_name = None if window else (args.range or "step")
+    if args.report:
+        try:
+            os.makedirs(args.report, exist_ok=True)
+            if not os.access(args.report, os.W_OK):
+                raise OSError("not writable")
+        except OSError as exc:
+            raise UsageError(
+                f"--report: cannot write to {args.report} ({exc}); choose a writable folder"
+            ) from None
     store = open_store(args)
     try:
         with status(args, f"running {args.script}"):
@@ -168,10 +180,12 @@ def run_script(args) -> int:
         "script": args.script, "script_args": args.script_args, "window": what,
         "modules": [row_dict(r) for r in modules], "ops": [row_dict(r) for r in ops],
         "idle": idle.__dict__ if idle else None, "diagnosis": d.to_dict(),
+        "ceilings": measured_ceilings(measure=False),
     }  # fmt: skip
     run_id = start_run(store)
     name = f"script:{os.path.basename(args.script)}"
     store.add_artifact(run_id, "profile", payload, op=name, variant=range_name or "window")
+    page = render_html(store, args.report, run_id) if args.report else None
     if args.json:
         emit_json(payload)
         return 0
@@ -188,4 +202,6 @@ def run_script(args) -> int:
     out.print(f"stored as run {run_id} ({name}); compare two runs op by op: perfloop compare RUN_A RUN_B")
     if args.trace:
         out.print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
+    if page:
+        out.print(f"report: {page}")
     return 0

@@ -74,3 +74,32 @@ def plot_ref_bars(path: Path, title: str, ylabel: str, bars: dict, ref: float, e
     ax.bar(list(bars), list(bars.values()), yerr=err, capsize=4)
     ax.axhline(ref, color="k", lw=0.8, ls="--")
     return _save(fig, ax, path, title, ylabel, legend=False, grid_axis="")
+
+
+def plot_roofline(path: Path, title: str, points: list[dict], copy_gbps: float, peaks: dict) -> str:
+    """Each op a point (x: FLOPs per byte, y: achieved TFLOP/s), sized by its time, under the
+    measured roofs: the copy ceiling's slope and a flat line per matmul ceiling ({label:
+    TFLOP/s}). Ops with no FLOPs counted sit at x = 1/64, at their share of the copy roof."""
+    no_flops = 2**-6
+    fig, ax = _figure(7.2, 4.8)
+    xs = [p["intensity"] if p.get("tflops") and p["intensity"] > 0 else no_flops for p in points]
+    ys = [p["tflops"] if p.get("tflops") else p["gbps"] * x / 1e3 for p, x in zip(points, xs, strict=True)]
+    lo, hi = min(xs + [no_flops]) / 2, max(xs + [1e3]) * 2
+    grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
+    top = max(peaks.values(), default=copy_gbps * hi / 1e3)
+    ax.loglog(
+        grid, [min(copy_gbps * x / 1e3, top) for x in grid], "k-", lw=1, label=f"copy {copy_gbps:,.0f} GB/s"
+    )
+    for label, peak in peaks.items():
+        ax.axhline(peak, ls="--", lw=0.8, color="gray")
+        ax.annotate(f"{label} {peak:.3g} TFLOP/s", (hi, peak), ha="right", va="bottom", fontsize=7)
+    ax.axvline(no_flops, ls=":", lw=0.8, color="gray")
+    ax.annotate("no FLOPs counted", (no_flops, top), fontsize=6, rotation=90, va="top", ha="right")
+    total = sum(p["ms"] for p in points) or 1.0
+    for p, x, y in zip(points, xs, ys, strict=True):
+        ax.scatter([x], [max(y, 1e-9)], s=20 + 600 * p["ms"] / total, alpha=0.5)
+        if p["ms"] / total > 0.04:
+            ax.annotate(p["name"][:28], (x, max(y, 1e-9)), fontsize=6)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte)")
+    ax.set_ylim(bottom=min([y for y in ys if y > 0] + [top]) / 5, top=top * 3)
+    return _save(fig, ax, path, title, "TFLOP/s", legend=True)

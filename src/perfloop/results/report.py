@@ -166,6 +166,48 @@ def _profile_section(op: str, a: dict) -> list[str]:
     return parts
 
 
+def _step_section(a: dict, out: Path, i: int) -> list[str]:
+    """A profiled step (profile --script): the roofline of its ops, its modules, its idle time,
+    the ranked opportunities."""
+    from perfloop.results.plots import plot_bars, plot_roofline
+
+    e = html.escape
+    p = a["payload"]
+    calls = p.get("calls") or 1
+    parts = [f"<h2>step profile: {e(p.get('script', a['op']))} ({e(p.get('window', ''))})</h2>"]
+    ceil = p.get("ceilings") or {}
+    points = [{"name": r["name"], "ms": r["device_ms"] / calls, "intensity": r.get("intensity") or 0.0,
+               "gbps": r.get("gbps") or 0.0, "tflops": r.get("tflops")}
+              for r in p["ops"] if r.get("gbps") is not None]  # fmt: skip
+    if points and ceil.get("copy_gbps"):
+        peaks = {
+            k.split("_")[1]: v for k, v in ceil.items() if k.startswith("matmul_") and k.endswith("_tflops")
+        }
+        name = f"step-{i}-roofline.png"
+        plot_roofline(
+            out / name, "ops against the measured roofs (size: time)", points, ceil["copy_gbps"], peaks
+        )
+        parts.append(f"<img src='{name}' alt='roofline of the step'>")
+    mods = {r["name"][:30]: r["device_ms"] / calls for r in p["modules"][:12]}
+    name = f"step-{i}-modules.png"
+    plot_bars(
+        out / name, "device time per call by module", "ms", {m: {"ms": v} for m, v in mods.items()}, log=False
+    )
+    parts.append(f"<img src='{name}' alt='modules'>")
+    idle = p.get("idle")
+    if idle:
+        causes = {c: v / calls for c, v in idle["by_cause"].items()}
+        name = f"step-{i}-idle.png"
+        plot_bars(out / name, f"GPU idle per call ({sum(causes.values()):.3f} ms)", "ms",
+                  {c: {"ms": v} for c, v in causes.items()}, log=False)  # fmt: skip
+        parts.append(f"<img src='{name}' alt='idle time by cause'>")
+    opp = (p.get("diagnosis") or {}).get("opportunities", [])
+    parts.append(_table(["opportunity", "saves (ms/call)", "share", "bound", "evidence", "next"],
+                        [[o["title"], f"{o['saves_ms']:.3f}", f"{o['share']:.0%}", o["bound"], o["evidence"],
+                          o["advice"]] for o in opp]))  # fmt: skip
+    return parts
+
+
 def _experiment_section(p: dict, out: Path) -> list[str]:
     e = html.escape
     for src in p.get("plot_paths", []):  # bring the plots next to the page
@@ -234,6 +276,9 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
         by_op[r["op"]].append(r)
     for op in sorted(by_op):
         parts += _op_section(op, by_op[op], arts, out)
+    for i, a in enumerate(arts):
+        if a["kind"] == "profile" and a["payload"].get("modules"):
+            parts += _step_section(a, out, i)
     for a in arts:
         if a["kind"] == "experiment":
             parts += _experiment_section(a["payload"], out)
