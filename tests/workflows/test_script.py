@@ -88,7 +88,7 @@ def test_the_cli_prints_modules_ops_and_opportunities_and_stores_the_profile(scr
     assert "module" in out and "optimizer" in out and "opportunities, largest first" in out
     [art] = Store(db).artifacts(kind="profile")
     assert art["op"] == "script:train.py" and art["payload"]["modules"]
-    assert main(["profile", "--db", str(db), "--json", "--script", str(script), "4"]) == 0
+    assert main(["profile", "--db", str(db), "--json", "--script", str(script), "5"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["calls"] == 2 and payload["diagnosis"]["opportunities"]
 

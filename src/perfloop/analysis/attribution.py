@@ -121,7 +121,7 @@ def _context(e, seq_module: dict) -> tuple[str, str, str, tuple]:
             module = name[len(MODULE) :]
         elif name.startswith(BACKWARD):
             phase = "backward"
-            module = module or seq_module.get((a.fwd_thread, a.sequence_nr), NO_MODULE)
+            module = module or seq_module.get(a.sequence_nr, NO_MODULE)
             break
         elif name.startswith(OPTIMIZER):
             phase, module = "optimizer", "optimizer"
@@ -130,15 +130,18 @@ def _context(e, seq_module: dict) -> tuple[str, str, str, tuple]:
 
 
 def _seq_modules(events) -> dict:
-    """(thread, sequence number) of each forward op -> the module it ran in."""
+    """Sequence number of each forward op -> the module it ran in. (Sequence numbers count per
+    forward thread; a training step has one.)"""
     out = {}
     for e in events:
         if e.device_type != DeviceType.CPU or e.sequence_nr is None or e.sequence_nr < 0:
             continue
-        if e.name.startswith(BACKWARD) or (e.fwd_thread and e.fwd_thread != e.thread):
+        chain = list(_ancestors(e))
+        if any(a.name.startswith(BACKWARD) for a in chain):
             continue
-        module = next((a.name[len(MODULE) :] for a in _ancestors(e) if a.name.startswith(MODULE)), NO_MODULE)
-        out.setdefault((e.thread, e.sequence_nr), module)
+        module = next((a.name[len(MODULE) :] for a in chain if a.name.startswith(MODULE)), NO_MODULE)
+        if out.get(e.sequence_nr, NO_MODULE) == NO_MODULE:
+            out[e.sequence_nr] = module
     return out
 
 
@@ -168,9 +171,11 @@ def cpu_ops(events) -> list:
 
 
 def windows(events, name: str) -> list[tuple[float, float]]:
-    """The host-side intervals of every occurrence of the range `name`."""
+    """The host-side intervals of every occurrence of the range `name` (a name ending in "*":
+    every range whose name starts so)."""
+    hit = (lambda n: n.startswith(name[:-1])) if name.endswith("*") else (lambda n: n == name)
     return sorted((e.time_range.start, e.time_range.end) for e in events
-                  if e.device_type == DeviceType.CPU and e.name == name)  # fmt: skip
+                  if e.device_type == DeviceType.CPU and hit(e.name))  # fmt: skip
 
 
 def within(its: list[Item], spans: list[tuple[float, float]]) -> list[Item]:

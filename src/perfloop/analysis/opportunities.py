@@ -205,7 +205,7 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
         where = f"{c['module']} ({c['phase']}{', x' + str(c['count']) if c['count'] > 1 else ''})"
         at_copy = c["bytes"] / (copy * 1e9) * 1e3 if copy else 0.0
-        if roofline.latency_bound(c["ms"], at_copy, c["bytes"] / max(c["kernels"], 1)):
+        if roofline.latency_bound(c["ms"], at_copy, c["bytes"] / max(c["kernels"], 1), c["kernels"]):
             add(f"{c['kernels']} tiny kernels in a row in {where}", c["ms"] - ideal, "launch",
                 f"{_ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call",
                 "fuse them into one kernel (torch.compile), or replay the step as a CUDA graph "

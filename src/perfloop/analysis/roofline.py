@@ -9,6 +9,7 @@ from dataclasses import replace
 from perfloop.harness.measurement import matmul_ceiling
 
 SMALL_BYTES = 2**20  # a kernel moving less than this cannot hide its launch and ramp-up ...
+LATENCY_US = 50.0  # ... if it is this short ...
 LATENCY_SHARE = 0.3  # ... and is latency-bound when it reaches under this share of its ceiling
 SUSPECT = 1.05
 
@@ -23,9 +24,11 @@ def ceiling_ms(flops: float, nbytes: float, dtype: str, ceilings: dict) -> tuple
     return mem, comp
 
 
-def latency_bound(ms: float, at_ceiling_ms: float, bytes_per_kernel: float) -> bool:
-    """Small kernels far from their ceiling: launch and ramp-up, not bandwidth, set their time."""
-    return bytes_per_kernel < SMALL_BYTES and at_ceiling_ms < LATENCY_SHARE * ms
+def latency_bound(ms: float, at_ceiling_ms: float, bytes_per_kernel: float, kernels: int) -> bool:
+    """Short, small kernels far from their ceiling: launch and ramp-up, not bandwidth, set
+    their time."""
+    short = ms * 1e3 / max(kernels, 1) < LATENCY_US
+    return short and bytes_per_kernel < SMALL_BYTES and at_ceiling_ms < LATENCY_SHARE * ms
 
 
 def apply(row, ceilings: dict, memory_ms: float, compute_ms: float, l2_bytes: int = 0):
@@ -45,7 +48,7 @@ def apply(row, ceilings: dict, memory_ms: float, compute_ms: float, l2_bytes: in
     of_copy = gbps / copy if copy else None
     of_matmul = tflops / peak if peak and row.flops else None
     at_ceiling = max(memory_ms, compute_ms)
-    if at_ceiling <= 0 or latency_bound(ms, at_ceiling, row.bytes / max(row.calls, 1)):
+    if at_ceiling <= 0 or latency_bound(ms, at_ceiling, row.bytes / max(row.calls, 1), row.calls):
         bound = "latency"
     else:
         bound = "compute" if compute_ms > memory_ms else "memory"

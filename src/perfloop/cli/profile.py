@@ -54,15 +54,19 @@ def register(verb) -> None:
     )
     s.add_argument("--no-count", action="store_true", help="do not count FLOPs and bytes (no roofline)")
     s.add_argument("--report", metavar="DIR", help="also write a report page there: roofline, modules, idle")
+    p.add_argument("--trace-file", help="read a Chrome trace torch.profiler wrote elsewhere "
+                   "(record_shapes=True for FLOPs and bytes) instead of running anything")  # fmt: skip
 
 
 def run(args) -> int:
     from perfloop.device import default_device
     from perfloop.workflows.ops import profile_variant
 
-    if args.script:
-        if args.op or args.variant:
-            raise UsageError("--script: give either an op (with --variant) or --script, not both")
+    if args.script or args.trace_file:
+        if args.op or args.variant or (args.script and args.trace_file):
+            raise UsageError(
+                "--script / --trace-file: give one of an op (with --variant), --script or --trace-file"
+            )
         return run_script(args)
     if not args.op or not args.variant:
         raise UsageError("profile: give an op and --variant (perfloop profile gelu --variant triton), "
@@ -136,16 +140,19 @@ def _window(text: str | None):
 
 def run_script(args) -> int:
     from perfloop.analysis.attribution import row_dict, table
+    from perfloop.analysis.profiling import from_trace
     from perfloop.harness.ceilings import ceilings as measured_ceilings
     from perfloop.results.report import render_html
     from perfloop.workflows.script import ScriptError, profile_script
 
+    if args.trace_file and args.trace:
+        raise UsageError("--trace: a trace file is already a trace; open --trace-file in Perfetto")
     if args.range and args.window:
         raise UsageError("--range and --window: give one (a range's occurrences, or a time window)")
     if args.depth < 1:
         raise UsageError(f"--depth: must be >= 1, got {args.depth}")
     window = _window(args.window)
-    range_name = None if window else (args.range or "step")
+    range_name = None if window or args.trace_file else (args.range or "step")
     if args.report:
         try:
             os.makedirs(args.report, exist_ok=True)
@@ -157,9 +164,12 @@ def run_script(args) -> int:
             ) from None
     store = open_store(args)
     try:
-        with status(args, f"running {args.script}"):
-            p = profile_script(args.script, args.script_args, range_name, skip=args.skip, steps=args.steps,
-                               window=window, count_work=not args.no_count)  # fmt: skip
+        with status(args, f"running {args.script}" if args.script else f"reading {args.trace_file}"):
+            if args.trace_file:
+                p = from_trace(args.trace_file)
+            else:
+                p = profile_script(args.script, args.script_args, range_name, skip=args.skip,
+                                   steps=args.steps, window=window, count_work=not args.no_count)  # fmt: skip
     except ScriptError as exc:
         import traceback
 
@@ -167,7 +177,10 @@ def run_script(args) -> int:
         console(True).print(f"--script: {exc}; the profiler was stopped and nothing was stored", style="red")
         return FAILED
     except (OSError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+        text = str(exc)
+        raise UsageError(
+            "--trace-file:" + text[len("trace:") :] if text.startswith("trace:") else text
+        ) from None
     with status(args, "attributing and ranking"):
         modules = p.breakdown("module", depth=args.depth)
         ops = p.breakdown("op")
@@ -175,22 +188,26 @@ def run_script(args) -> int:
         idle = p.idle()
     if args.trace:
         p.export_trace(args.trace)
-    what = f"{p.calls} occurrence(s) of {range_name!r}" if range_name else f"the window {args.window} s"
+    source = args.script or args.trace_file
+    if args.trace_file:
+        what = f"its {p.calls} ProfilerStep range(s)" if p._windows else "the whole trace"
+    else:
+        what = f"{p.calls} occurrence(s) of {range_name!r}" if range_name else f"the window {args.window} s"
     payload = p.to_dict() | {
-        "script": args.script, "script_args": args.script_args, "window": what,
+        "script": source, "script_args": args.script_args, "window": what,
         "modules": [row_dict(r) for r in modules], "ops": [row_dict(r) for r in ops],
         "idle": idle.__dict__ if idle else None, "diagnosis": d.to_dict(),
         "ceilings": measured_ceilings(measure=False),
     }  # fmt: skip
     run_id = start_run(store)
-    name = f"script:{os.path.basename(args.script)}"
+    name = f"{'script' if args.script else 'trace'}:{os.path.basename(source)}"
     store.add_artifact(run_id, "profile", payload, op=name, variant=range_name or "window")
     page = render_html(store, args.report, run_id) if args.report else None
     if args.json:
         emit_json(payload)
         return 0
     out = console()
-    out.print(f"{args.script}: profiled {what}", style="bold")
+    out.print(f"{source}: profiled {what}", style="bold")
     out.print(table(modules, p.calls, "module", top=args.top), markup=False, highlight=False)
     out.print(table(ops, p.calls, "op", top=args.top), markup=False, highlight=False)
     if idle is not None:
