@@ -150,7 +150,8 @@ def _base(name: str) -> str:
 
 def ncu_check(a, out: Path, p) -> None:
     cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv",
-           "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum",
+           "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,"
+           "lts__t_bytes_srcunit_tex_op_write.sum",
            sys.executable, __file__, str(out), "--ncu-child", "--size", a.size,
            "--batch", str(a.batch)]  # fmt: skip
     t0 = time.perf_counter()
@@ -176,7 +177,7 @@ def ncu_check(a, out: Path, p) -> None:
         ours[_base(n)].append((n, b, op))
     for k in seq:
         theirs[_base(k["name"])].append(k)
-    by = defaultdict(lambda: {"est": 0.0, "dram": 0.0, "ns": 0.0, "n": 0, "op": ""})
+    by = defaultdict(lambda: {"est": 0.0, "dram": 0.0, "moved": 0.0, "ns": 0.0, "n": 0, "op": ""})
     matched = 0
     for base, launches in ours.items():
         for (name, b, op), k in zip(launches, theirs.get(base, []), strict=False):
@@ -186,6 +187,9 @@ def ncu_check(a, out: Path, p) -> None:
             g = by[name]
             g["est"] += b
             g["dram"] += k.get("dram__bytes_read.sum", 0) + k.get("dram__bytes_write.sum", 0)
+            # written bytes as the SMs sent them to L2: a write that stays in L2 at the kernel's
+            # end never reaches DRAM's counter
+            g["moved"] += k.get("dram__bytes_read.sum", 0) + k.get("lts__t_bytes_srcunit_tex_op_write.sum", 0)
             g["ns"] += k.get("gpu__time_duration.sum", 0)
             g["n"] += 1
             g["op"] = op
@@ -193,6 +197,8 @@ def ncu_check(a, out: Path, p) -> None:
     for name, g in sorted(by.items(), key=lambda kv: -kv[1]["ns"])[:12]:
         rows.append({"kernel": name[:90], "op": g["op"], "launches": g["n"], "est_MB": g["est"] / 1e6,
                      "dram_MB": g["dram"] / 1e6, "ratio": g["est"] / g["dram"] if g["dram"] else None,
+                     "read_plus_l2_writes_MB": g["moved"] / 1e6,
+                     "ratio_l2_writes": g["est"] / g["moved"] if g["moved"] else None,
                      "ncu_us": g["ns"] / 1e3})  # fmt: skip
     res = {"rc": r.returncode, "seconds": time.perf_counter() - t0, "ncu_kernels": len(seq),
            "estimated_kernels": len(est), "matched": matched, "rows": rows,
