@@ -162,7 +162,10 @@ def ncu_check(a, out: Path, p) -> None:
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith('"')]
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
         k = kernels.setdefault(int(row["ID"]), {"name": row["Kernel Name"]})
-        v = float(row["Metric Value"].replace(",", ""))
+        try:
+            v = float(row["Metric Value"].replace(",", ""))
+        except ValueError:  # "n/a": a metric this kernel did not report
+            continue
         unit = row["Metric Unit"]
         scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1, "usecond": 1e3,
                  "msecond": 1e6}.get(unit, 1)  # fmt: skip
