@@ -162,3 +162,15 @@ def test_cli_says_each_library_warning_once_as_a_note(capsys, monkeypatch):
     assert main(["env"]) == 0
     err = capsys.readouterr().err
     assert err.count("TensorFloat32") == 1 and err.startswith("note (")
+
+
+def test_a_cpu_call_profiled_on_a_gpu_machine_says_it_ran_on_the_cpu():
+    from perfloop.analysis.profiling import _activity, start_profiler, stop_profiler
+
+    prof = start_profiler(False, [])
+    torch.randn(64, 64) @ torch.randn(64, 64)
+    stop_profiler(prof)
+    warnings = []
+    kind, items, _ = _activity(prof.events(), True, warnings)  # as if on a GPU machine
+    assert kind == "cpu" and any(name == "aten::matmul" for name, *_ in items)
+    assert "the call ran on the CPU" in warnings[0]

@@ -364,7 +364,8 @@ def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[s
         return kind, [(i.kernel, i.start_us, i.end_us) for i in its], launches or len(its)
     dev = device_events(events, annotations(events))
     if on_cuda and not dev:
-        warnings.append("no device activity was recorded (CUPTI unavailable?); CPU ops shown")
+        warnings.append("no kernel ran on the GPU: the call ran on the CPU (are its model and tensors on "
+                        "'cuda'?), or CUPTI recorded nothing; its CPU ops are shown instead")  # fmt: skip
     if dev:
         items = [(e.name, e.time_range.start, e.time_range.end) for e in dev]
         launches = sum(1 for e in events if e.name in _LAUNCH_APIS) or len(
