@@ -23,3 +23,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="session")
+def train_gpt():
+    """examples/train_gpt.py as a module: the GPT-2-style model, its training step, its FLOPs."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train_gpt.py"
+    spec = importlib.util.spec_from_file_location("train_gpt", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("train_gpt", mod)
+    spec.loader.exec_module(mod)
+    return mod

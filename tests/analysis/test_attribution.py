@@ -111,16 +111,8 @@ def test_rows_carry_the_counted_work_and_the_roofline():
 
 
 @pytest.mark.gpu
-def test_a_gpt_step_on_the_gpu_is_attributed_to_modules_and_its_backward_to_the_forward_modules():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
-    spec = importlib.util.spec_from_file_location("train_gpt", path)
-    ex = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_gpt", ex)
-    spec.loader.exec_module(ex)
+def test_a_gpt_step_on_the_gpu_is_attributed_to_modules_and_its_backward_to_the_forward_modules(train_gpt):
+    ex = train_gpt
     _, step, _ = ex.make_step(ex.GPTConfig(256, 2, 4, vocab=4096, context=256), 4, "cuda")
     p = pl.profile(step, calls=2)
     its = p.items()

@@ -1,16 +1,10 @@
 """FLOPs and bytes per op, counted from the real tensors each op was given."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from perfloop.analysis.work import count, footprint, total_flops
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _one(fn, *args):
@@ -72,17 +66,9 @@ def test_an_item_call_records_the_source_line_that_made_it():
     )
 
 
-def _example():
-    spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_gpt", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("size", ["tiny", "lm-small-narrow"])
-def test_a_gpt_training_step_counts_to_the_analytic_flops_within_3_percent(size):
-    ex = _example()
+def test_a_gpt_training_step_counts_to_the_analytic_flops_within_3_percent(size, train_gpt):
+    ex = train_gpt
     # experiments/lm.py's small width and heads, two layers and a short context to fit a CPU test
     c = ex.SIZES["tiny"] if size == "tiny" else ex.GPTConfig(768, 2, 12, vocab=4096, context=128)
     model, step, _ = ex.make_step(c, 2, "cpu")

@@ -2,7 +2,7 @@
 
 >>> import perfloop as pl
 >>> pl.ops.names()
-['attention', 'gelu', 'matmul_relu', 'rowsum', 'softmax']
+['attention', 'cross_entropy', 'gelu', 'layernorm', 'matmul_relu', 'rmsnorm', 'rowsum', 'softmax']
 >>> op = pl.ops.get("gelu")
 >>> sorted(op.variants)
 ['builtin', 'compiled', 'cuda', 'naive', 'triton']
@@ -15,7 +15,7 @@ import importlib
 
 from perfloop.ops.base import CheckFailed, Op, Unavailable, Variant, dtype_name, parse_dtype
 
-_OP_MODULES = ("gelu", "softmax", "rowsum", "matmul_relu", "attention")
+_OP_MODULES = ("gelu", "softmax", "rowsum", "matmul_relu", "attention", "layernorm", "rmsnorm", "cross_entropy")
 _REGISTRY: dict[str, Op] = {}
 
 

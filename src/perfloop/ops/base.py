@@ -186,6 +186,9 @@ class Op:
     shape_names: tuple[str, ...] | None = None  # a fixed-rank shape's sizes, e.g. ("M", "N", "K")
     variants: dict[str, Variant] = field(default_factory=dict)
     baseline: str = "naive"
+    # with a backward: check() compares every floating input's gradient with the reference's
+    # (reference differentiable in float64), each within these tolerances scaled to its size
+    grad_tolerances: dict | None = None
 
     def add(self, variant: Variant) -> Variant:
         self.variants[variant.name] = variant
@@ -269,16 +272,30 @@ class Op:
                         )
                     ref = self.reference(*inputs)
                     atol, rtol = self.tolerance(dtype, shape)
-                    records.append(
-                        compare_to_reference(
-                            out,
-                            ref,
-                            atol,
-                            rtol,
-                            f"{self.name}/{variant} {shape} {dtype} seed={seed}",
-                        )
-                    )
+                    what = f"{self.name}/{variant} {shape} {dtype} seed={seed}"
+                    records.append(compare_to_reference(out, ref, atol, rtol, what))
+                    if self.grad_tolerances:
+                        records += self.check_grads(v, inputs, dtype, seed, what)
         return records
+
+    def check_grads(self, v: Variant, inputs: tuple, dtype: torch.dtype, seed: int, what: str) -> list[dict]:
+        """Backward of the variant against the float64 reference's, for one upstream gradient:
+        each floating input's gradient within grad_tolerances, atol scaled by the largest
+        reference gradient (a weight's gradient sums over every row)."""
+        ins = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        y = v(*ins)
+        if y.grad_fn is None:
+            raise CheckFailed(f"{what}: the output has no backward (detached from autograd)")
+        dy = torch.randn(y.shape, generator=seeded(y.device.type, seed + 1), device=y.device).to(y.dtype)
+        wanted = [t for t in ins if t.requires_grad]
+        got = torch.autograd.grad(y, wanted, dy)
+        ref_ins = [t.detach().to("cpu", torch.float64).requires_grad_() if t.is_floating_point() else t.cpu()
+                   for t in inputs]  # fmt: skip
+        ref_y = self.reference(*ref_ins)
+        want = torch.autograd.grad(ref_y, [t for t in ref_ins if t.requires_grad], dy.to("cpu", torch.float64))
+        atol, rtol = self.grad_tolerances[dtype]
+        return [compare_to_reference(g, r, atol * max(1.0, float(r.abs().max())), rtol, f"{what} grad of input {i}")
+                for i, (g, r) in enumerate(zip(got, want, strict=True))]  # fmt: skip
 
 
 def compare_to_reference(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, what: str):

@@ -1,0 +1,105 @@
+"""Cross entropy from logits in Triton: forward, one read of the logits; backward, one read and
+one write.
+
+Forward: one program per row walks the row in tiles with a running max and sum of exponentials
+(online softmax) and writes the row's log-sum-exp and loss (8 bytes a row). Backward: one
+program per row reads the row again and writes dlogits = (softmax - one_hot(target)) * dloss /
+n_valid directly, in the logits' dtype. The logits are never copied to fp32 and the gradient is
+made where autograd asks for it, scaled by the upstream gradient (no multiply pass after).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from perfloop.ops.base import check_tensor
+
+BLOCK = 4096
+
+
+@triton.jit
+def ce_fwd_kernel(L, T, LSE, LOSS, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = L + row * stride_l
+    m = tl.full([BLOCK], -1e30, tl.float32)  # finite: no inf - inf where a lane sees only padding
+    s = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        new_m = tl.maximum(m, x)
+        s = s * tl.exp(m - new_m) + tl.exp(x - new_m)
+        m = new_m
+    row_max = tl.max(m, axis=0)
+    total = tl.sum(s * tl.exp(m - row_max), axis=0)
+    lse = row_max + tl.log(total)
+    t = tl.load(T + row)
+    valid = t != ignore_index
+    x_t = tl.load(base + tl.where(valid, t, 0)).to(tl.float32)
+    tl.store(LSE + row, lse)
+    tl.store(LOSS + row, tl.where(valid, lse - x_t, 0.0))
+
+
+@triton.jit
+def ce_bwd_kernel(L, T, LSE, DL, DLOSS, NVALID, stride_l, stride_dl, n_cols, ignore_index, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(T + row)
+    scale = tl.load(DLOSS).to(tl.float32) / tl.maximum(tl.load(NVALID).to(tl.float32), 1.0)
+    scale = tl.where(t != ignore_index, scale, 0.0)
+    lse = tl.load(LSE + row)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(L + row * stride_l + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.exp(x - lse) - tl.where(cols == t, 1.0, 0.0)
+        tl.store(DL + row * stride_dl + cols, (g * scale).to(DL.dtype.element_ty), mask=mask)
+
+
+class CrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index):
+        m, v = logits.shape
+        if logits.stride(-1) != 1:
+            logits = logits.contiguous()
+        target = target.contiguous()
+        lse = torch.empty(m, dtype=torch.float32, device=logits.device)
+        loss = torch.empty(m, dtype=torch.float32, device=logits.device)
+        if m:
+            ce_fwd_kernel[(m,)](logits, target, lse, loss, logits.stride(0), v, ignore_index,
+                                BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)  # fmt: skip
+        n_valid = (target != ignore_index).sum()
+        ctx.save_for_backward(logits, target, lse, n_valid)
+        ctx.ignore_index = ignore_index
+        return (loss.sum() / n_valid.clamp_min(1)).to(logits.dtype)
+
+    @staticmethod
+    def backward(ctx, dloss):
+        logits, target, lse, n_valid = ctx.saved_tensors
+        m, v = logits.shape
+        dlogits = torch.empty_like(logits)
+        if m:
+            ce_bwd_kernel[(m,)](logits, target, lse, dlogits, dloss.contiguous(), n_valid, logits.stride(0),
+                                dlogits.stride(0), v, ctx.ignore_index, BLOCK=min(BLOCK, triton.next_power_of_2(v)),
+                                num_warps=8)  # fmt: skip
+        return dlogits, None, None
+
+
+def supported(logits: torch.Tensor, target: torch.Tensor, **kwargs) -> str | None:
+    """None if the kernels take this call, else why not."""
+    if logits.ndim != 2 or target.ndim != 1 or target.shape[0] != logits.shape[0]:
+        return f"logits of shape {tuple(logits.shape)} with targets {tuple(target.shape)} (need (N, C) and (N,))"
+    if target.dtype not in (torch.int64, torch.int32):
+        return f"targets of dtype {target.dtype} (class indices only)"
+    for k, default in (("weight", None), ("label_smoothing", 0.0), ("reduction", "mean")):
+        if kwargs.get(k, default) != default:
+            return f"{k}={kwargs[k]!r}"
+    return None
+
+
+def cross_entropy(logits, target, out=None, ignore_index: int = -100):
+    check_tensor("logits", logits, ndim=2)
+    why = supported(logits, target)
+    if why:
+        raise ValueError(f"logits, target: the fused cross entropy does not take {why}")
+    return CrossEntropyFunction.apply(logits, target, ignore_index)

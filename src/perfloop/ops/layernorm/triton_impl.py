@@ -1,0 +1,146 @@
+"""LayerNorm and RMSNorm forward and backward in Triton, one kernel each way.
+
+Forward: one program per row, the row in registers; it writes y and the row's statistics
+(mean, 1/std: 8 bytes a row). Backward: each program walks a band of rows, recomputes x-hat
+from x and the statistics, writes dx, and keeps its band's dw and db partial sums in
+registers; one small sum over the programs' partials finishes them. Bytes: forward reads x
+and writes y, backward reads x and dy and writes dx -- the 5 passes over x a norm needs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from perfloop.ops.base import check_tensor
+
+MAX_N = 65536  # a row must fit in one program's registers
+
+
+@triton.jit
+def norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, n_cols, eps,
+                    RMS: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=0) / n_cols
+        xc = tl.where(mask, x - mean, 0.0)
+        tl.store(MEAN + row, mean)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)
+    tl.store(RSTD + row, rstd)
+    y = xc * rstd * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_B:
+        y += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def norm_bwd_kernel(X, W, DY, DX, MEAN, RSTD, DW, DB, stride_x, stride_dy, stride_dx, n_rows, n_cols,
+                    rows_per_program, RMS: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK], tl.float32)
+    db = tl.zeros([BLOCK], tl.float32)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, n_rows)
+    for row in range(first, last):
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + row)
+        if RMS:
+            xhat = x * rstd
+        else:
+            xhat = tl.where(mask, (x - tl.load(MEAN + row)) * rstd, 0.0)
+        wdy = w * dy
+        c1 = tl.sum(xhat * wdy, axis=0) / n_cols
+        if RMS:
+            dx = (wdy - xhat * c1) * rstd
+        else:
+            dx = (wdy - xhat * c1 - tl.sum(wdy, axis=0) / n_cols) * rstd
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+        if HAS_B:
+            db += dy
+    tl.store(DW + pid * n_cols + cols, dw, mask=mask)
+    if HAS_B:
+        tl.store(DB + pid * n_cols + cols, db, mask=mask)
+
+
+def _warps(block: int) -> int:
+    return 4 if block <= 1024 else 8 if block <= 4096 else 16
+
+
+def _programs(n_rows: int, device: torch.device) -> int:
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(n_rows, 4 * sms))
+
+
+class NormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, rms):
+        n = x.shape[-1]
+        x2 = x.reshape(-1, n)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        m = x2.shape[0]
+        y = torch.empty_like(x2)
+        stats = torch.empty((2, m), dtype=torch.float32, device=x.device)  # mean, 1/std
+        block = triton.next_power_of_2(n)
+        if m:
+            norm_fwd_kernel[(m,)](x2, weight, bias if bias is not None else weight, y, stats[0], stats[1],
+                                  x2.stride(0), y.stride(0), n, eps, RMS=rms, HAS_B=bias is not None,
+                                  BLOCK=block, num_warps=_warps(block))  # fmt: skip
+        ctx.save_for_backward(x2, weight, stats)
+        ctx.has_bias, ctx.rms, ctx.shape = bias is not None, rms, x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, stats = ctx.saved_tensors
+        m, n = x2.shape
+        dy2 = dy.reshape(-1, n)
+        if dy2.stride(-1) != 1:
+            dy2 = dy2.contiguous()
+        dx = torch.empty_like(x2)
+        g = _programs(m, x2.device)
+        partial = torch.empty((2, g, n), dtype=torch.float32, device=x2.device)
+        block = triton.next_power_of_2(n)
+        if m:
+            norm_bwd_kernel[(g,)](x2, weight, dy2, dx, stats[0], stats[1], partial[0], partial[1], x2.stride(0),
+                                  dy2.stride(0), dx.stride(0), m, n, triton.cdiv(m, g), RMS=ctx.rms,
+                                  HAS_B=ctx.has_bias, BLOCK=block, num_warps=_warps(block))  # fmt: skip
+        else:
+            partial.zero_()
+        dw = partial[0].sum(0).to(weight.dtype)
+        db = partial[1].sum(0).to(weight.dtype) if ctx.has_bias else None
+        return dx.view(ctx.shape), dw, db, None, None
+
+
+def supported(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """None if the kernels take these tensors, else why not."""
+    if x.shape[-1] > MAX_N:
+        return f"rows of {x.shape[-1]} elements (the kernels hold a row of at most {MAX_N})"
+    if weight.shape != x.shape[-1:]:
+        return f"a weight of shape {tuple(weight.shape)} for rows of {x.shape[-1]}"
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"dtype {x.dtype}"
+    return None
+
+
+def norm(x, weight, bias=None, eps: float = 1e-5, rms: bool = False):
+    check_tensor("x", x)
+    why = supported(x, weight)
+    if why:
+        raise ValueError(f"x: the fused norm does not take {why}")
+    return NormFunction.apply(x, weight, bias, eps, rms)
+
+
+def layer_norm(x, weight, bias, out=None, eps: float = 1e-5):
+    return norm(x, weight, bias, eps, rms=False)
