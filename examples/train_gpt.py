@@ -84,6 +84,7 @@ class GPT(nn.Module):
             "ln_f": nn.LayerNorm(c.d_model),
         })  # fmt: skip
         self.lm_head = nn.Linear(c.d_model, c.vocab, bias=False)
+        self.loss = nn.CrossEntropyLoss()  # a module, so perfloop.patch can swap in its fused one
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
         for name, p in self.named_parameters():
             if p.dim() > 1:
@@ -99,7 +100,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return self.loss(logits.flatten(0, 1), targets.flatten())  # fp32 under autocast
 
 
 def analytic_flops(c: GPTConfig, model: nn.Module, batch: int, context: int) -> float:

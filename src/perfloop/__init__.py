@@ -16,6 +16,7 @@ from perfloop.device import device_info, env_fingerprint
 from perfloop.harness.ceilings import ceilings
 from perfloop.harness.measurement import Comparison, Measurement, Sweep, Work
 from perfloop.harness.timing import BenchError, bench, compare, sweep
+from perfloop.nn import patch
 
 __version__ = "0.1.0"
 
@@ -36,5 +37,6 @@ __all__ = [
     "device_info",
     "env_fingerprint",
     "ops",
+    "patch",
     "sweep",
 ]

@@ -15,7 +15,16 @@ import importlib
 
 from perfloop.ops.base import CheckFailed, Op, Unavailable, Variant, dtype_name, parse_dtype
 
-_OP_MODULES = ("gelu", "softmax", "rowsum", "matmul_relu", "attention", "layernorm", "rmsnorm", "cross_entropy")
+_OP_MODULES = (
+    "gelu",
+    "softmax",
+    "rowsum",
+    "matmul_relu",
+    "attention",
+    "layernorm",
+    "rmsnorm",
+    "cross_entropy",
+)
 _REGISTRY: dict[str, Op] = {}
 
 

@@ -292,9 +292,12 @@ class Op:
         ref_ins = [t.detach().to("cpu", torch.float64).requires_grad_() if t.is_floating_point() else t.cpu()
                    for t in inputs]  # fmt: skip
         ref_y = self.reference(*ref_ins)
-        want = torch.autograd.grad(ref_y, [t for t in ref_ins if t.requires_grad], dy.to("cpu", torch.float64))
+        want = torch.autograd.grad(
+            ref_y, [t for t in ref_ins if t.requires_grad], dy.to("cpu", torch.float64)
+        )
         atol, rtol = self.grad_tolerances[dtype]
-        return [compare_to_reference(g, r, atol * max(1.0, float(r.abs().max())), rtol, f"{what} grad of input {i}")
+        return [compare_to_reference(g, r, atol * max(1.0, float(r.abs().max())), rtol,
+                                     f"{what} grad of input {i}")
                 for i, (g, r) in enumerate(zip(got, want, strict=True))]  # fmt: skip
 
 

@@ -26,7 +26,9 @@ def make_inputs(shape, dtype=torch.float32, device="cpu", seed=0):
     g = seeded(device, seed)
     n, v = shape
     # logits of a trained model's range, with row offsets; one target in 8 ignored (padding)
-    logits = 3 * torch.randn(shape, generator=g, device=device) + 20 * torch.rand((n, 1), generator=g, device=device)
+    logits = 3 * torch.randn(shape, generator=g, device=device) + 20 * torch.rand(
+        (n, 1), generator=g, device=device
+    )
     target = torch.randint(0, v, (n,), generator=g, device=device)
     target[torch.rand(n, generator=g, device=device) < 0.125] = IGNORE
     if n and (target == IGNORE).all():
@@ -62,9 +64,17 @@ OP = Op(
     validate=validate,
 )
 
-OP.add(Variant("naive", loader="perfloop.ops.cross_entropy.torch_impl:naive", doc="F.cross_entropy(logits.float())"))
-OP.add(Variant("builtin", loader="perfloop.ops.cross_entropy.torch_impl:builtin", doc="F.cross_entropy(logits)"))
-OP.add(Variant("compiled", loader="perfloop.ops.cross_entropy.torch_impl:compiled", doc="torch.compile(naive)"))
+OP.add(
+    Variant(
+        "naive", loader="perfloop.ops.cross_entropy.torch_impl:naive", doc="F.cross_entropy(logits.float())"
+    )
+)
+OP.add(
+    Variant("builtin", loader="perfloop.ops.cross_entropy.torch_impl:builtin", doc="F.cross_entropy(logits)")
+)
+OP.add(
+    Variant("compiled", loader="perfloop.ops.cross_entropy.torch_impl:compiled", doc="torch.compile(naive)")
+)
 OP.add(
     Variant(
         "triton",

@@ -42,7 +42,9 @@ def ce_fwd_kernel(L, T, LSE, LOSS, stride_l, n_cols, ignore_index, BLOCK: tl.con
 
 
 @triton.jit
-def ce_bwd_kernel(L, T, LSE, DL, DLOSS, NVALID, stride_l, stride_dl, n_cols, ignore_index, BLOCK: tl.constexpr):
+def ce_bwd_kernel(
+    L, T, LSE, DL, DLOSS, NVALID, stride_l, stride_dl, n_cols, ignore_index, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(T + row)
     scale = tl.load(DLOSS).to(tl.float32) / tl.maximum(tl.load(NVALID).to(tl.float32), 1.0)
@@ -80,15 +82,17 @@ class CrossEntropyFunction(torch.autograd.Function):
         dlogits = torch.empty_like(logits)
         if m:
             ce_bwd_kernel[(m,)](logits, target, lse, dlogits, dloss.contiguous(), n_valid, logits.stride(0),
-                                dlogits.stride(0), v, ctx.ignore_index, BLOCK=min(BLOCK, triton.next_power_of_2(v)),
-                                num_warps=8)  # fmt: skip
+                                dlogits.stride(0), v, ctx.ignore_index,
+                                BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)  # fmt: skip
         return dlogits, None, None
 
 
 def supported(logits: torch.Tensor, target: torch.Tensor, **kwargs) -> str | None:
     """None if the kernels take this call, else why not."""
     if logits.ndim != 2 or target.ndim != 1 or target.shape[0] != logits.shape[0]:
-        return f"logits of shape {tuple(logits.shape)} with targets {tuple(target.shape)} (need (N, C) and (N,))"
+        return (
+            f"logits of shape {tuple(logits.shape)} with targets {tuple(target.shape)} (need (N, C) and (N,))"
+        )
     if target.dtype not in (torch.int64, torch.int32):
         return f"targets of dtype {target.dtype} (class indices only)"
     for k, default in (("weight", None), ("label_smoothing", 0.0), ("reduction", "mean")):

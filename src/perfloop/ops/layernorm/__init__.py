@@ -57,7 +57,14 @@ OP = Op(
     reference=reference,
     make_inputs=make_inputs,
     work=work,
-    test_shapes=[(1, 3), (3, 7), (5, 1000), (2, 1025), (17, 97), (3, 4, 129)],  # one column: x - mean is noise
+    test_shapes=[
+        (1, 3),
+        (3, 7),
+        (5, 1000),
+        (2, 1025),
+        (17, 97),
+        (3, 4, 129),
+    ],  # one column: x - mean is noise
     bench_shape_gpu=(8192, 4096),
     bench_shape_cpu=(2048, 1024),
     tolerances={torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 4e-3), torch.bfloat16: (1.6e-2, 3e-2)},

@@ -41,7 +41,8 @@ def norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, n_cols, eps,
 
 @triton.jit
 def norm_bwd_kernel(X, W, DY, DX, MEAN, RSTD, DW, DB, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-                    rows_per_program, RMS: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                    rows_per_program, RMS: tl.constexpr, HAS_B: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -113,9 +114,9 @@ class NormFunction(torch.autograd.Function):
         partial = torch.empty((2, g, n), dtype=torch.float32, device=x2.device)
         block = triton.next_power_of_2(n)
         if m:
-            norm_bwd_kernel[(g,)](x2, weight, dy2, dx, stats[0], stats[1], partial[0], partial[1], x2.stride(0),
-                                  dy2.stride(0), dx.stride(0), m, n, triton.cdiv(m, g), RMS=ctx.rms,
-                                  HAS_B=ctx.has_bias, BLOCK=block, num_warps=_warps(block))  # fmt: skip
+            norm_bwd_kernel[(g,)](x2, weight, dy2, dx, stats[0], stats[1], partial[0], partial[1],
+                                  x2.stride(0), dy2.stride(0), dx.stride(0), m, n, triton.cdiv(m, g),
+                                  RMS=ctx.rms, HAS_B=ctx.has_bias, BLOCK=block, num_warps=_warps(block))  # fmt: skip
         else:
             partial.zero_()
         dw = partial[0].sum(0).to(weight.dtype)
