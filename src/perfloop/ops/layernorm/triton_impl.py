@@ -116,7 +116,8 @@ class NormFunction(torch.autograd.Function):
         if m:
             norm_bwd_kernel[(g,)](x2, weight, dy2, dx, stats[0], stats[1], partial[0], partial[1],
                                   x2.stride(0), dy2.stride(0), dx.stride(0), m, n, triton.cdiv(m, g),
-                                  RMS=ctx.rms, HAS_B=ctx.has_bias, BLOCK=block, num_warps=_warps(block))  # fmt: skip
+                                  RMS=ctx.rms, HAS_B=ctx.has_bias, BLOCK=block,
+                                  num_warps=_warps(block))  # fmt: skip
         else:
             partial.zero_()
         dw = partial[0].sum(0).to(weight.dtype)
