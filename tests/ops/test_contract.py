@@ -20,8 +20,12 @@ def test_every_variant_matches_the_reference(op_name, variant):
         pytest.skip(f"{op_name}/{variant}: {reason}")
     kwargs = {}
     if variant == "compiled":
-        # torch.compile takes ~15 s a graph on 2 cores: two shapes, fp32 and bf16
-        kwargs = {"shapes": op.test_shapes[2:4], "dtypes": [torch.float32, torch.bfloat16]}
+        # torch.compile takes ~15 s a graph on 2 cores: two shapes, fp32 and bf16 (with a
+        # backward, compiled too: one shape)
+        kwargs = {
+            "shapes": op.test_shapes[2 : 3 if op.grad_tolerances else 4],
+            "dtypes": [torch.float32, torch.bfloat16],
+        }
     records = op.check(variant, device="cpu", **kwargs)
     assert records and all(r["bad"] == 0 for r in records)
 
@@ -92,8 +96,41 @@ def test_known_wrong_variants_are_rejected(op_name, bad, match):
     assert "first bad" in str(e.value) and "max abs err" in str(e.value)
 
 
+def _layernorm_backward_without_the_mean_term(x, weight, bias, out=None):
+    """LayerNorm whose backward forgets that the mean depends on x (the forward is right)."""
+
+    class Wrong(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+            xhat = (x - mean) / torch.sqrt(var + 1e-5)
+            ctx.save_for_backward(xhat, var, w)
+            return xhat * w + b
+
+        @staticmethod
+        def backward(ctx, dy):
+            xhat, var, w = ctx.saved_tensors
+            wdy = dy * w
+            dx = (wdy - xhat * (xhat * wdy).mean(-1, keepdim=True)) / torch.sqrt(var + 1e-5)  # no - mean(wdy)
+            return dx, (dy * xhat).flatten(0, -2).sum(0), dy.flatten(0, -2).sum(0)
+
+    return Wrong.apply(x, weight, bias)
+
+
+def test_a_backward_that_is_wrong_is_rejected_though_its_forward_is_right():
+    op = pl.ops.get("layernorm")
+    with (
+        pl.ops.temporary_variant(op, "known_wrong", _layernorm_backward_without_the_mean_term) as name,
+        pytest.raises(CheckFailed, match="grad of input 0") as e,
+    ):
+        op.check(name, device="cpu", dtypes=[torch.float32])
+    assert "max abs err" in str(e.value)
+
+
 def test_unknown_op_and_variant_list_the_valid_ones():
-    with pytest.raises(KeyError, match="valid: attention, gelu, matmul_relu, rowsum, softmax"):
+    with pytest.raises(
+        KeyError, match="valid: attention, cross_entropy, gelu, layernorm, matmul_relu, rmsnorm"
+    ):
         pl.ops.get("gleu")
     with pytest.raises(KeyError, match="valid: naive, builtin"):
         pl.ops.get("gelu").variant("fast")

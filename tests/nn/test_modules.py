@@ -1,0 +1,67 @@
+"""perfloop.nn's drop-ins: torch's constructors and state-dict keys, torch's numbers forward
+and backward, torch's own forward (said once) where no kernel fits."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import perfloop.nn as pnn
+
+pytest.importorskip("triton")
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: m.LayerNorm(96, eps=1e-6), lambda m: m.LayerNorm(96, bias=False),
+    lambda m: m.RMSNorm(96, eps=1e-6),
+], ids=["layernorm", "layernorm-no-bias", "rmsnorm"])  # fmt: skip
+def test_norms_match_torch_forward_and_backward_and_share_checkpoints(make):
+    torch.manual_seed(0)
+    ours, theirs = make(pnn), make(nn)
+    with torch.no_grad():
+        theirs.weight.copy_(1 + 0.3 * torch.randn(96))
+        if getattr(theirs, "bias", None) is not None:
+            theirs.bias.copy_(0.2 * torch.randn(96))
+    ours.load_state_dict(theirs.state_dict())  # the same keys both ways
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    x = (3 * torch.randn(4, 33, 96) + 2).requires_grad_()
+    dy = torch.randn(4, 33, 96)
+    ya, yb = ours(x), theirs(x)
+    torch.testing.assert_close(ya, yb, atol=1e-5, rtol=1e-5)
+    ga = torch.autograd.grad(ya, [x, ours.weight], dy)
+    gb = torch.autograd.grad(yb, [x, theirs.weight], dy)
+    for a, b in zip(ga, gb, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_the_loss_matches_torch_with_ignored_targets():
+    torch.manual_seed(0)
+    logits = (4 * torch.randn(37, 301)).requires_grad_()
+    target = torch.randint(0, 301, (37,))
+    target[::5] = -100
+    la, lb = pnn.CrossEntropyLoss()(logits, target), nn.CrossEntropyLoss()(logits, target)
+    torch.testing.assert_close(la, lb, atol=1e-6, rtol=1e-6)
+    ga, gb = (torch.autograd.grad(loss * 3.0, logits)[0] for loss in (la, lb))  # upstream gradient 3
+    torch.testing.assert_close(ga, gb, atol=1e-6, rtol=1e-5)
+    assert ga[::5].abs().max() == 0  # ignored rows get no gradient
+
+
+def test_where_no_kernel_fits_torchs_forward_runs_and_says_why_once(monkeypatch):
+    from perfloop.nn import modules
+
+    monkeypatch.setattr(modules, "interpreting", lambda: False)  # a CPU without the interpreter
+    modules._WARNED.clear()
+    ln = pnn.LayerNorm(8)
+    x = torch.randn(2, 8)
+    with pytest.warns(RuntimeWarning, match="cpu tensor.*running torch's own forward"):
+        y = ln(x)
+    torch.testing.assert_close(y, nn.functional.layer_norm(x, (8,), ln.weight, ln.bias))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ln(x)  # said once
+    loss = pnn.CrossEntropyLoss(label_smoothing=0.1)
+    monkeypatch.setattr(modules, "interpreting", lambda: True)
+    with pytest.warns(RuntimeWarning, match="label smoothing"):
+        got = loss(torch.randn(3, 5), torch.tensor([0, 1, 2]))
+    assert got.ndim == 0

@@ -1,0 +1,83 @@
+"""pl.patch: modules swapped in only where they are proven equal on the model itself; a model
+trained patched follows the unpatched one's loss curve."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import perfloop as pl
+import perfloop.nn as pnn
+
+pytest.importorskip("triton")
+
+
+def _gpt(train_gpt, seed=0):
+    torch.manual_seed(seed)
+    c = train_gpt.GPTConfig(32, 1, 2, vocab=128, context=16)  # small: the kernels run interpreted
+    model = train_gpt.GPT(c)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, c.vocab, (2, c.context + 1), generator=g)
+    return model, (idx[:, :-1], idx[:, 1:])
+
+
+def test_every_norm_and_the_loss_of_a_gpt_are_checked_then_replaced(train_gpt):
+    model, batch = _gpt(train_gpt)
+    report = pl.patch(model, batch)
+    assert len(report.replaced) == 2 + 1 + 1  # two in the block, the final norm, the loss
+    assert isinstance(model.transformer.h[0].ln_2, pnn.LayerNorm) and isinstance(
+        model.loss, pnn.CrossEntropyLoss
+    )
+    assert all(e[0] < 1e-4 for s in report.swaps for e in s.errors.values())
+    assert "replaced transformer.ln_f (LayerNorm)" in str(report)
+
+
+def test_a_module_that_does_not_match_is_left_alone_and_the_report_says_why(train_gpt, monkeypatch):
+    model, batch = _gpt(train_gpt)
+    real = pnn.LayerNorm.forward
+
+    def off(self, x):  # a kernel with a bug: a small bias error
+        return real(self, x) + 1e-2
+
+    monkeypatch.setattr(pnn.LayerNorm, "forward", off)
+    report = pl.patch(model, batch)
+    assert report.replaced == ["loss"]
+    assert all(type(m) is nn.LayerNorm for m in model.modules() if isinstance(m, nn.LayerNorm))
+    assert "output off by" in report.refused["transformer.ln_f"]
+
+
+def test_configurations_without_a_kernel_are_refused_by_name():
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm((2, 4)), nn.LayerNorm(8, elementwise_affine=False))
+    model[1] = nn.LayerNorm(8)  # called, kernel fits
+    model.append(nn.Unflatten(1, (2, 4))).append(nn.LayerNorm((2, 4)))
+    report = pl.patch(model, (torch.randn(5, 8),))
+    assert report.replaced == ["1"]
+    assert "no weight" in report.refused["2"] and "normalized over 2 dims" in report.refused["4"]
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module"):
+        pl.patch(lambda x: x, (torch.randn(2),))
+
+
+def test_measure_times_the_step_both_ways_and_says_the_cpu_is_not_a_speed(train_gpt):
+    model, batch = _gpt(train_gpt)
+    report = pl.patch(model, batch, measure=True, budget_s=0.5)
+    t = report.timing
+    assert t["before_ms"] > 0 and t["after_ms"] > 0 and t["ci"][0] <= t["speedup"] <= t["ci"][1]
+    assert "not a speed" in str(report)
+
+
+def test_a_patched_gpt_trains_along_the_same_loss_curve(train_gpt):
+    losses = {}
+    for patched in (False, True):
+        model, batch = _gpt(train_gpt)
+        if patched:
+            assert pl.patch(model, batch).replaced
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        curve = []
+        for _ in range(5):  # one batch, learned by heart: the loss must fall
+            opt.zero_grad()
+            loss = model(*batch)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        losses[patched] = torch.tensor(curve)
+    assert losses[False][-1] < losses[False][0]  # it learned something
+    torch.testing.assert_close(losses[True], losses[False], atol=1e-4, rtol=1e-4)
