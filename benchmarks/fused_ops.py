@@ -1,0 +1,178 @@
+"""Issue 17 on a GPU: the fused training ops, forward + backward, interleaved with torch's
+module, torch.compile and Liger-Kernel (where installed), at ANCHORS.md's sizes; then the
+GPT-2-small step patched against unpatched, eager and compiled; then a short training run
+both ways.
+
+    PYTHONPATH=src python3 benchmarks/fused_ops.py OUT_DIR [--only norms,ce,step,train]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import train_gpt  # noqa: E402
+
+import perfloop as pl  # noqa: E402
+import perfloop.nn as pnn  # noqa: E402
+
+
+def _liger():
+    try:
+        import liger_kernel.transformers as lk
+
+        return lk
+    except ImportError:
+        return None
+
+
+def _fwd_bwd(module, x, dy, params):
+    def run():
+        y = module(x)
+        torch.autograd.grad(y, [x, *params], dy)
+
+    return run
+
+
+def norms(out: dict, copy_gbps: float) -> None:
+    lk = _liger()
+    for kind in ("rmsnorm", "layernorm"):
+        for dtype in (torch.bfloat16, torch.float32):
+            m, n = 8192, 4096
+            x = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)
+            dy = torch.randn(m, n, device="cuda", dtype=dtype)
+            make = {
+                "rmsnorm": lambda mod: mod.RMSNorm(n, eps=1e-6),
+                "layernorm": lambda mod: mod.LayerNorm(n),
+            }[kind]
+            torch_mod = make(nn).to("cuda", dtype)
+            ours = make(pnn).to("cuda", dtype)
+            ours.load_state_dict(torch_mod.state_dict())
+            cands = {
+                "torch": torch_mod,
+                "compiled": torch.compile(make(nn).to("cuda", dtype)),
+                "perfloop": ours,
+            }
+            if lk is not None:
+                cands["liger"] = (lk.LigerRMSNorm(n, eps=1e-6) if kind == "rmsnorm" else lk.LigerLayerNorm(n)).to(
+                    "cuda", dtype)  # fmt: skip
+            fns = {k: _fwd_bwd(v, x, dy, list(v.parameters())) for k, v in cands.items()}
+            c = pl.compare(fns, baseline="torch", budget_s=3.0)
+            passes = 5 * m * n * x.element_size()
+            row = {"op": kind, "dtype": str(dtype), "shape": [m, n]}
+            for k, meas in c.measurements.items():
+                s = c.speedups.get(k)
+                row[k] = {"ms": meas.median_ms, "share_of_copy": passes / (meas.median_ms * 1e-3) / 1e9 / copy_gbps,
+                          "vs_torch": s.speedup if s else 1.0, "ci": list(s.ci) if s else None}  # fmt: skip
+            others = [row[k]["ms"] for k in row if isinstance(row[k], dict) and k != "perfloop"]
+            row["perfloop_vs_fastest_other"] = min(others) / row["perfloop"]["ms"]
+            out.setdefault("norms", []).append(row)
+            print(json.dumps(row))
+
+
+def cross_entropy(out: dict) -> None:
+    lk = _liger()
+    n, v = 16384, 50304
+    logits = torch.randn(n, v, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, v, (n,), device="cuda")
+    eager = lambda lg, t: F.cross_entropy(lg.float(), t)  # noqa: E731
+    cands = {"eager": eager, "compiled": torch.compile(eager), "perfloop": pnn.CrossEntropyLoss()}
+    if lk is not None:
+        cands["liger"] = lk.LigerCrossEntropyLoss()
+
+    def fb(fn):
+        def run():
+            torch.autograd.grad(fn(logits, target), [logits])
+
+        return run
+
+    c = pl.compare({k: fb(f) for k, f in cands.items()}, baseline="eager", budget_s=4.0)
+    row = {"op": "cross_entropy", "shape": [n, v], "dtype": "bf16"}
+    for k, meas in c.measurements.items():
+        s = c.speedups.get(k)
+        row[k] = {"ms": meas.median_ms, "vs_eager": s.speedup if s else 1.0, "ci": list(s.ci) if s else None}
+    others = [row[k]["ms"] for k in ("compiled", "liger") if k in row]
+    row["perfloop_vs_fastest_other"] = min(others) / row["perfloop"]["ms"]
+    out["cross_entropy"] = row
+    print(json.dumps(row))
+
+
+def step(out: dict) -> None:
+    c = train_gpt.SIZES["small"]
+    model, fn, batch = train_gpt.make_step(c, 12, "cuda")
+    fn()
+
+    def loss_fn(m, b):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return m(*b)
+
+    report = pl.patch(model, batch, loss_fn=loss_fn, measure=True, budget_s=6.0)
+    out["step_eager"] = {"replaced": report.replaced, "refused": report.refused, "timing": report.timing,
+                         "errors": {s.name: s.errors for s in report.swaps}}  # fmt: skip
+    print(report)
+    # compiled alone against patched then compiled, each a fresh model from the same seed
+    plain, _, _ = train_gpt.make_step(c, 12, "cuda")
+    patched, _, _ = train_gpt.make_step(c, 12, "cuda")
+    pl.patch(patched, batch, loss_fn=loss_fn)
+    fns = {}
+    for label, m in (("compiled", plain), ("patched+compiled", patched)):
+        cm = torch.compile(m)
+
+        def run(cm=cm):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = cm(*batch)
+            loss.backward()
+
+        t0 = time.perf_counter()
+        run()
+        run()
+        torch.cuda.synchronize()
+        fns[label] = run
+        out.setdefault("compile_s", {})[label] = time.perf_counter() - t0
+    cmp = pl.compare(fns, baseline="compiled", budget_s=6.0)
+    s = cmp.speedups["patched+compiled"]
+    out["step_compiled"] = {"compiled_ms": cmp.measurements["compiled"].median_ms,
+                            "patched_compiled_ms": cmp.measurements["patched+compiled"].median_ms,
+                            "speedup": s.speedup, "ci": list(s.ci)}  # fmt: skip
+    print(json.dumps(out["step_compiled"]))
+
+
+def train(out: dict) -> None:
+    c = train_gpt.GPTConfig(256, 4, 4, vocab=8192, context=256)
+    curves = {}
+    for patched in (False, True):
+        model, fn, batch = train_gpt.make_step(c, 8, "cuda", seed=0)
+        if patched:
+            pl.patch(model, batch, loss_fn=lambda m, b: m(*b))
+        curves["patched" if patched else "original"] = [fn().item() for _ in range(60)]
+    a, b = torch.tensor(curves["original"]), torch.tensor(curves["patched"])
+    out["train"] = {"curves": curves, "max_abs_diff": float((a - b).abs().max()), "first": a[0].item(),
+                    "last": a[-1].item()}  # fmt: skip
+    print(json.dumps({k: v for k, v in out["train"].items() if k != "curves"}))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--only", default="norms,ce,step,train")
+    a = ap.parse_args()
+    res = {"device": pl.device_info(), "torch": torch.__version__, "liger": _liger() is not None}
+    ceil = pl.ceilings()
+    res["ceilings"] = ceil
+    for part in a.only.split(","):
+        try:
+            {"norms": lambda: norms(res, ceil["copy_gbps"]), "ce": lambda: cross_entropy(res), "step": lambda: step(res),
+             "train": lambda: train(res)}[part]()  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 -- record and go on to the next part
+            res.setdefault("errors", {})[part] = repr(exc)
+            print(f"{part}: {exc!r}")
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "fused-ops.json").write_text(json.dumps(res, indent=1, default=str))
