@@ -44,9 +44,9 @@ def _fwd_bwd(module, x, dy, params):
 
 def norms(out: dict, copy_gbps: float) -> None:
     lk = _liger()
+    m, n = 8192, 4096
     for kind in ("rmsnorm", "layernorm"):
         for dtype in (torch.bfloat16, torch.float32):
-            m, n = 8192, 4096
             x = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)
             dy = torch.randn(m, n, device="cuda", dtype=dtype)
             make = {
@@ -62,16 +62,17 @@ def norms(out: dict, copy_gbps: float) -> None:
                 "perfloop": ours,
             }
             if lk is not None:
-                cands["liger"] = (lk.LigerRMSNorm(n, eps=1e-6) if kind == "rmsnorm" else lk.LigerLayerNorm(n)).to(
-                    "cuda", dtype)  # fmt: skip
+                liger = lk.LigerRMSNorm(n, eps=1e-6) if kind == "rmsnorm" else lk.LigerLayerNorm(n)
+                cands["liger"] = liger.to("cuda", dtype)
             fns = {k: _fwd_bwd(v, x, dy, list(v.parameters())) for k, v in cands.items()}
             c = pl.compare(fns, baseline="torch", budget_s=3.0)
             passes = 5 * m * n * x.element_size()
             row = {"op": kind, "dtype": str(dtype), "shape": [m, n]}
             for k, meas in c.measurements.items():
                 s = c.speedups.get(k)
-                row[k] = {"ms": meas.median_ms, "share_of_copy": passes / (meas.median_ms * 1e-3) / 1e9 / copy_gbps,
-                          "vs_torch": s.speedup if s else 1.0, "ci": list(s.ci) if s else None}  # fmt: skip
+                share = passes / (meas.median_ms * 1e-3) / 1e9 / copy_gbps
+                row[k] = {"ms": meas.median_ms, "share_of_copy": share, "vs_torch": s.speedup if s else 1.0,
+                          "ci": list(s.ci) if s else None}  # fmt: skip
             others = [row[k]["ms"] for k in row if isinstance(row[k], dict) and k != "perfloop"]
             row["perfloop_vs_fastest_other"] = min(others) / row["perfloop"]["ms"]
             out.setdefault("norms", []).append(row)
@@ -169,8 +170,8 @@ if __name__ == "__main__":
     res["ceilings"] = ceil
     for part in a.only.split(","):
         try:
-            {"norms": lambda: norms(res, ceil["copy_gbps"]), "ce": lambda: cross_entropy(res), "step": lambda: step(res),
-             "train": lambda: train(res)}[part]()  # fmt: skip
+            {"norms": lambda: norms(res, ceil["copy_gbps"]), "ce": lambda: cross_entropy(res),
+             "step": lambda: step(res), "train": lambda: train(res)}[part]()  # fmt: skip
         except Exception as exc:  # noqa: BLE001 -- record and go on to the next part
             res.setdefault("errors", {})[part] = repr(exc)
             print(f"{part}: {exc!r}")
