@@ -91,8 +91,8 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
             _fallback(self, why)
             return super().forward(logits, target)
         with torch.autocast(logits.device.type, enabled=False):
-            loss = CrossEntropyFunction.apply(logits, target, self.ignore_index)
-        return loss.float() if torch.is_autocast_enabled(logits.device.type) else loss
+            loss = CrossEntropyFunction.apply(logits, target, self.ignore_index)  # fp32
+        return loss if torch.is_autocast_enabled(logits.device.type) else loss.to(logits.dtype)
 
 
 def why_not(module: nn.Module) -> str | None:

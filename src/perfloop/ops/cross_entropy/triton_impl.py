@@ -73,7 +73,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         n_valid = (target != ignore_index).sum()
         ctx.save_for_backward(logits, target, lse, n_valid)
         ctx.ignore_index = ignore_index
-        return (loss.sum() / n_valid.clamp_min(1)).to(logits.dtype)
+        return loss.sum() / n_valid.clamp_min(1)  # fp32, whatever the logits' dtype
 
     @staticmethod
     def backward(ctx, dloss):
@@ -106,4 +106,4 @@ def cross_entropy(logits, target, out=None, ignore_index: int = -100):
     why = supported(logits, target)
     if why:
         raise ValueError(f"logits, target: the fused cross entropy does not take {why}")
-    return CrossEntropyFunction.apply(logits, target, ignore_index)
+    return CrossEntropyFunction.apply(logits, target, ignore_index).to(logits.dtype)
