@@ -41,42 +41,48 @@ def _autocast_fp32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _why_no_kernel(module: nn.Module, x: torch.Tensor) -> str | None:
+    """Why the kernels cannot take this call (None: they can); the answer is kept per device,
+    dtype and row length, so a step pays for the checks once."""
+    from perfloop.ops.layernorm.triton_impl import supported
+
+    key = (x.device, x.dtype, x.shape[-1], torch.is_autocast_enabled(x.device.type))
+    cache = module.__dict__.setdefault("_perfloop_why", {})
+    if key not in cache:
+        cache[key] = _kernel_here(x) or why_not(module) or supported(_autocast_fp32(x), module.weight)
+    return cache[key]
+
+
+def _norm(module: nn.Module, x: torch.Tensor, bias, eps: float, rms: bool) -> torch.Tensor:
+    from perfloop.ops.layernorm.triton_impl import NormFunction
+
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return NormFunction.apply(_autocast_fp32(x), module.weight, bias, eps, rms)
+    return NormFunction.apply(x, module.weight, bias, eps, rms)
+
+
 class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm over the last dimension, one fused kernel forward and one backward."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from perfloop.ops.layernorm.triton_impl import norm, supported
-
-        why = _kernel_here(x)
-        if why is None and (len(self.normalized_shape) != 1 or self.weight is None):
-            why = "a normalized shape of more than one dim, or no weight"
-        if why is None:
-            why = supported(x, self.weight)
+        why = _why_no_kernel(self, x)
         if why:
             _fallback(self, why)
             return super().forward(x)
-        with torch.autocast(x.device.type, enabled=False):
-            return norm(_autocast_fp32(x), self.weight, self.bias, self.eps, rms=False)
+        return _norm(self, x, self.bias, self.eps, rms=False)
 
 
 class RMSNorm(nn.RMSNorm):
     """nn.RMSNorm over the last dimension, one fused kernel forward and one backward."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from perfloop.ops.layernorm.triton_impl import norm, supported
-
-        why = _kernel_here(x)
-        if why is None and (len(self.normalized_shape) != 1 or self.weight is None):
-            why = "a normalized shape of more than one dim, or no weight"
-        if why is None:
-            why = supported(x, self.weight)
+        why = _why_no_kernel(self, x)
         if why:
             _fallback(self, why)
             return super().forward(x)
-        with torch.autocast(x.device.type, enabled=False):
-            x = _autocast_fp32(x)
-            eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-            return norm(x, self.weight, None, eps, rms=True)
+        eps = self.eps if self.eps is not None else torch.finfo(_autocast_fp32(x).dtype).eps
+        return _norm(self, x, None, eps, rms=True)
 
 
 class CrossEntropyLoss(nn.CrossEntropyLoss):
@@ -86,7 +92,11 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         from perfloop.ops.cross_entropy.triton_impl import CrossEntropyFunction, supported
 
-        why = _kernel_here(logits) or why_not(self) or supported(logits, target)
+        key = (logits.device, logits.dtype, logits.ndim, target.dtype)
+        cache = self.__dict__.setdefault("_perfloop_why", {})
+        if key not in cache:
+            cache[key] = _kernel_here(logits) or why_not(self) or supported(logits, target)
+        why = cache[key]
         if why:
             _fallback(self, why)
             return super().forward(logits, target)
