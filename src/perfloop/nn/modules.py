@@ -2,7 +2,8 @@
 parameters and state-dict keys of the torch modules they replace (they are subclasses), so a
 checkpoint loads either way. Where a kernel cannot take a call (a CPU tensor without the Triton
 interpreter, a shape or option it does not support) the torch module's own forward runs, with
-a warning the first time."""
+a warning the first time; under torch.compile too (silently): Inductor fuses the module
+itself, and a Python autograd function in its graph would only break it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ _WARNED: set = set()
 
 
 def _fallback(module: nn.Module, why: str) -> None:
+    if why == "compiling":
+        return
     key = (type(module).__name__, why)
     if key not in _WARNED:
         _WARNED.add(key)
@@ -46,6 +49,8 @@ def _why_no_kernel(module: nn.Module, x: torch.Tensor) -> str | None:
     dtype and row length, so a step pays for the checks once."""
     from perfloop.ops.layernorm.triton_impl import supported
 
+    if torch.compiler.is_compiling():  # torch.compile fuses the module itself: let it see torch's
+        return "compiling"
     key = (x.device, x.dtype, x.shape[-1], torch.is_autocast_enabled(x.device.type))
     cache = module.__dict__.setdefault("_perfloop_why", {})
     if key not in cache:
@@ -94,9 +99,12 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
 
         key = (logits.device, logits.dtype, logits.ndim, target.dtype)
         cache = self.__dict__.setdefault("_perfloop_why", {})
-        if key not in cache:
-            cache[key] = _kernel_here(logits) or why_not(self) or supported(logits, target)
-        why = cache[key]
+        if torch.compiler.is_compiling():
+            why = "compiling"
+        else:
+            if key not in cache:
+                cache[key] = _kernel_here(logits) or why_not(self) or supported(logits, target)
+            why = cache[key]
         if why:
             _fallback(self, why)
             return super().forward(logits, target)

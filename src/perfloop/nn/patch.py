@@ -61,14 +61,16 @@ class PatchReport:
                          + (f": {s.reason}" if s.reason else ""))  # fmt: skip
         if self.timing:
             t = self.timing
-            lines.append(f"step: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms, {t['speedup']:.3f}x "
-                         f"[{t['ci'][0]:.3f}, {t['ci'][1]:.3f}] ({t['verdict']})")  # fmt: skip
+            for k, c in t["candidates"].items():
+                sig = " (significant)" if c["significant"] else ""
+                lines.append(f"step {k}: {t['before_ms']:.3f} ms -> {c['ms']:.3f} ms, {c['speedup']:.3f}x "
+                             f"[{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]{sig}")  # fmt: skip
+            lines.append(f"kept: {', '.join(t['kept']) or 'nothing'} ({t['verdict']})")
             if t["device"] == "cpu":
                 lines.append("timed on the CPU (the kernels interpreted): not a speed; time it on a GPU")
             if t.get("peak_before") is not None:
-                lines.append(
-                    f"peak memory: {t['peak_before'] / 2**20:.0f} MiB -> {t['peak_after'] / 2**20:.0f} MiB"
-                )
+                peaks = ", ".join(f"{k} {c['peak'] / 2**20:.0f}" for k, c in t["candidates"].items())
+                lines.append(f"peak memory (MiB): before {t['peak_before'] / 2**20:.0f}, {peaks}")
         return "\n".join(lines)
 
 
@@ -181,7 +183,9 @@ def patch(model: nn.Module, example_batch, loss_fn=None, *, measure: bool = Fals
     matched the original on this model's own activations and gradients (see the module
     docstring). `loss_fn(model, example_batch)` runs one step's forward (default:
     `model(*example_batch)`). With `measure=True` the training step (forward, backward) is
-    timed before and after, interleaved (`compare`), with peak memory both ways.
+    timed before and after, interleaved (`compare`), with peak memory both ways; where more
+    than one kind of module was swapped, each kind alone is timed too, and a kind whose swap
+    does not make the step faster is put back (the report says so).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -190,7 +194,7 @@ def patch(model: nn.Module, example_batch, loss_fn=None, *, measure: bool = Fals
         return PatchReport([])
     before = copy.deepcopy(model) if measure else None
     seen = _capture(model, example_batch, loss_fn, {n: m for n, m, _ in cands})
-    swaps = []
+    swaps, originals = [], {}
     for name, original, fused in cands:
         if why_not(original):
             swaps.append(Swap(name, type(original).__name__, False, why_not(original)))
@@ -202,16 +206,46 @@ def patch(model: nn.Module, example_batch, loss_fn=None, *, measure: bool = Fals
         swap = _check(name, original, fused, args, autocast_dtype)
         if swap.replaced and original is not model:
             _set(model, name, fused)
+            originals[name] = original
         elif swap.replaced:
             swap = Swap(name, swap.kind, False, "it is the model itself: use perfloop.nn's module directly")
         swaps.append(swap)
     report = PatchReport(swaps)
     if measure and report.replaced:
-        report.timing = _measure(before, model, example_batch, loss_fn, budget_s)
+        report.timing = _keep_what_pays(report, originals, before, model, example_batch, loss_fn, budget_s)
     return report
 
 
-def _measure(before, after, batch, loss_fn, budget_s: float) -> dict:
+def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budget_s: float) -> dict:
+    """Time the step unpatched, patched, and (with several kinds swapped) patched with each kind
+    alone, interleaved; keep the fastest that beats the unpatched step, put the rest back."""
+    kinds = sorted({s.kind for s in report.swaps if s.replaced})
+    models = {"before": before, "after": model}
+    if len(kinds) > 1:
+        for kind in kinds:
+            m = copy.deepcopy(before)
+            for s in report.swaps:
+                if s.replaced and s.kind == kind:
+                    _set(m, s.name, fused_like(m.get_submodule(s.name)))
+            models[f"only {kind}"] = m
+    t = _measure(models, batch, loss_fn, budget_s)
+    faster = {k: v for k, v in t["candidates"].items() if v["significant"] and v["speedup"] > 1}
+    best = min(faster, key=lambda k: faster[k]["ms"]) if faster else None
+    keep = set(kinds) if best == "after" else ({best.removeprefix("only ")} if best else set())
+    for s in report.swaps:
+        if s.replaced and s.kind not in keep:
+            _set(model, s.name, originals[s.name])
+            s.replaced = False
+            s.reason = "equal, but the step was not faster with it (measured: --measure)"
+    chosen = best or "before"
+    t.update({"after_ms": t["candidates"].get(chosen, {"ms": t["before_ms"]})["ms"], "kept": sorted(keep)})
+    c = t["candidates"].get(chosen)
+    t.update({"speedup": c["speedup"] if c else 1.0, "ci": c["ci"] if c else (1.0, 1.0),
+              "verdict": "significant" if c else "no swap made the step faster: none kept"})  # fmt: skip
+    return t
+
+
+def _measure(models: dict, batch, loss_fn, budget_s: float) -> dict:
     from perfloop.harness.timing import compare
 
     def step(m):
@@ -221,18 +255,18 @@ def _measure(before, after, batch, loss_fn, budget_s: float) -> dict:
 
         return run
 
-    dev = next(after.parameters()).device
+    dev = next(models["before"].parameters()).device
     peaks = {}
-    for label, m in (("before", before), ("after", after)):
-        if dev.type == "cuda":
+    if dev.type == "cuda":
+        for label, m in models.items():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             step(m)()
             torch.cuda.synchronize()
             peaks[label] = torch.cuda.max_memory_allocated()
-    c = compare({"before": step(before), "after": step(after)}, baseline="before", budget_s=budget_s)
-    s = c.speedups["after"]
-    return {"before_ms": c.measurements["before"].median_ms, "after_ms": c.measurements["after"].median_ms,
-            "speedup": s.speedup, "ci": s.ci, "p_value": s.p_value,
-            "verdict": "significant" if s.significant else "not significant", "device": dev.type,
+    c = compare({k: step(m) for k, m in models.items()}, baseline="before", budget_s=budget_s)
+    cands = {k: {"ms": c.measurements[k].median_ms, "speedup": s.speedup, "ci": s.ci, "p_value": s.p_value,
+                 "significant": s.significant, "peak": peaks.get(k)}
+             for k, s in c.speedups.items() if k != "before"}  # fmt: skip
+    return {"before_ms": c.measurements["before"].median_ms, "candidates": cands, "device": dev.type,
             "peak_before": peaks.get("before"), "peak_after": peaks.get("after")}  # fmt: skip
