@@ -65,3 +65,13 @@ def test_where_no_kernel_fits_torchs_forward_runs_and_says_why_once(monkeypatch)
     with pytest.warns(RuntimeWarning, match="label smoothing"):
         got = loss(torch.randn(3, 5), torch.tensor([0, 1, 2]))
     assert got.ndim == 0
+
+
+def test_swiglu_matches_silu_times_the_gate_forward_and_backward():
+    torch.manual_seed(0)
+    a, b = (3 * torch.randn(5, 129)).requires_grad_(), torch.randn(5, 129).requires_grad_()
+    dy = torch.randn(5, 129)
+    ya, yb = pnn.SwiGLU()(a, b), nn.functional.silu(a) * b
+    torch.testing.assert_close(ya, yb)
+    for g1, g2 in zip(torch.autograd.grad(ya, [a, b], dy), torch.autograd.grad(yb, [a, b], dy), strict=True):
+        torch.testing.assert_close(g1, g2)

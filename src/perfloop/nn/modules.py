@@ -11,6 +11,7 @@ import warnings
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from perfloop.ops.base import interpreting
 
@@ -111,6 +112,20 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
         with torch.autocast(logits.device.type, enabled=False):
             loss = CrossEntropyFunction.apply(logits, target, self.ignore_index)  # fp32
         return loss if torch.is_autocast_enabled(logits.device.type) else loss.to(logits.dtype)
+
+
+class SwiGLU(nn.Module):
+    """silu(a) * b, the gate of a Llama-style MLP (`SwiGLU()(gate_proj(x), up_proj(x))`): one
+    fused kernel forward and one backward, where torch makes four and six."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        from perfloop.ops.swiglu.triton_impl import swiglu
+
+        why = "compiling" if torch.compiler.is_compiling() else _kernel_here(a)
+        if why or a.shape != b.shape or a.dtype != b.dtype:
+            _fallback(self, why or "operands of different shapes or dtypes")
+            return F.silu(a) * b
+        return swiglu(a, b)
 
 
 def why_not(module: nn.Module) -> str | None:

@@ -2,7 +2,7 @@
 
 >>> import perfloop as pl
 >>> pl.ops.names()
-['attention', 'cross_entropy', 'gelu', 'layernorm', 'matmul_relu', 'rmsnorm', 'rowsum', 'softmax']
+['attention', 'cross_entropy', 'gelu', 'layernorm', 'matmul_relu', 'rmsnorm', 'rowsum', 'softmax', 'swiglu']
 >>> op = pl.ops.get("gelu")
 >>> sorted(op.variants)
 ['builtin', 'compiled', 'cuda', 'naive', 'triton']
@@ -24,6 +24,7 @@ _OP_MODULES = (
     "layernorm",
     "rmsnorm",
     "cross_entropy",
+    "swiglu",
 )
 _REGISTRY: dict[str, Op] = {}
 
