@@ -28,7 +28,8 @@ FUSE_PASSES = 1.5  # a run that moves at least this many times the bytes it need
 NOT_FUSABLE = {"matmul", "attention", "optimizer", "communication", "memcpy/memset"}
 ADVICE = {
     "normalization": "a fused norm kernel (x and dy read once, dx written once, the weight "
-    "gradients reduced in the same pass), or torch.compile on the module",
+    "gradients reduced in the same pass): pl.patch(model, batch) swaps in perfloop.nn's where it "
+    "checks equal; or torch.compile on the module",
     "elementwise": "fuse it into its neighbours: torch.compile, or a Triton kernel",
     "reduction": "fuse the reduction with the ops around it (torch.compile), or a Triton kernel "
     "that keeps each row in registers",
@@ -169,9 +170,10 @@ def _merged(chains: list[dict]) -> list[dict]:
 
 def _chain_advice(ops: list[str]) -> str:
     if any("nll_loss" in o or "log_softmax" in o for o in ops):
-        return ("a fused cross-entropy: the loss and its gradient from the logits in one pass, in "
-                "the logits' dtype (torch.compile, or Liger's); or chunk the output projection "
-                "with it")  # fmt: skip
+        return ("a fused cross-entropy: the loss from one read of the logits, their gradient from "
+                "one more, in the logits' dtype: pl.patch(model, batch) swaps in "
+                "perfloop.nn.CrossEntropyLoss for an nn.CrossEntropyLoss where it checks equal; or "
+                "torch.compile")  # fmt: skip
     if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in ops):
         return ADVICE["normalization"]
     return "torch.compile on the module, or one Triton kernel for the run"
