@@ -85,6 +85,40 @@ def norms(out: dict, copy_gbps: float) -> None:
             print(json.dumps(row))
 
 
+def swiglu(out: dict, copy_gbps: float) -> None:
+    m, n = 8192, 11008
+    a = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    eager = lambda a, b: F.silu(a) * b  # noqa: E731
+    cands = {"eager": eager, "compiled": torch.compile(eager), "perfloop": pnn.SwiGLU()}
+    lk = _liger()
+    if lk is not None:
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+        cands["liger"] = LigerSiLUMulFunction.apply
+
+    def fb(fn):
+        def run():
+            torch.autograd.grad(fn(a, b), [a, b], dy)
+
+        return run
+
+    fns = {k: fb(f) for k, f in cands.items()}
+    c = pl.compare(fns, baseline="eager", budget_s=3.0)
+    passes = 7 * m * n * a.element_size()
+    row = {"op": "swiglu", "shape": [m, n], "dtype": "bf16"}
+    for k, meas in c.measurements.items():
+        dev = pl.profile(fns[k], calls=5, count_work=False).device_ms_per_call
+        row[k] = {
+            "ms": meas.median_ms,
+            "device_ms": dev,
+            "device_share_of_copy": passes / (dev * 1e-3) / 1e9 / copy_gbps,
+        }
+    out["swiglu"] = row
+    print(json.dumps(row))
+
+
 def cross_entropy(out: dict) -> None:
     lk = _liger()
     n, v = 16384, 50304
@@ -177,6 +211,7 @@ if __name__ == "__main__":
     for part in a.only.split(","):
         try:
             {"norms": lambda: norms(res, ceil["copy_gbps"]), "ce": lambda: cross_entropy(res),
+             "swiglu": lambda: swiglu(res, ceil["copy_gbps"]),
              "step": lambda: step(res), "train": lambda: train(res)}[part]()  # fmt: skip
         except Exception as exc:  # noqa: BLE001 -- record and go on to the next part
             res.setdefault("errors", {})[part] = repr(exc)
