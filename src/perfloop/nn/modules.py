@@ -68,27 +68,25 @@ def _norm(module: nn.Module, x: torch.Tensor, bias, eps: float, rms: bool) -> to
     return NormFunction.apply(x, module.weight, bias, eps, rms)
 
 
-class LayerNorm(nn.LayerNorm):
+class _FusedNorm:
+    """The forward both norms share: the kernels where they fit, torch's forward where not."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        why = _why_no_kernel(self, x)
+        if why:
+            _fallback(self, why)
+            return super().forward(x)
+        rms = isinstance(self, nn.RMSNorm)
+        eps = self.eps if self.eps is not None else torch.finfo(_autocast_fp32(x).dtype).eps
+        return _norm(self, x, None if rms else self.bias, eps, rms=rms)
+
+
+class LayerNorm(_FusedNorm, nn.LayerNorm):
     """nn.LayerNorm over the last dimension, one fused kernel forward and one backward."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        why = _why_no_kernel(self, x)
-        if why:
-            _fallback(self, why)
-            return super().forward(x)
-        return _norm(self, x, self.bias, self.eps, rms=False)
 
-
-class RMSNorm(nn.RMSNorm):
+class RMSNorm(_FusedNorm, nn.RMSNorm):
     """nn.RMSNorm over the last dimension, one fused kernel forward and one backward."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        why = _why_no_kernel(self, x)
-        if why:
-            _fallback(self, why)
-            return super().forward(x)
-        eps = self.eps if self.eps is not None else torch.finfo(_autocast_fp32(x).dtype).eps
-        return _norm(self, x, None, eps, rms=True)
 
 
 class CrossEntropyLoss(nn.CrossEntropyLoss):

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from perfloop.ops.base import Op, Variant, check_tensor
+from perfloop.ops.layernorm import GRAD_TOLERANCES, TEST_SHAPES, TOLERANCES, work
 from perfloop.ops.layernorm import make_inputs as _ln_inputs
-from perfloop.ops.layernorm import work
 
 EPS = 1e-6
 
@@ -38,18 +38,11 @@ OP = Op(
     reference=reference,
     make_inputs=make_inputs,
     work=work,
-    test_shapes=[
-        (1, 3),
-        (3, 7),
-        (5, 1000),
-        (2, 1025),
-        (17, 97),
-        (3, 4, 129),
-    ],  # one column: x - mean is noise
+    test_shapes=TEST_SHAPES,
     bench_shape_gpu=(8192, 4096),
     bench_shape_cpu=(2048, 1024),
-    tolerances={torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 4e-3), torch.bfloat16: (1.6e-2, 3e-2)},
-    grad_tolerances={torch.float32: (1e-4, 1e-3), torch.float16: (1e-2, 2e-2), torch.bfloat16: (5e-2, 8e-2)},
+    tolerances=TOLERANCES,
+    grad_tolerances=GRAD_TOLERANCES,
     out_shape=lambda shape: shape,
     validate=validate,
 )
