@@ -406,7 +406,9 @@ def profile(
     Every nn.Module called meanwhile is a range named by its qualified name, so each kernel is
     charged to its op and module (`Profile.breakdown`). With `count_work` (the default) one more
     call runs under a dispatch mode that counts each op's FLOPs and bytes (the timed calls do
-    not), for the roofline columns and the ranked `diagnose()`.
+    not), for the roofline columns and the ranked `diagnose()`. So fn runs `warmup` + 2 x `calls`
+    (timed without, then with the profiler) + 1 (counted) times, and once more on a GPU for its
+    peak memory: a training step takes that many optimizer steps.
 
     `cuda_profiler_range=True` brackets the profiled calls with cudaProfilerStart/Stop, so
     Nsight Systems run with `--capture-range=cudaProfilerApi` captures exactly them.
