@@ -15,10 +15,10 @@ def store(tmp_path_factory):
     return Store(d / "e.db"), d
 
 
-def run(name, store, **kw):
+def run(name, store, quick=True, **kw):
     s, d = store
     run_id = s.new_run(name)
-    return experiments.get(name)(quick=True, store=s, run_id=run_id, out_dir=d, **kw)
+    return experiments.get(name)(quick=quick, store=s, run_id=run_id, out_dir=d, **kw)
 
 
 def test_matmul_scaling_fits_a_floor_then_a_steep_power(store):
@@ -30,9 +30,13 @@ def test_matmul_scaling_fits_a_floor_then_a_steep_power(store):
 
 
 def test_mlp_time_is_linear_in_steps_and_layers(store):
-    r = run("mlp-scaling", store)
+    # the full axes (4 points, 1 s each): in quick mode's 3 points of 0.3 s, one noisy point on a
+    # shared 2-core machine took R^2 to 0.72 in a fresh process (measured on this code and the
+    # one before it alike)
+    r = run("mlp-scaling", store, quick=False)
     assert r["fits"]["steps"]["r2"] > 0.9 and r["fits"]["layers"]["r2"] > 0.8
-    assert 2.0 < r["fits"]["steps"]["growth"] < 6.0  # 4x the steps
+    steps = r["fits"]["steps"]
+    assert 0.5 < steps["growth"] / steps["range"] < 1.5  # time in proportion to the steps
     assert "R^2" in r["conclusion"]
 
 
