@@ -119,6 +119,41 @@ def swiglu(out: dict, copy_gbps: float) -> None:
     print(json.dumps(row))
 
 
+def linear_cross_entropy(out: dict) -> None:
+    n, d, v = 16384, 768, 50304
+    h = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(v, d, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    target = torch.randint(0, v, (n,), device="cuda")
+    eager = lambda h, w, t: F.cross_entropy(F.linear(h, w).float(), t)  # noqa: E731
+    ours = pnn.LinearCrossEntropy(d, v, device="cuda", dtype=torch.bfloat16)
+    ours.weight = w
+    cands = {"eager": eager, "compiled": torch.compile(eager), "perfloop": lambda h, w, t: ours(h, t)}
+
+    def fb(fn):
+        def run():
+            torch.autograd.grad(fn(h, w, target), [h, w])
+
+        return run
+
+    fns = {k: fb(f) for k, f in cands.items()}
+    row = {"op": "linear_cross_entropy", "shape": [n, d, v], "dtype": "bf16"}
+    for k, f in fns.items():
+        f()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        f()
+        torch.cuda.synchronize()
+        row.setdefault(k, {})["peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    c = pl.compare(fns, baseline="eager", budget_s=4.0)
+    for k, meas in c.measurements.items():
+        row[k]["ms"] = meas.median_ms
+    row["perfloop_vs_compiled"] = row["compiled"]["ms"] / row["perfloop"]["ms"]
+    row["perfloop_peak_vs_eager"] = row["perfloop"]["peak_gib"] / row["eager"]["peak_gib"]
+    out["linear_cross_entropy"] = row
+    print(json.dumps(row))
+
+
 def cross_entropy(out: dict) -> None:
     lk = _liger()
     n, v = 16384, 50304
@@ -203,7 +238,7 @@ def train(out: dict) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--only", default="norms,ce,step,train")
+    ap.add_argument("--only", default="norms,ce,swiglu,lce,step,train")
     a = ap.parse_args()
     res = {"device": pl.device_info(), "torch": torch.__version__, "liger": _liger() is not None}
     ceil = pl.ceilings()
@@ -211,7 +246,7 @@ if __name__ == "__main__":
     for part in a.only.split(","):
         try:
             {"norms": lambda: norms(res, ceil["copy_gbps"]), "ce": lambda: cross_entropy(res),
-             "swiglu": lambda: swiglu(res, ceil["copy_gbps"]),
+             "swiglu": lambda: swiglu(res, ceil["copy_gbps"]), "lce": lambda: linear_cross_entropy(res),
              "step": lambda: step(res), "train": lambda: train(res)}[part]()  # fmt: skip
         except Exception as exc:  # noqa: BLE001 -- record and go on to the next part
             res.setdefault("errors", {})[part] = repr(exc)

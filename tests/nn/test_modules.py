@@ -75,3 +75,37 @@ def test_swiglu_matches_silu_times_the_gate_forward_and_backward():
     torch.testing.assert_close(ya, yb)
     for g1, g2 in zip(torch.autograd.grad(ya, [a, b], dy), torch.autograd.grad(yb, [a, b], dy), strict=True):
         torch.testing.assert_close(g1, g2)
+
+
+def test_linear_cross_entropy_matches_a_linear_head_and_its_loss_and_loads_its_weights():
+    torch.manual_seed(0)
+    head = nn.Linear(24, 301, bias=False)
+    ours = pnn.LinearCrossEntropy(24, 301)
+    ours.load_state_dict(head.state_dict())  # the head's checkpoint, key "weight"
+    h = torch.randn(3, 13, 24, requires_grad=True)
+    t = torch.randint(0, 301, (3, 13))
+    t[0, :4] = -100
+    la = ours(h, t)
+    lb = nn.functional.cross_entropy(head(h).flatten(0, 1), t.flatten())
+    torch.testing.assert_close(la, lb, atol=1e-6, rtol=1e-5)
+    ga = torch.autograd.grad(la, [h, ours.weight])
+    gb = torch.autograd.grad(lb, [h, head.weight])
+    for a, b in zip(ga, gb, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_linear_cross_entropy_in_chunks_is_the_same_as_in_one():
+    from perfloop.ops.linear_cross_entropy.triton_impl import linear_cross_entropy
+
+    torch.manual_seed(1)
+    h, w = torch.randn(37, 16, requires_grad=True), torch.randn(500, 16, requires_grad=True)
+    t = torch.randint(0, 500, (37,))
+    whole = linear_cross_entropy(h, w, t, chunk=37)
+    grads_whole = torch.autograd.grad(whole, [h, w])
+    parts = linear_cross_entropy(h, w, t, chunk=5)  # 8 chunks, the last of 2 rows
+    grads_parts = torch.autograd.grad(parts, [h, w])
+    torch.testing.assert_close(whole, parts)
+    for a, b in zip(grads_whole, grads_parts, strict=True):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="weight: need shape"):
+        linear_cross_entropy(h, torch.randn(500, 15), t)

@@ -126,6 +126,37 @@ class SwiGLU(nn.Module):
         return swiglu(a, b)
 
 
+class LinearCrossEntropy(nn.Module):
+    """A language model's output projection and its loss in one: `weight` as nn.Linear(in, out,
+    bias=False) keeps it (the same state-dict key, so a head's checkpoint loads), forward(hidden,
+    target) gives the mean cross entropy without ever holding the whole logits (chunked over
+    tokens). Under autocast the matmuls run in its dtype, the loss in fp32."""
+
+    def __init__(
+        self, in_features: int, out_features: int, ignore_index: int = -100, device=None, dtype=None
+    ):
+        super().__init__()
+        self.in_features, self.out_features, self.ignore_index = in_features, out_features, ignore_index
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        nn.init.kaiming_uniform_(self.weight, a=5**0.5)  # nn.Linear's
+
+    def forward(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        from perfloop.ops.linear_cross_entropy.triton_impl import LinearCrossEntropyFunction, chunk_rows
+
+        h, t, w = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1), self.weight
+        dev = h.device.type
+        if torch.is_autocast_enabled(dev):
+            dtype = torch.get_autocast_dtype(dev)
+            h, w = h.to(dtype), w.to(dtype)
+        why = "compiling" if torch.compiler.is_compiling() else _kernel_here(h)
+        if why or h.dtype != w.dtype:
+            _fallback(self, why or "hidden states and weight in different dtypes")
+            return F.cross_entropy(F.linear(h, w).float(), t, ignore_index=self.ignore_index)
+        with torch.autocast(dev, enabled=False):
+            chunk = chunk_rows(h.shape[0], w.shape[0], h.element_size())
+            return LinearCrossEntropyFunction.apply(h, w, t, self.ignore_index, chunk)
+
+
 def why_not(module: nn.Module) -> str | None:
     """Why a candidate's configuration has no kernel (None: it has one)."""
     shape = getattr(module, "normalized_shape", (0,))

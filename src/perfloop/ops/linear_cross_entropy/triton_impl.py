@@ -1,0 +1,70 @@
+"""The output projection and cross entropy together, the logits never whole: the tokens go in
+chunks; for each, the chunk's logits (one matmul), the loss from one read of them and their
+gradient written over them (the cross entropy's kernels), then dh for the chunk and its share of
+dW (two matmuls). Forward does the backward's work too -- the logits are gone by then -- and the
+backward only scales dh and dW by the upstream gradient. Memory: one chunk of logits, dh, dW.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from perfloop.ops.base import check_tensor
+from perfloop.ops.cross_entropy.triton_impl import BLOCK, ce_bwd_kernel, ce_fwd_kernel
+
+CHUNK_BYTES = 2**28  # a chunk's logits at most this large (256 MiB)
+
+
+def chunk_rows(n: int, v: int, itemsize: int) -> int:
+    return max(1, min(n, CHUNK_BYTES // max(v * itemsize, 1)))
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, target, ignore_index, chunk):
+        n, _ = h.shape
+        v = weight.shape[0]
+        h = h if h.is_contiguous() else h.contiguous()
+        target = target.contiguous()
+        n_valid = (target != ignore_index).sum()
+        one = torch.ones((), dtype=torch.float32, device=h.device)
+        dh = torch.empty_like(h)
+        dw = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        block = min(BLOCK, triton.next_power_of_2(v))
+        for s in range(0, n, chunk):
+            hc, tc = h[s : s + chunk], target[s : s + chunk]
+            logits = hc @ weight.t()
+            c = logits.shape[0]
+            lse = torch.empty(c, dtype=torch.float32, device=h.device)
+            loss = torch.empty(c, dtype=torch.float32, device=h.device)
+            ce_fwd_kernel[(c,)](
+                logits, tc, lse, loss, logits.stride(0), v, ignore_index, BLOCK=block, num_warps=8
+            )
+            loss_sum += loss.sum()
+            # dlogits over the logits themselves: each element read, then written, by one lane
+            ce_bwd_kernel[(c,)](logits, tc, lse, logits, one, n_valid, logits.stride(0), logits.stride(0), v,
+                                ignore_index, BLOCK=block, num_warps=8)  # fmt: skip
+            torch.mm(logits, weight, out=dh[s : s + chunk])
+            dw += (logits.t() @ hc).float()
+        ctx.save_for_backward(dh, dw.to(weight.dtype))
+        return loss_sum / n_valid.clamp_min(1)
+
+    @staticmethod
+    def backward(ctx, dloss):
+        dh, dw = ctx.saved_tensors
+        return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), None, None, None
+
+
+def linear_cross_entropy(h, weight, target, out=None, ignore_index: int = -100, chunk: int | None = None):
+    check_tensor("h", h, ndim=2)
+    check_tensor("weight", weight, ndim=2)
+    if weight.shape[1] != h.shape[1] or weight.dtype != h.dtype:
+        raise ValueError(f"weight: need shape (V, {h.shape[1]}) and dtype {h.dtype}, got "
+                         f"{tuple(weight.shape)} {weight.dtype}")  # fmt: skip
+    if not isinstance(target, torch.Tensor) or target.shape != h.shape[:1]:
+        raise ValueError(f"target: need class indices of shape ({h.shape[0]},)")
+    chunk = chunk or chunk_rows(h.shape[0], weight.shape[0], h.element_size())
+    loss = LinearCrossEntropyFunction.apply(h, weight, target, ignore_index, chunk)
+    return loss.to(h.dtype)
