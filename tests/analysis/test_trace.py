@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from perfloop.analysis.profiling import from_trace
+from perfloop.analysis.trace import from_trace
 from perfloop.cli import main
 
 

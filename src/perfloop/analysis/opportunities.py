@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from perfloop.analysis import attribution as attr
 from perfloop.analysis import roofline
@@ -62,7 +62,6 @@ class StepDiagnosis:
     wall_ms: float  # per call
     device_ms: float
     busy_share: float
-    notes: list[str] = field(default_factory=list)
 
     @property
     def bound(self) -> str:
@@ -83,12 +82,11 @@ class StepDiagnosis:
         lines = [head] + [f"{i}. {o}" for i, o in enumerate(self.opportunities[:SHOWN], 1)]
         if len(self.opportunities) > SHOWN:
             lines.append(f"... and {len(self.opportunities) - SHOWN} smaller ones (.opportunities)")
-        lines += self.notes
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"bound": self.bound, "wall_ms": self.wall_ms, "device_ms": self.device_ms,
-                "opportunities": [o.__dict__ for o in self.opportunities], "notes": self.notes}  # fmt: skip
+                "opportunities": [o.__dict__ for o in self.opportunities]}  # fmt: skip
 
 
 def _chains(records, b_items, a_ms: dict) -> list[dict]:
@@ -279,7 +277,6 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy), or "
             "torch.compile, which folds the casts into the kernels that use them")  # fmt: skip
 
-    notes = []
     if idle is not None:
         sync = idle.by_cause["synchronizing calls"] / calls
         host = (idle.by_cause["host launch overhead"] + idle.by_cause["before the first kernel"]) / calls
@@ -296,4 +293,4 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             "keep the host ahead (no Python work between kernels)")  # fmt: skip
     found.sort(key=lambda o: -o.saves_ms)
     busy = idle.busy_ms / idle.wall_ms if idle is not None and idle.wall_ms else min(1.0, device_ms / step_ms)
-    return StepDiagnosis(found, step_ms, device_ms, busy, notes)
+    return StepDiagnosis(found, step_ms, device_ms, busy)

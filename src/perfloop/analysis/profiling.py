@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.autograd import DeviceType
 
 from perfloop import device as _device
 from perfloop.analysis.attribution import annotations, cpu_ops, device_events
@@ -489,32 +488,6 @@ def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: boo
         _counted=counted,
         _windows=spans,
     )
-
-
-def from_trace(path: str | os.PathLike) -> Profile:
-    """A Profile of a Chrome trace torch.profiler wrote (export_chrome_trace, tensorboard's
-    handler): kernels, ops, modules, phases, idle; FLOPs and bytes where it has shapes. With
-    torch.profiler's step() ranges (ProfilerStep#N) each is one call."""
-    from perfloop.analysis import trace
-
-    events, meta = trace.read(path)
-    warnings: list[str] = []
-    on_cuda = any(e.device_type == DeviceType.CUDA for e in events)
-    if not any("::" in e.name for e in events):
-        raise ValueError(f"trace: {path} holds no operator events: it is not a torch.profiler trace")
-    steps = [e for e in events if e.name.startswith("ProfilerStep#") and e.device_type == DeviceType.CPU]
-    cpu = [e.time_range for e in events if e.device_type == DeviceType.CPU]
-    span_ms = (max(r.end for r in cpu) - min(r.start for r in cpu)) / 1e3
-    p = build_profile(trace.TraceEvents(events), max(len(steps), 1), span_ms, span_ms, on_cuda, warnings,
-                      range_name="ProfilerStep#*" if steps else None)  # fmt: skip
-    if not meta.get("record_shapes") and not any("Input Dims" in e.args for e in events):
-        warnings.append("the trace has no shapes (record it with record_shapes=True): time by kernel, op, "
-                        "module and category, and idle time, but no FLOPs, bytes or roofline")  # fmt: skip
-    else:
-        p._given_work = trace.work_by_key(p._prof.events(), p.kind, p._windows)
-        warnings.append("FLOPs and bytes from the trace's input shapes: matmul FLOPs, and the bytes of each "
-                        "op's inputs (its outputs are not in the trace)")  # fmt: skip
-    return p
 
 
 def stop_profiler(prof) -> None:

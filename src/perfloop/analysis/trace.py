@@ -1,5 +1,5 @@
-"""A Chrome trace that torch.profiler wrote elsewhere, read back into a Profile: kernels, ops,
-modules, phases and idle time, as far as the trace carries them.
+"""A Chrome trace that torch.profiler wrote elsewhere, read back into a Profile (`from_trace`):
+kernels, ops, modules, phases and idle time, as far as the trace carries them.
 
 The trace's events become objects shaped like the profiler's own (name, time range, parent,
 children, the kernels each launch made, sequence numbers), so the attribution, idle and
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from torch.autograd import DeviceType
 
+from perfloop.analysis import profiling
 from perfloop.analysis.modules import PREFIX as MODULE
 
 _CPU_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
@@ -189,3 +190,27 @@ def _subtree(e):
     for c in e.cpu_children:
         yield c
         yield from _subtree(c)
+
+
+def from_trace(path: str | os.PathLike) -> profiling.Profile:
+    """A Profile of a Chrome trace torch.profiler wrote (export_chrome_trace, tensorboard's
+    handler): kernels, ops, modules, phases, idle; FLOPs and bytes where it has shapes. With
+    torch.profiler's step() ranges (ProfilerStep#N) each is one call."""
+    events, meta = read(path)
+    warnings: list[str] = []
+    on_cuda = any(e.device_type == DeviceType.CUDA for e in events)
+    if not any("::" in e.name for e in events):
+        raise ValueError(f"trace: {path} holds no operator events: it is not a torch.profiler trace")
+    steps = [e for e in events if e.name.startswith("ProfilerStep#") and e.device_type == DeviceType.CPU]
+    cpu = [e.time_range for e in events if e.device_type == DeviceType.CPU]
+    span_ms = (max(r.end for r in cpu) - min(r.start for r in cpu)) / 1e3
+    p = profiling.build_profile(TraceEvents(events), max(len(steps), 1), span_ms, span_ms, on_cuda, warnings,
+                      range_name="ProfilerStep#*" if steps else None)  # fmt: skip
+    if not meta.get("record_shapes") and not any("Input Dims" in e.args for e in events):
+        warnings.append("the trace has no shapes (record it with record_shapes=True): time by kernel, op, "
+                        "module and category, and idle time, but no FLOPs, bytes or roofline")  # fmt: skip
+    else:
+        p._given_work = work_by_key(p._prof.events(), p.kind, p._windows)
+        warnings.append("FLOPs and bytes from the trace's input shapes: matmul FLOPs, and the bytes of each "
+                        "op's inputs (its outputs are not in the trace)")  # fmt: skip
+    return p

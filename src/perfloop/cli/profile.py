@@ -67,7 +67,7 @@ def run(args) -> int:
             raise UsageError(
                 "--script / --trace-file: give one of an op (with --variant), --script or --trace-file"
             )
-        return run_script(args)
+        return run_step_profile(args)
     if not args.op or not args.variant:
         raise UsageError("profile: give an op and --variant (perfloop profile gelu --variant triton), "
                          "or --script train.py")  # fmt: skip
@@ -138,9 +138,9 @@ def _window(text: str | None):
     return start, duration
 
 
-def run_script(args) -> int:
+def run_step_profile(args) -> int:
     from perfloop.analysis.attribution import row_dict, table
-    from perfloop.analysis.profiling import from_trace
+    from perfloop.analysis.trace import from_trace
     from perfloop.harness.ceilings import ceilings as measured_ceilings
     from perfloop.results.report import render_html
     from perfloop.workflows.script import ScriptError, profile_script

@@ -22,18 +22,22 @@ def reference(logits, target):
     return F.cross_entropy(logits.to("cpu", torch.float64), target.cpu(), ignore_index=IGNORE)
 
 
-def make_inputs(shape, dtype=torch.float32, device="cpu", seed=0):
-    g = seeded(device, seed)
-    n, v = shape
-    # logits of a trained model's range, with row offsets; one target in 8 ignored (padding)
-    logits = 3 * torch.randn(shape, generator=g, device=device) + 20 * torch.rand(
-        (n, 1), generator=g, device=device
-    )
+def make_targets(n: int, v: int, g: torch.Generator, device) -> torch.Tensor:
+    """n class indices below v, one in 8 ignored (padding), never all of them."""
     target = torch.randint(0, v, (n,), generator=g, device=device)
     target[torch.rand(n, generator=g, device=device) < 0.125] = IGNORE
     if n and (target == IGNORE).all():
         target[0] = 0
-    return logits.to(dtype), target
+    return target
+
+
+def make_inputs(shape, dtype=torch.float32, device="cpu", seed=0):
+    g = seeded(device, seed)
+    n, v = shape
+    # logits of a trained model's range, with row offsets
+    offsets = 20 * torch.rand((n, 1), generator=g, device=device)
+    logits = 3 * torch.randn(shape, generator=g, device=device) + offsets
+    return logits.to(dtype), make_targets(n, v, g, device)
 
 
 def work(shape, dtype) -> Work:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from perfloop.harness.measurement import Work
 from perfloop.ops.base import Op, Variant, check_tensor, seeded
-from perfloop.ops.cross_entropy import IGNORE
+from perfloop.ops.cross_entropy import IGNORE, make_targets
 
 
 def reference(h, weight, target):
@@ -27,11 +27,7 @@ def make_inputs(shape, dtype=torch.float32, device="cpu", seed=0):
     n, d, v = shape
     h = torch.randn(n, d, generator=g, device=device)
     w = torch.randn(v, d, generator=g, device=device) * (2 / d**0.5)
-    target = torch.randint(0, v, (n,), generator=g, device=device)
-    target[torch.rand(n, generator=g, device=device) < 0.125] = IGNORE
-    if n and (target == IGNORE).all():
-        target[0] = 0
-    return h.to(dtype), w.to(dtype), target
+    return h.to(dtype), w.to(dtype), make_targets(n, v, g, device)
 
 
 def work(shape, dtype) -> Work:
