@@ -42,6 +42,13 @@ def _fwd_bwd(module, x, dy, params):
     return run
 
 
+def _do_bench(f) -> float:
+    """ANCHORS.md's method: triton's do_bench median (its own L2 clear before each call)."""
+    from triton.testing import do_bench
+
+    return do_bench(f, return_mode="median")
+
+
 def norms(out: dict, copy_gbps: float) -> None:
     lk = _liger()
     m, n = 8192, 4096
@@ -76,6 +83,7 @@ def norms(out: dict, copy_gbps: float) -> None:
             for k, f in fns.items():  # device time alone: the kernels' sum, no host in it
                 dev = pl.profile(f, calls=5, count_work=False).device_ms_per_call
                 row[k]["device_ms"] = dev
+                row[k]["do_bench_ms"] = _do_bench(f)
                 row[k]["device_share_of_copy"] = passes / (dev * 1e-3) / 1e9 / copy_gbps
             others = [row[k]["ms"] for k in row if isinstance(row[k], dict) and k != "perfloop"]
             row["perfloop_vs_fastest_other"] = min(others) / row["perfloop"]["ms"]
@@ -112,6 +120,7 @@ def swiglu(out: dict, copy_gbps: float) -> None:
         dev = pl.profile(fns[k], calls=5, count_work=False).device_ms_per_call
         row[k] = {
             "ms": meas.median_ms,
+            "do_bench_ms": _do_bench(fns[k]),
             "device_ms": dev,
             "device_share_of_copy": passes / (dev * 1e-3) / 1e9 / copy_gbps,
         }
@@ -120,9 +129,11 @@ def swiglu(out: dict, copy_gbps: float) -> None:
 
 
 def linear_cross_entropy(out: dict) -> None:
+    from perfloop.ops.linear_cross_entropy.triton_impl import linear_cross_entropy as lce_kernel
+
     n, d, v = 16384, 768, 50304
     h = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = (torch.randn(v, d, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    w = nn.Parameter(torch.randn(v, d, device="cuda", dtype=torch.bfloat16) * 0.02)
     target = torch.randint(0, v, (n,), device="cuda")
     eager = lambda h, w, t: F.cross_entropy(F.linear(h, w).float(), t)  # noqa: E731
     ours = pnn.LinearCrossEntropy(d, v, device="cuda", dtype=torch.bfloat16)
@@ -149,6 +160,11 @@ def linear_cross_entropy(out: dict) -> None:
     for k, meas in c.measurements.items():
         row[k]["ms"] = meas.median_ms
     row["perfloop_vs_compiled"] = row["compiled"]["ms"] / row["perfloop"]["ms"]
+    sweep = {}
+    for rows in (256, 512, 1024, 2048, 4096):
+        f = fb(lambda h, w, t, rows=rows: lce_kernel(h, w, t, chunk=rows))
+        sweep[rows] = _do_bench(f)
+    row["perfloop_chunk_sweep_do_bench_ms"] = sweep
     row["perfloop_peak_vs_eager"] = row["perfloop"]["peak_gib"] / row["eager"]["peak_gib"]
     out["linear_cross_entropy"] = row
     print(json.dumps(row))
@@ -221,6 +237,80 @@ def step(out: dict) -> None:
     print(json.dumps(out["step_compiled"]))
 
 
+def host(out: dict, out_dir: Path) -> None:
+    """Host time of one forward + backward of each norm (a small shape, so the GPU waits on the
+    host) and where our module's host time goes (cProfile)."""
+    import cProfile
+    import io
+    import pstats
+
+    m, n = 64, 4096
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    mods = {"torch": nn.RMSNorm(n, eps=1e-6), "compiled": torch.compile(nn.RMSNorm(n, eps=1e-6)),
+            "perfloop": pnn.RMSNorm(n, eps=1e-6)}  # fmt: skip
+    row = {}
+    for k, mod in mods.items():
+        mod.to("cuda", torch.bfloat16)
+        f = _fwd_bwd(mod, x, dy, list(mod.parameters()))
+        for _ in range(20):
+            f()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(500):
+            f()
+        torch.cuda.synchronize()
+        row[k] = (time.perf_counter() - t0) / 500 * 1e6
+    out["host_us_per_fwd_bwd"] = row
+    print(json.dumps(row))
+    f = _fwd_bwd(mods["perfloop"], x, dy, list(mods["perfloop"].parameters()))
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(300):
+        f()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    (out_dir / "host-cprofile.txt").write_text(buf.getvalue())
+
+
+def memory(out: dict) -> None:
+    """GPT-2 small under autocast: memory held after the forward and the peaks of forward and
+    backward, unpatched and with only the LayerNorms swapped."""
+    c = train_gpt.SIZES["small"]
+    res = {}
+    for label in ("original", "layernorm", "all"):
+        model, _, batch = train_gpt.make_step(c, 12, "cuda")
+        if label == "layernorm":
+            for mod in list(model.modules()):
+                for name, ch in list(mod.named_children()):
+                    if type(ch) is nn.LayerNorm:
+                        setattr(mod, name, pnn.modules.fused_like(ch))
+        elif label == "all":
+            pl.patch(model, batch, loss_fn=lambda m, b: m(*b))
+        for _ in range(2):
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(*batch)
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_allocated() - base
+            fwd_peak = torch.cuda.max_memory_allocated() - base
+            torch.cuda.reset_peak_memory_stats()
+            loss.backward()
+            torch.cuda.synchronize()
+            bwd_peak = torch.cuda.max_memory_allocated() - base
+            model.zero_grad(set_to_none=True)
+            del loss
+        res[label] = {"held_after_fwd_mib": held / 2**20, "fwd_peak_mib": fwd_peak / 2**20,
+                      "bwd_peak_mib": bwd_peak / 2**20}  # fmt: skip
+        del model
+    out["memory"] = res
+    print(json.dumps(res))
+
+
 def train(out: dict) -> None:
     c = train_gpt.GPTConfig(256, 4, 4, vocab=8192, context=256)
     curves = {}
@@ -243,11 +333,13 @@ if __name__ == "__main__":
     res = {"device": pl.device_info(), "torch": torch.__version__, "liger": _liger() is not None}
     ceil = pl.ceilings()
     res["ceilings"] = ceil
+    Path(a.out).mkdir(parents=True, exist_ok=True)
     for part in a.only.split(","):
         try:
             {"norms": lambda: norms(res, ceil["copy_gbps"]), "ce": lambda: cross_entropy(res),
              "swiglu": lambda: swiglu(res, ceil["copy_gbps"]), "lce": lambda: linear_cross_entropy(res),
-             "step": lambda: step(res), "train": lambda: train(res)}[part]()  # fmt: skip
+             "step": lambda: step(res), "train": lambda: train(res), "host": lambda: host(res, Path(a.out)),
+             "memory": lambda: memory(res)}[part]()  # fmt: skip
         except Exception as exc:  # noqa: BLE001 -- record and go on to the next part
             res.setdefault("errors", {})[part] = repr(exc)
             print(f"{part}: {exc!r}")

@@ -1,6 +1,8 @@
 """pl.patch: modules swapped in only where they are proven equal on the model itself; a model
 trained patched follows the unpatched one's loss curve."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -86,3 +88,21 @@ def test_a_patched_gpt_trains_along_the_same_loss_curve(train_gpt):
         losses[patched] = torch.tensor(curve)
     assert losses[False][-1] < losses[False][0]  # it learned something
     torch.testing.assert_close(losses[True], losses[False], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_peak_memory_of_each_model_does_not_count_the_others(train_gpt):
+    """Peaks were read as the GPU's absolute high-water mark while every compared model (and the
+    gradients earlier runs left) lay on the GPU: the later a model was measured, the larger."""
+    from perfloop.nn.patch import _measure
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    model, batch = _gpt(train_gpt)
+    model = model.cuda()
+    batch = tuple(t.cuda() for t in batch)
+    hog = nn.Linear(4096, 4096).cuda()  # 64 MiB of weights, and as much again of gradient
+    hog(torch.randn(8, 4096, device="cuda")).sum().backward()
+    t = _measure({"before": model, "after": copy.deepcopy(model)}, batch, None, budget_s=0.5)
+    assert t["peak_before"] == pytest.approx(t["peak_after"], rel=0.02)
+    assert t["peak_before"] < 64 * 2**20  # the tiny GPT's own step, not the hog's

@@ -256,17 +256,26 @@ def _measure(models: dict, batch, loss_fn, budget_s: float) -> dict:
         return run
 
     dev = next(models["before"].parameters()).device
-    peaks = {}
-    if dev.type == "cuda":
-        for label, m in models.items():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            step(m)()
-            torch.cuda.synchronize()
-            peaks[label] = torch.cuda.max_memory_allocated()
+    peaks = {label: step_peak(m, step(m)) for label, m in models.items()} if dev.type == "cuda" else {}
     c = compare({k: step(m) for k, m in models.items()}, baseline="before", budget_s=budget_s)
     cands = {k: {"ms": c.measurements[k].median_ms, "speedup": s.speedup, "ci": s.ci, "p_value": s.p_value,
                  "significant": s.significant, "peak": peaks.get(k)}
              for k, s in c.speedups.items() if k != "before"}  # fmt: skip
     return {"before_ms": c.measurements["before"].median_ms, "candidates": cands, "device": dev.type,
             "peak_before": peaks.get("before"), "peak_after": peaks.get("after")}  # fmt: skip
+
+
+def step_peak(model: nn.Module, run) -> int:
+    """Bytes the step needs at its peak: the model's parameters, plus the most the step allocated
+    on top of what was there before it (activations, gradients: set to None first, as a training
+    step does). Other models on the same GPU do not count."""
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    torch.cuda.synchronize()
+    params = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    peak = torch.cuda.max_memory_allocated() - base + params
+    model.zero_grad(set_to_none=True)
+    return peak

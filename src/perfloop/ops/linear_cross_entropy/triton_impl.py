@@ -47,7 +47,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             ce_bwd_kernel[(c,)](logits, tc, lse, logits, one, n_valid, logits.stride(0), logits.stride(0), v,
                                 ignore_index, BLOCK=block, num_warps=8)  # fmt: skip
             torch.mm(logits, weight, out=dh[s : s + chunk])
-            dw += (logits.t() @ hc).float()
+            dw += logits.t() @ hc  # the chunk's share in the weight's dtype, summed in fp32
         ctx.save_for_backward(dh, dw.to(weight.dtype))
         return loss_sum / n_valid.clamp_min(1)
 
