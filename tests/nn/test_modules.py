@@ -67,11 +67,14 @@ def test_where_no_kernel_fits_torchs_forward_runs_and_says_why_once(monkeypatch)
     assert got.ndim == 0
 
 
-def test_swiglu_matches_silu_times_the_gate_forward_and_backward():
+@pytest.mark.parametrize("ours, act", [(pnn.SwiGLU, nn.functional.silu),
+                                       (pnn.GeGLU, lambda a: nn.functional.gelu(a, approximate="tanh"))],
+                         ids=["swiglu", "geglu"])  # fmt: skip
+def test_gated_activations_match_torch_forward_and_backward(ours, act):
     torch.manual_seed(0)
     a, b = (3 * torch.randn(5, 129)).requires_grad_(), torch.randn(5, 129).requires_grad_()
     dy = torch.randn(5, 129)
-    ya, yb = pnn.SwiGLU()(a, b), nn.functional.silu(a) * b
+    ya, yb = ours()(a, b), act(a) * b
     torch.testing.assert_close(ya, yb)
     for g1, g2 in zip(torch.autograd.grad(ya, [a, b], dy), torch.autograd.grad(yb, [a, b], dy), strict=True):
         torch.testing.assert_close(g1, g2)
@@ -109,3 +112,18 @@ def test_linear_cross_entropy_in_chunks_is_the_same_as_in_one():
         torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="weight: need shape"):
         linear_cross_entropy(h, torch.randn(500, 15), t)
+
+
+def test_gelu_is_torchs_tanh_gelu_forward_and_backward_and_the_exact_form_is_refused():
+    torch.manual_seed(0)
+    x = (3 * torch.randn(7, 131)).requires_grad_()
+    dy = torch.randn(7, 131)
+    ours, theirs = pnn.GELU("tanh"), nn.GELU("tanh")
+    ya, yb = ours(x), theirs(x)
+    torch.testing.assert_close(ya, yb, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.autograd.grad(ya, x, dy)[0], torch.autograd.grad(yb, x, dy)[0],
+                               atol=1e-5, rtol=1e-5)  # fmt: skip
+    assert pnn.fused_like(nn.GELU("tanh")).approximate == "tanh"
+    from perfloop.nn.modules import why_not
+
+    assert "tanh form" in why_not(nn.GELU())  # erf GELU: patch leaves it alone, saying why

@@ -25,7 +25,8 @@ def _gpt(train_gpt, seed=0):
 def test_every_norm_and_the_loss_of_a_gpt_are_checked_then_replaced(train_gpt):
     model, batch = _gpt(train_gpt)
     report = pl.patch(model, batch)
-    assert len(report.replaced) == 2 + 1 + 1  # two in the block, the final norm, the loss
+    assert len(report.replaced) == 2 + 1 + 1 + 1  # two norms in the block, its GELU, the final norm, the loss
+    assert isinstance(model.transformer.h[0].mlp.gelu, pnn.GELU)
     assert isinstance(model.transformer.h[0].ln_2, pnn.LayerNorm) and isinstance(
         model.loss, pnn.CrossEntropyLoss
     )
@@ -42,7 +43,7 @@ def test_a_module_that_does_not_match_is_left_alone_and_the_report_says_why(trai
 
     monkeypatch.setattr(pnn.LayerNorm, "forward", off)
     report = pl.patch(model, batch)
-    assert report.replaced == ["loss"]
+    assert report.replaced == ["transformer.h.0.mlp.gelu", "loss"]
     assert all(type(m) is nn.LayerNorm for m in model.modules() if isinstance(m, nn.LayerNorm))
     assert "output off by" in report.refused["transformer.ln_f"]
 
@@ -63,11 +64,11 @@ def test_measure_keeps_only_the_swaps_that_make_the_step_faster(train_gpt):
     model, batch = _gpt(train_gpt)
     report = pl.patch(model, batch, measure=True, budget_s=0.5)
     t = report.timing
-    assert set(t["candidates"]) == {"after", "only CrossEntropyLoss", "only LayerNorm"}
+    assert set(t["candidates"]) == {"after", "only CrossEntropyLoss", "only GELU", "only LayerNorm"}
     assert all(c["ms"] > t["before_ms"] for c in t["candidates"].values())
     assert t["kept"] == [] and report.replaced == []
-    assert all(type(m) in (nn.LayerNorm, nn.CrossEntropyLoss) for m in model.modules()
-               if isinstance(m, (nn.LayerNorm, nn.CrossEntropyLoss)))  # fmt: skip
+    kinds = (nn.LayerNorm, nn.CrossEntropyLoss, nn.GELU)
+    assert all(type(m) in kinds for m in model.modules() if isinstance(m, kinds))
     assert "not faster" in report.refused["transformer.ln_f"] and "not a speed" in str(report)
 
 

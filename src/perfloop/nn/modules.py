@@ -50,12 +50,18 @@ def _why_no_kernel(module: nn.Module, x: torch.Tensor) -> str | None:
     dtype and row length, so a step pays for the checks once."""
     from perfloop.ops.layernorm.triton_impl import supported
 
-    if torch.compiler.is_compiling():  # torch.compile fuses the module itself: let it see torch's
-        return "compiling"
     key = (x.device, x.dtype, x.shape[-1], torch.is_autocast_enabled(x.device.type))
+    return _cached_why(module, key, lambda: supported(_autocast_fp32(x), module.weight), x)
+
+
+def _cached_why(module: nn.Module, key, call_check, x: torch.Tensor) -> str | None:
+    """Why no kernel takes this call: "compiling" under torch.compile (Inductor fuses the module
+    itself: let it see torch's), else the checks for this key, run once per module and key."""
+    if torch.compiler.is_compiling():
+        return "compiling"
     cache = module.__dict__.setdefault("_perfloop_why", {})
     if key not in cache:
-        cache[key] = _kernel_here(x) or why_not(module) or supported(_autocast_fp32(x), module.weight)
+        cache[key] = _kernel_here(x) or why_not(module) or call_check()
     return cache[key]
 
 
@@ -89,6 +95,21 @@ class RMSNorm(_FusedNorm, nn.RMSNorm):
     """nn.RMSNorm over the last dimension, one fused kernel forward and one backward."""
 
 
+class GELU(nn.GELU):
+    """nn.GELU(approximate="tanh") (GPT-2's): one fused kernel forward, one backward, the slope
+    recomputed from x; the exact (erf) form runs torch's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from perfloop.ops.gelu.triton_impl import gelu
+
+        ok = (torch.float32, torch.float16, torch.bfloat16)
+        why = _cached_why(self, (x.device, x.dtype), lambda: None if x.dtype in ok else f"dtype {x.dtype}", x)
+        if why:
+            _fallback(self, why)
+            return super().forward(x)
+        return gelu(x)
+
+
 class CrossEntropyLoss(nn.CrossEntropyLoss):
     """nn.CrossEntropyLoss for (N, C) logits and class indices, mean reduction: the loss in one
     read of the logits, their gradient in one more read and one write, in the logits' dtype."""
@@ -97,13 +118,7 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
         from perfloop.ops.cross_entropy.triton_impl import CrossEntropyFunction, supported
 
         key = (logits.device, logits.dtype, logits.ndim, target.dtype)
-        cache = self.__dict__.setdefault("_perfloop_why", {})
-        if torch.compiler.is_compiling():
-            why = "compiling"
-        else:
-            if key not in cache:
-                cache[key] = _kernel_here(logits) or why_not(self) or supported(logits, target)
-            why = cache[key]
+        why = _cached_why(self, key, lambda: supported(logits, target), logits)
         if why:
             _fallback(self, why)
             return super().forward(logits, target)
@@ -116,14 +131,22 @@ class SwiGLU(nn.Module):
     """silu(a) * b, the gate of a Llama-style MLP (`SwiGLU()(gate_proj(x), up_proj(x))`): one
     fused kernel forward and one backward, where torch makes four and six."""
 
+    gelu = False
+
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        from perfloop.ops.swiglu.triton_impl import swiglu
+        from perfloop.ops.swiglu.triton_impl import geglu, swiglu
 
         why = "compiling" if torch.compiler.is_compiling() else _kernel_here(a)
         if why or a.shape != b.shape or a.dtype != b.dtype:
             _fallback(self, why or "operands of different shapes or dtypes")
-            return F.silu(a) * b
-        return swiglu(a, b)
+            return (F.gelu(a, approximate="tanh") if self.gelu else F.silu(a)) * b
+        return (geglu if self.gelu else swiglu)(a, b)
+
+
+class GeGLU(SwiGLU):
+    """gelu(a) * b (tanh form), the gate of GeGLU MLPs: one fused kernel each way."""
+
+    gelu = True
 
 
 class LinearCrossEntropy(nn.Module):
@@ -164,6 +187,8 @@ def why_not(module: nn.Module) -> str | None:
         return f"normalized over {len(shape)} dims (the kernels normalize the last one)"
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and module.weight is None:
         return "no weight (elementwise_affine=False)"
+    if isinstance(module, nn.GELU) and module.approximate != "tanh":
+        return f"approximate={module.approximate!r} (the kernel computes the tanh form)"
     if isinstance(module, nn.CrossEntropyLoss) and (module.weight is not None or module.label_smoothing
                                                    or module.reduction != "mean"):  # fmt: skip
         return "class weights, label smoothing or a reduction other than mean"
@@ -177,6 +202,8 @@ def fused_like(module: nn.Module) -> nn.Module | None:
                         bias=module.bias is not None, device="meta")  # fmt: skip
     elif type(module) is nn.RMSNorm:
         new = RMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
+    elif type(module) is nn.GELU:
+        return GELU(module.approximate)
     elif type(module) is nn.CrossEntropyLoss:
         new = CrossEntropyLoss(module.weight, ignore_index=module.ignore_index, reduction=module.reduction,
                                label_smoothing=module.label_smoothing)  # fmt: skip

@@ -1,7 +1,7 @@
 """Put fused modules into a user's model only where they are proven equal on that model.
 
 `patch(model, example_batch, loss_fn)` finds the modules it can replace (torch's LayerNorm,
-RMSNorm and CrossEntropyLoss by type; Llama-style RMSNorm by its shape), records each one's
+RMSNorm, GELU and CrossEntropyLoss by type; Llama-style RMSNorm by its shape), records each one's
 inputs on the example batch, and for each runs forward and backward with the original module
 and with the fused one, against a float64 run of the original: the output and the gradient of
 every input and parameter within the op's declared tolerances (or within twice the original
@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from perfloop.nn.modules import fused_like, why_not
 
-OPS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm", "CrossEntropyLoss": "cross_entropy"}
+OPS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm", "CrossEntropyLoss": "cross_entropy", "GELU": "gelu"}
 
 
 @dataclass

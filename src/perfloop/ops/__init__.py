@@ -2,7 +2,7 @@
 
 >>> import perfloop as pl
 >>> pl.ops.names()[:5]
-['attention', 'cross_entropy', 'gelu', 'layernorm', 'linear_cross_entropy']
+['attention', 'cross_entropy', 'geglu', 'gelu', 'layernorm']
 >>> op = pl.ops.get("gelu")
 >>> sorted(op.variants)
 ['builtin', 'compiled', 'cuda', 'naive', 'triton']
@@ -25,6 +25,7 @@ _OP_MODULES = (
     "rmsnorm",
     "cross_entropy",
     "swiglu",
+    "geglu",
     "linear_cross_entropy",
 )
 _REGISTRY: dict[str, Op] = {}

@@ -1,10 +1,10 @@
 """GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
-Napkin math: one read and one write per element, ~10 flops -- memory-bound on
-any GPU. 16384^2 fp32 moves 2 x 1.07 GB; at the H200's ~4.2 TB/s copy rate that
-is ~0.51 ms. The naive version makes 8 passes (6 distinct kernels, 8 launches),
-each reading and writing the whole tensor: ~8x the bytes, so fusing should give
-~8x. Variants: naive -> builtin -> compiled -> triton -> cuda.
+Napkin math: one read and one write per element, ~10 flops -- memory-bound on any GPU (backward: x
+and dy read, dx written). 16384^2 fp32 moves 2 x 1.07 GB; at the H200's ~4.2 TB/s copy rate that is
+~0.51 ms. The naive version makes 8 passes (6 distinct kernels, 8 launches), each reading and
+writing the whole tensor: ~8x the bytes, so fusing should give ~8x. Variants: naive -> builtin ->
+compiled -> triton -> cuda.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def reference(x: torch.Tensor) -> torch.Tensor:
-    x = x.detach().to("cpu", torch.float64)
+    x = x.to("cpu", torch.float64)
     return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
 
 
@@ -55,6 +55,11 @@ OP = Op(
         torch.float16: (2e-3, 4e-3),
         torch.bfloat16: (1.6e-2, 3e-2),
     },
+    grad_tolerances={
+        torch.float32: (1e-5, 1e-5),
+        torch.float16: (2e-3, 4e-3),
+        torch.bfloat16: (1.6e-2, 3e-2),
+    },
     out_shape=lambda shape: shape,
     validate=validate,
 )
@@ -79,7 +84,7 @@ OP.add(
         "triton",
         loader="perfloop.ops.gelu.triton_impl:gelu",
         needs=("triton",),
-        doc="one element per lane, fp32 math, 16-byte accesses",
+        doc="one element per lane, fp32 math, 16-byte accesses; backward one kernel too",
     )
 )
 OP.add(
@@ -87,6 +92,7 @@ OP.add(
         "cuda",
         loader="perfloop.ops.gelu.cuda_impl:gelu",
         needs=("cuda", "nvcc"),
-        doc="CUDA C++: 16-byte vector loads, fp32 math, exp-based tanh",
+        backward=False,
+        doc="CUDA C++: 16-byte vector loads, fp32 math, exp-based tanh (forward only)",
     )
 )

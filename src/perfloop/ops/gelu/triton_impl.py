@@ -1,4 +1,5 @@
-"""GELU in Triton: one pass, one read and one write per element.
+"""GELU in Triton: one pass, one read and one write per element; the backward one more pass
+(read x and dy, write dx), the derivative recomputed from x.
 
 Each program takes BLOCK contiguous elements; with 4 warps a lane holds
 BLOCK/128 of them, so fp32 at BLOCK=1024 gives 8 per lane = two 16-byte loads.
@@ -25,14 +26,70 @@ GELU_CUBIC = tl.constexpr(0.044715)  # the tanh approximation's cubic term
 
 
 @triton.jit
+def gelu_tanh(x):
+    """0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), in fp32."""
+    u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
+    return x / (1.0 + tl.exp(-2.0 * u))
+
+
+@triton.jit
+def gelu_tanh_grad(x):
+    """d/dx of gelu_tanh: s + 2 x s (1 - s) du/dx, s = sigmoid(2u) (so 1 + tanh u = 2s)."""
+    u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
+    s = 1.0 / (1.0 + tl.exp(-2.0 * u))
+    return s + 2.0 * x * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)
+
+
+@triton.jit
 def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
-    y = x / (1.0 + tl.exp(-2.0 * u))  # = 0.5 x (1 + tanh(u))
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offs, gelu_tanh(x).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gelu_bwd_kernel(x_ptr, dy_ptr, dx_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    dy = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(dx_ptr + offs, (dy * gelu_tanh_grad(x)).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _config(x: torch.Tensor, block: int | None, num_warps: int | None) -> tuple[int, int]:
+    # 8 fp32 or 16 half elements per lane at 4 warps: two 16-byte accesses each.
+    tuned_block, tuned_warps = TUNED["fp32" if x.element_size() == 4 else "16bit"]
+    return block or tuned_block, num_warps or tuned_warps
+
+
+def _forward(x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: int | None) -> torch.Tensor:
+    n = x.numel()
+    if n:
+        block, num_warps = _config(x, block, num_warps)
+        gelu_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=num_warps)
+    return out
+
+
+class GeluFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, block, num_warps):
+        ctx.save_for_backward(x)
+        ctx.config = block, num_warps
+        return _forward(x, torch.empty_like(x), block, num_warps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = torch.empty_like(x)
+        n = x.numel()
+        if n:
+            block, num_warps = _config(x, *ctx.config)
+            gelu_bwd_kernel[(triton.cdiv(n, block),)](x, dy, dx, n, BLOCK=block, num_warps=num_warps)
+        return dx, None, None
 
 
 def gelu(
@@ -44,14 +101,9 @@ def gelu(
 ) -> torch.Tensor:
     check_tensor("x", x)
     x = x.contiguous()
-    out = torch.empty_like(x) if out is None else out
-    if out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous()):
         raise ValueError(f"out: need a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
-    n = x.numel()
-    if n == 0:
-        return out
-    # 8 fp32 or 16 half elements per lane at 4 warps: two 16-byte accesses each.
-    tuned_block, tuned_warps = TUNED["fp32" if x.element_size() == 4 else "16bit"]
-    block, num_warps = block or tuned_block, num_warps or tuned_warps
-    gelu_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=num_warps)
-    return out
+    if torch.is_grad_enabled() and x.requires_grad:
+        y = GeluFunction.apply(x, block, num_warps)
+        return y if out is None else out.copy_(y)
+    return _forward(x, torch.empty_like(x) if out is None else out, block, num_warps)

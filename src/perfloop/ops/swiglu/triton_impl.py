@@ -1,7 +1,8 @@
-"""SwiGLU, silu(a) * b, forward and backward in Triton: one elementwise kernel each way.
+"""Gated activations act(a) * b -- SwiGLU (act = silu) and GeGLU (act = GELU, tanh form) --
+forward and backward in Triton: one elementwise kernel each way.
 
 Forward reads a and b and writes y (3 passes); backward reads a, b and dy and writes da and db
-(5 passes), recomputing the sigmoid rather than storing it: 7 passes in all, the fewest.
+(5 passes), recomputing the activation rather than storing it: 8 passes in all, the fewest.
 """
 
 from __future__ import annotations
@@ -11,45 +12,56 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.base import check_tensor
+from perfloop.ops.gelu.triton_impl import gelu_tanh, gelu_tanh_grad
 
 BLOCK = 2048
 
 
 @triton.jit
-def swiglu_fwd_kernel(A, B, Y, n, BLOCK: tl.constexpr):
+def gated_fwd_kernel(A, B, Y, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-    y = a * tl.sigmoid(a) * b
-    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+    if GELU:
+        act = gelu_tanh(a)
+    else:
+        act = a * tl.sigmoid(a)
+    tl.store(Y + offs, (act * b).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def swiglu_bwd_kernel(A, B, DY, DA, DB, n, BLOCK: tl.constexpr):
+def gated_bwd_kernel(A, B, DY, DA, DB, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-    s = tl.sigmoid(a)
-    tl.store(DA + offs, (dy * b * s * (1.0 + a * (1.0 - s))).to(DA.dtype.element_ty), mask=mask)
-    tl.store(DB + offs, (dy * a * s).to(DB.dtype.element_ty), mask=mask)
+    if GELU:
+        act = gelu_tanh(a)
+        dact = gelu_tanh_grad(a)
+    else:
+        s = tl.sigmoid(a)
+        act = a * s
+        dact = s * (1.0 + a * (1.0 - s))
+    tl.store(DA + offs, (dy * b * dact).to(DA.dtype.element_ty), mask=mask)
+    tl.store(DB + offs, (dy * act).to(DB.dtype.element_ty), mask=mask)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-class SwiGLUFunction(torch.autograd.Function):
+class GatedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b):
+    def forward(ctx, a, b, gelu):
         a, b = _flat(a), _flat(b)
         y = torch.empty_like(a)
         n = a.numel()
         if n:
-            swiglu_fwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, y, n, BLOCK=BLOCK, num_warps=8)
+            gated_fwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, y, n, GELU=gelu, BLOCK=BLOCK, num_warps=8)
         ctx.save_for_backward(a, b)
+        ctx.gelu = gelu
         return y
 
     @staticmethod
@@ -59,14 +71,23 @@ class SwiGLUFunction(torch.autograd.Function):
         da, db = torch.empty_like(a), torch.empty_like(b)
         n = a.numel()
         if n:
-            swiglu_bwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, dy, da, db, n, BLOCK=BLOCK, num_warps=8)
-        return da, db
+            gated_bwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, dy, da, db, n, GELU=ctx.gelu, BLOCK=BLOCK,
+                                                       num_warps=8)  # fmt: skip
+        return da, db, None
 
 
-def swiglu(a, b, out=None):
+def _gated(a, b, gelu: bool):
     check_tensor("a", a)
     check_tensor("b", b)
     if a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError(f"a, b: need the same shape and dtype, got {tuple(a.shape)} {a.dtype} and "
                          f"{tuple(b.shape)} {b.dtype}")  # fmt: skip
-    return SwiGLUFunction.apply(a, b)
+    return GatedFunction.apply(a, b, gelu)
+
+
+def swiglu(a, b, out=None):
+    return _gated(a, b, gelu=False)
+
+
+def geglu(a, b, out=None):
+    return _gated(a, b, gelu=True)
