@@ -31,10 +31,12 @@ OP = Op(
     bench_shape_cpu=(1024, 4096),
     # the naive formula's 1 + tanh(u) cancels for negative a: in 16 bits it loses a few ulps of 1
     tolerances={torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 4e-3), torch.bfloat16: (8e-2, 1.6e-2)},
+    # the naive variant's slope is 0 where 1 + tanh(u) rounds to 0 (a < -3 or so in bf16): a few
+    # hundredths of the largest gradient
     grad_tolerances={
         torch.float32: (1e-5, 1e-4),
-        torch.float16: (2e-3, 4e-3),
-        torch.bfloat16: (1.6e-2, 3e-2),
+        torch.float16: (1e-2, 4e-3),
+        torch.bfloat16: (4e-2, 3e-2),
     },
     out_shape=lambda shape: shape,
     validate=validate,

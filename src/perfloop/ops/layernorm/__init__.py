@@ -17,7 +17,9 @@ from perfloop.ops.base import Op, Variant, check_tensor, seeded
 
 EPS = 1e-5
 # shared with rmsnorm: one column is left out (x - mean is then rounding noise)
-TEST_SHAPES = [(1, 3), (3, 7), (5, 1000), (2, 1025), (17, 97), (3, 4, 129)]
+# rows of 5, not 3: torch's own fp16 LayerNorm backward on the CPU misses by up to 25% of the
+# largest gradient on rows of 3 (0.3% on rows of 5; 300 seeds)
+TEST_SHAPES = [(1, 5), (3, 7), (5, 1000), (2, 1025), (17, 97), (3, 4, 129)]
 TOLERANCES = {torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 4e-3), torch.bfloat16: (1.6e-2, 3e-2)}
 GRAD_TOLERANCES = {torch.float32: (1e-4, 1e-3), torch.float16: (1e-2, 2e-2), torch.bfloat16: (5e-2, 8e-2)}
 
