@@ -2,7 +2,7 @@
 time, CUDA-graph replays), over the backward's programs per SM and warps; and the kernels of one
 forward + backward against torch's.
 
-    PYTHONPATH=src python3 benchmarks/norm_tune.py OUT_DIR
+    PYTHONPATH=src python3 benchmarks/norm_tune.py OUT_DIR [ROWSxCOLS, default 8192x4096]
 """
 
 from __future__ import annotations
@@ -19,20 +19,19 @@ import perfloop as pl
 from perfloop.ops.layernorm import triton_impl as T
 
 
-def main(out: Path) -> None:
-    res = {"device": pl.device_info()["name"], "rows": []}
+def main(out: Path, m: int, n: int) -> None:
+    res = {"device": pl.device_info()["name"], "shape": [m, n], "rows": []}
     for dtype in (torch.bfloat16, torch.float32):
-        _tune(dtype, res)
+        _tune(dtype, res, m, n)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "norm-tune.json").write_text(json.dumps(res, indent=1))
+    (out / f"norm-tune-{m}x{n}.json").write_text(json.dumps(res, indent=1))
     for r in res["rows"]:
         print(r)
     for k, v in res["profiles"].items():
         print(k, v)
 
 
-def _tune(dtype, res: dict) -> None:
-    m, n = 8192, 4096
+def _tune(dtype, res: dict, m: int, n: int) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w = torch.randn(n, device="cuda", dtype=dtype)
@@ -80,4 +79,5 @@ def _tune(dtype, res: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    m, n = map(int, (sys.argv[2] if len(sys.argv) > 2 else "8192x4096").split("x"))
+    main(Path(sys.argv[1]), m, n)

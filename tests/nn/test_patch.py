@@ -127,3 +127,36 @@ def test_a_patched_gpt_trains_along_the_same_loss_curve_on_the_gpu_in_bf16(train
     a, b = curves[False], curves[True]
     assert a[-1] < a[0] - 1 and b[-1] < b[0] - 1
     assert (a - b).abs().max() < 0.1
+
+
+def test_measure_tries_the_kinds_that_paid_alone_together(train_gpt, monkeypatch):
+    """Swapping everything can lose where some kinds pay (GELU's host cost ate the norms' gain on
+    the H200): the kinds that made the step faster alone are timed together and kept together."""
+    import importlib
+
+    P = importlib.import_module("perfloop.nn.patch")  # the module (perfloop.nn.patch is also the function)
+    alone = {"after": 0.95, "only CrossEntropyLoss": 1.12, "only LayerNorm": 1.03, "only GELU": 0.96}
+    calls = []
+
+    def fake_measure(models, batch, loss_fn, budget_s):  # the step's timings, as the H200 gave them
+        calls.append(sorted(models))
+        speed = {k: alone.get(k, 1.16) for k in models if k != "before"}
+        cands = {k: {"ms": 35 / v, "speedup": v, "ci": (v - 0.01, v + 0.01), "p_value": 0.001,
+                     "significant": abs(v - 1) > 0.02, "peak": None} for k, v in speed.items()}  # fmt: skip
+        return {
+            "before_ms": 35.0,
+            "candidates": cands,
+            "device": "cuda",
+            "peak_before": None,
+            "peak_after": None,
+        }
+
+    monkeypatch.setattr(P, "_measure", fake_measure)
+    model, batch = _gpt(train_gpt)
+    report = pl.patch(model, batch, measure=True)
+    assert calls[1] == ["before", "only CrossEntropyLoss+LayerNorm"]
+    assert report.timing["kept"] == ["CrossEntropyLoss", "LayerNorm"]
+    assert (
+        isinstance(model.transformer.ln_f, pnn.LayerNorm) and type(model.transformer.h[0].mlp.gelu) is nn.GELU
+    )
+    assert "only CrossEntropyLoss+LayerNorm" in str(report)

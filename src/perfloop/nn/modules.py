@@ -68,10 +68,8 @@ def _cached_why(module: nn.Module, key, call_check, x: torch.Tensor) -> str | No
 def _norm(module: nn.Module, x: torch.Tensor, bias, eps: float, rms: bool) -> torch.Tensor:
     from perfloop.ops.layernorm.triton_impl import NormFunction
 
-    if torch.is_autocast_enabled(x.device.type):
-        with torch.autocast(x.device.type, enabled=False):
-            return NormFunction.apply(_autocast_fp32(x), module.weight, bias, eps, rms)
-    return NormFunction.apply(x, module.weight, bias, eps, rms)
+    # no autocast switch around it: the function makes no op autocast would cast
+    return NormFunction.apply(_autocast_fp32(x), module.weight, bias, eps, rms)
 
 
 class _FusedNorm:
@@ -122,8 +120,7 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
         if why:
             _fallback(self, why)
             return super().forward(logits, target)
-        with torch.autocast(logits.device.type, enabled=False):
-            loss = CrossEntropyFunction.apply(logits, target, self.ignore_index)  # fp32
+        loss = CrossEntropyFunction.apply(logits, target, self.ignore_index)  # fp32, no op autocast casts
         return loss if torch.is_autocast_enabled(logits.device.type) else loss.to(logits.dtype)
 
 

@@ -63,7 +63,8 @@ class PatchReport:
             t = self.timing
             for k, c in t["candidates"].items():
                 sig = " (significant)" if c["significant"] else ""
-                lines.append(f"step {k}: {t['before_ms']:.3f} ms -> {c['ms']:.3f} ms, {c['speedup']:.3f}x "
+                lines.append(f"step {k}: {c.get('before_ms', t['before_ms']):.3f} ms -> {c['ms']:.3f} ms, "
+                             f"{c['speedup']:.3f}x "
                              f"[{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]{sig}")  # fmt: skip
             lines.append(f"kept: {', '.join(t['kept']) or 'nothing'} ({t['verdict']})")
             if t["device"] == "cpu":
@@ -229,9 +230,19 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
                     _set(m, s.name, fused_like(m.get_submodule(s.name)))
             models[f"only {kind}"] = m
     t = _measure(models, batch, loss_fn, budget_s)
-    faster = {k: v for k, v in t["candidates"].items() if v["significant"] and v["speedup"] > 1}
-    best = min(faster, key=lambda k: faster[k]["ms"]) if faster else None
-    keep = set(kinds) if best == "after" else ({best.removeprefix("only ")} if best else set())
+    pays = lambda c: c["significant"] and c["speedup"] > 1  # noqa: E731
+    winners = [k for k in kinds if pays(t["candidates"].get(f"only {k}", {"significant": False}))]
+    if 1 < len(winners) < len(kinds):  # the kinds that paid alone, together
+        label = "only " + "+".join(winners)
+        m = copy.deepcopy(before)
+        for s in report.swaps:
+            if s.replaced and s.kind in winners:
+                _set(m, s.name, fused_like(m.get_submodule(s.name)))
+        t2 = _measure({"before": before, label: m}, batch, loss_fn, budget_s)
+        t["candidates"][label] = t2["candidates"][label] | {"before_ms": t2["before_ms"]}
+    faster = {k: v for k, v in t["candidates"].items() if pays(v)}
+    best = max(faster, key=lambda k: faster[k]["speedup"]) if faster else None
+    keep = set(kinds) if best == "after" else (set(best.removeprefix("only ").split("+")) if best else set())
     for s in report.swaps:
         if s.replaced and s.kind not in keep:
             _set(model, s.name, originals[s.name])

@@ -20,9 +20,8 @@ BLOCK = 4096
 
 
 @triton.jit
-def ce_fwd_kernel(L, T, LSE, LOSS, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = L + row * stride_l
+def row_lse(base, n_cols, BLOCK: tl.constexpr):
+    """log-sum-exp of one row, walked in tiles with a running max and sum (online softmax)."""
     m = tl.full([BLOCK], -1e30, tl.float32)  # finite: no inf - inf where a lane sees only padding
     s = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_cols, BLOCK):
@@ -32,8 +31,25 @@ def ce_fwd_kernel(L, T, LSE, LOSS, stride_l, n_cols, ignore_index, BLOCK: tl.con
         s = s * tl.exp(m - new_m) + tl.exp(x - new_m)
         m = new_m
     row_max = tl.max(m, axis=0)
-    total = tl.sum(s * tl.exp(m - row_max), axis=0)
-    lse = row_max + tl.log(total)
+    return row_max + tl.log(tl.sum(s * tl.exp(m - row_max), axis=0))
+
+
+@triton.jit
+def row_grad(base, out, t, lse, scale, n_cols, BLOCK: tl.constexpr):
+    """(softmax - one_hot(t)) * scale of one row, written to `out` (may be the row itself)."""
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.exp(x - lse) - tl.where(cols == t, 1.0, 0.0)
+        tl.store(out + cols, (g * scale).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def ce_fwd_kernel(L, T, LSE, LOSS, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = L + row * stride_l
+    lse = row_lse(base, n_cols, BLOCK)
     t = tl.load(T + row)
     valid = t != ignore_index
     x_t = tl.load(base + tl.where(valid, t, 0)).to(tl.float32)
@@ -49,13 +65,22 @@ def ce_bwd_kernel(
     t = tl.load(T + row)
     scale = tl.load(DLOSS).to(tl.float32) / tl.maximum(tl.load(NVALID).to(tl.float32), 1.0)
     scale = tl.where(t != ignore_index, scale, 0.0)
-    lse = tl.load(LSE + row)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        x = tl.load(L + row * stride_l + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.exp(x - lse) - tl.where(cols == t, 1.0, 0.0)
-        tl.store(DL + row * stride_dl + cols, (g * scale).to(DL.dtype.element_ty), mask=mask)
+    row_grad(L + row * stride_l, DL + row * stride_dl, t, tl.load(LSE + row), scale, n_cols, BLOCK)
+
+
+@triton.jit
+def ce_loss_grad_kernel(L, T, LOSS, NVALID, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
+    """Both at once, for a row no one else needs: its loss, then its gradient (for an upstream
+    gradient of 1) over the row itself -- the second read while the row is still in L2."""
+    row = tl.program_id(0).to(tl.int64)
+    base = L + row * stride_l
+    lse = row_lse(base, n_cols, BLOCK)
+    t = tl.load(T + row)
+    valid = t != ignore_index
+    x_t = tl.load(base + tl.where(valid, t, 0)).to(tl.float32)
+    tl.store(LOSS + row, tl.where(valid, lse - x_t, 0.0))
+    scale = tl.where(valid, 1.0 / tl.maximum(tl.load(NVALID).to(tl.float32), 1.0), 0.0)
+    row_grad(base, base, t, lse, scale, n_cols, BLOCK)
 
 
 class CrossEntropyFunction(torch.autograd.Function):

@@ -18,7 +18,7 @@ import triton.language as tl
 from perfloop.ops.base import check_tensor
 
 MAX_N = 65536  # a row must fit in one program's registers
-ROWS_ELEMS = 4096  # the backward's tile: rows of up to this many elements together (norm_tune.py)
+ROWS_ELEMS = 1024  # the backward's tile: rows of up to this many elements together (norm_tune.py)
 
 
 @triton.jit

@@ -1,8 +1,9 @@
 """The output projection and cross entropy together, the logits never whole: the tokens go in
-chunks; for each, the chunk's logits (one matmul), the loss from one read of them and their
-gradient written over them (the cross entropy's kernels), then dh for the chunk and its share of
-dW (two matmuls). Forward does the backward's work too -- the logits are gone by then -- and the
-backward only scales dh and dW by the upstream gradient. Memory: one chunk of logits, dh, dW.
+chunks; for each, the chunk's logits (one matmul), then one kernel that reads each row for its
+loss and reads it again (from L2, mostly) to write its gradient over it, then dh for the chunk
+and its share of dW (two matmuls; dW summed in fp32). Forward does the backward's work too -- the
+logits are gone by then -- and the backward only scales dh and dW by the upstream gradient.
+Memory: one chunk of logits, dh, dW.
 """
 
 from __future__ import annotations
@@ -11,13 +12,26 @@ import torch
 import triton
 
 from perfloop.ops.base import check_tensor
-from perfloop.ops.cross_entropy.triton_impl import BLOCK, ce_bwd_kernel, ce_fwd_kernel
+from perfloop.ops.cross_entropy.triton_impl import BLOCK, ce_loss_grad_kernel
 
-CHUNK_BYTES = 2**28  # a chunk's logits at most this large (256 MiB)
+CHUNK_BYTES = 160 * 2**20  # a chunk's logits at most this large (1664 rows of GPT-2's vocabulary in bf16)
 
 
 def chunk_rows(n: int, v: int, itemsize: int) -> int:
-    return max(1, min(n, CHUNK_BYTES // max(v * itemsize, 1)))
+    rows = max(1, CHUNK_BYTES // max(v * itemsize, 1))
+    return max(1, min(n, rows // 128 * 128 or rows))
+
+
+def _add_matmul(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, acc in fp32, a and b in 16 bits: in the matmul's epilogue where torch has
+    the fp32-output matmul (CUDA), else through a product in a's dtype."""
+    if acc.dtype != a.dtype and acc.is_cuda:
+        try:
+            torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+            return
+        except (RuntimeError, TypeError):  # a torch without addmm's out_dtype
+            pass
+    acc += a @ b
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
@@ -28,7 +42,6 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         h = h if h.is_contiguous() else h.contiguous()
         target = target.contiguous()
         n_valid = (target != ignore_index).sum()
-        one = torch.ones((), dtype=torch.float32, device=h.device)
         dh = torch.empty_like(h)
         dw = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
         loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
@@ -37,17 +50,13 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             hc, tc = h[s : s + chunk], target[s : s + chunk]
             logits = hc @ weight.t()
             c = logits.shape[0]
-            lse = torch.empty(c, dtype=torch.float32, device=h.device)
             loss = torch.empty(c, dtype=torch.float32, device=h.device)
-            ce_fwd_kernel[(c,)](
-                logits, tc, lse, loss, logits.stride(0), v, ignore_index, BLOCK=block, num_warps=8
-            )
+            # each row's loss, then its gradient written over it (the logits are ours alone)
+            ce_loss_grad_kernel[(c,)](logits, tc, loss, n_valid, logits.stride(0), v, ignore_index,
+                                      BLOCK=block, num_warps=8)  # fmt: skip
             loss_sum += loss.sum()
-            # dlogits over the logits themselves: each element read, then written, by one lane
-            ce_bwd_kernel[(c,)](logits, tc, lse, logits, one, n_valid, logits.stride(0), logits.stride(0), v,
-                                ignore_index, BLOCK=block, num_warps=8)  # fmt: skip
             torch.mm(logits, weight, out=dh[s : s + chunk])
-            dw += logits.t() @ hc  # the chunk's share in the weight's dtype, summed in fp32
+            _add_matmul(dw, logits.t(), hc)
         ctx.save_for_backward(dh, dw.to(weight.dtype))
         return loss_sum / n_valid.clamp_min(1)
 
