@@ -18,7 +18,6 @@ import triton.language as tl
 from perfloop.ops.base import check_tensor
 
 MAX_N = 65536  # a row must fit in one program's registers
-ROWS_ELEMS = 1024  # the backward's tile: rows of up to this many elements together (norm_tune.py)
 
 
 @triton.jit
@@ -80,11 +79,6 @@ def norm_bwd_kernel(X, W, DY, DX, MEAN, RSTD, DW, DB, stride_x, stride_dy, strid
         tl.store(DB + pid * n_cols + cols, db, mask=cmask)
 
 
-def _rows(block: int) -> int:
-    """Rows the backward loads at once: ROWS_ELEMS elements of each of x and dy per step."""
-    return max(1, min(8, ROWS_ELEMS // block))
-
-
 def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8 if block <= 4096 else 16
 
@@ -94,10 +88,16 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
-def _programs(n_rows: int, device: torch.device) -> int:
-    """Two bands of rows per SM: the fastest on the H200 (1: 0.099 ms, 2: 0.069, 4: 0.071, 8: 0.074
-    for the bf16 backward at 8192 x 4096; benchmarks/norm_tune.py)."""
-    return max(1, min(n_rows, 2 * _sms(device)))
+def _bwd_config(n_rows: int, block: int, itemsize: int, device: torch.device) -> tuple[int, int, int]:
+    """(programs, rows a step, warps) of the backward, from norm_tune.py's sweeps on the H200:
+    rows of 1024 or fewer elements in pairs, 4 programs an SM (12288 x 768 bf16: 23.5 us against
+    49 us one row at a time, 2 an SM); wider rows one at a time, 2 programs an SM (8192 x 4096);
+    warps by the bytes of one step's tile (4 up to 4 KiB, 8 up to 16 KiB)."""
+    rows = 2 if block <= 1024 else 1
+    per_sm = 4 if block <= 1024 else 2
+    tile = rows * block * itemsize
+    warps = 4 if tile <= 4096 else 8 if tile <= 16384 else 16
+    return max(1, min(n_rows, per_sm * _sms(device))), rows, warps
 
 
 class NormFunction(torch.autograd.Function):
@@ -127,14 +127,14 @@ class NormFunction(torch.autograd.Function):
         if dy2.stride(-1) != 1:
             dy2 = dy2.contiguous()
         dx = torch.empty_like(x2)
-        g = _programs(m, x2.device)
-        partial = torch.empty((2, g, n), dtype=torch.float32, device=x2.device)
         block = triton.next_power_of_2(n)
+        g, rows, warps = _bwd_config(m, block, x2.element_size(), x2.device)
+        partial = torch.empty((2, g, n), dtype=torch.float32, device=x2.device)
         if m:
             norm_bwd_kernel[(g,)](x2, weight, dy2, dx, stats[0], stats[1], partial[0], partial[1],
                                   x2.stride(0), dy2.stride(0), dx.stride(0), m, n, triton.cdiv(m, g),
-                                  RMS=ctx.rms, HAS_B=ctx.has_bias, ROWS=_rows(block), BLOCK=block,
-                                  num_warps=_warps(block))  # fmt: skip
+                                  RMS=ctx.rms, HAS_B=ctx.has_bias, ROWS=rows, BLOCK=block,
+                                  num_warps=warps)  # fmt: skip
         else:
             partial.zero_()
         sums = (partial if ctx.has_bias else partial[:1]).sum(1).to(weight.dtype)  # one reduction launch

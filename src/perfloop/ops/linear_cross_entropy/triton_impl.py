@@ -1,9 +1,9 @@
 """The output projection and cross entropy together, the logits never whole: the tokens go in
 chunks; for each, the chunk's logits (one matmul), then one kernel that reads each row for its
 loss and reads it again (from L2, mostly) to write its gradient over it, then dh for the chunk
-and its share of dW (two matmuls; dW summed in fp32). Forward does the backward's work too -- the
-logits are gone by then -- and the backward only scales dh and dW by the upstream gradient.
-Memory: one chunk of logits, dh, dW.
+and its share of dW (two matmuls; dW summed in the weight's dtype by the matmul itself, one
+rounding per chunk). Forward does the backward's work too -- the logits are gone by then -- and
+the backward only scales dh and dW by the upstream gradient. Memory: one chunk of logits, dh, dW.
 """
 
 from __future__ import annotations
@@ -14,24 +14,12 @@ import triton
 from perfloop.ops.base import check_tensor
 from perfloop.ops.cross_entropy.triton_impl import BLOCK, ce_loss_grad_kernel
 
-CHUNK_BYTES = 160 * 2**20  # a chunk's logits at most this large (1664 rows of GPT-2's vocabulary in bf16)
+CHUNK_BYTES = 200 * 2**20  # a chunk's logits at most this large (2048 rows of GPT-2's vocabulary in bf16)
 
 
 def chunk_rows(n: int, v: int, itemsize: int) -> int:
     rows = max(1, CHUNK_BYTES // max(v * itemsize, 1))
     return max(1, min(n, rows // 128 * 128 or rows))
-
-
-def _add_matmul(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b, acc in fp32, a and b in 16 bits: in the matmul's epilogue where torch has
-    the fp32-output matmul (CUDA), else through a product in a's dtype."""
-    if acc.dtype != a.dtype and acc.is_cuda:
-        try:
-            torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-            return
-        except (RuntimeError, TypeError):  # a torch without addmm's out_dtype
-            pass
-    acc += a @ b
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
@@ -43,7 +31,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         target = target.contiguous()
         n_valid = (target != ignore_index).sum()
         dh = torch.empty_like(h)
-        dw = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+        dw = torch.zeros_like(weight)
         loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         block = min(BLOCK, triton.next_power_of_2(v))
         for s in range(0, n, chunk):
@@ -56,8 +44,8 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                                       BLOCK=block, num_warps=8)  # fmt: skip
             loss_sum += loss.sum()
             torch.mm(logits, weight, out=dh[s : s + chunk])
-            _add_matmul(dw, logits.t(), hc)
-        ctx.save_for_backward(dh, dw.to(weight.dtype))
+            dw.addmm_(logits.t(), hc)  # in the matmul's epilogue, in the weight's dtype
+        ctx.save_for_backward(dh, dw)
         return loss_sum / n_valid.clamp_min(1)
 
     @staticmethod
