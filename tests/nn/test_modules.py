@@ -112,6 +112,12 @@ def test_linear_cross_entropy_in_chunks_is_the_same_as_in_one():
         torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="weight: need shape"):
         linear_cross_entropy(h, torch.randn(500, 15), t)
+    # the gradients, made in the forward, are scaled by the upstream gradient and handed out once
+    twice = linear_cross_entropy(h, w, t, chunk=5) * 3.0
+    for a, b in zip(torch.autograd.grad(twice, [h, w], retain_graph=True), grads_whole, strict=True):
+        torch.testing.assert_close(a, 3.0 * b)
+    with pytest.raises(RuntimeError, match="second backward through one forward"):
+        torch.autograd.grad(twice, [h, w])
 
 
 def test_gelu_is_torchs_tanh_gelu_forward_and_backward_and_the_exact_form_is_refused():

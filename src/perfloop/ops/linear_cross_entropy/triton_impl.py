@@ -3,7 +3,8 @@ chunks; for each, the chunk's logits (one matmul), then one kernel that reads ea
 loss and reads it again (from L2, mostly) to write its gradient over it, then dh for the chunk
 and its share of dW (two matmuls; dW summed in the weight's dtype by the matmul itself, one
 rounding per chunk). Forward does the backward's work too -- the logits are gone by then -- and
-the backward only scales dh and dW by the upstream gradient. Memory: one chunk of logits, dh, dW.
+the backward only scales dh and dW, in place, by the upstream gradient. Memory: one chunk of
+logits, dh, dW, a loss per token.
 """
 
 from __future__ import annotations
@@ -32,26 +33,29 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         n_valid = (target != ignore_index).sum()
         dh = torch.empty_like(h)
         dw = torch.zeros_like(weight)
-        loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        losses = torch.empty(n, dtype=torch.float32, device=h.device)
         block = min(BLOCK, triton.next_power_of_2(v))
         for s in range(0, n, chunk):
             hc, tc = h[s : s + chunk], target[s : s + chunk]
             logits = hc @ weight.t()
-            c = logits.shape[0]
-            loss = torch.empty(c, dtype=torch.float32, device=h.device)
             # each row's loss, then its gradient written over it (the logits are ours alone)
-            ce_loss_grad_kernel[(c,)](logits, tc, loss, n_valid, logits.stride(0), v, ignore_index,
-                                      BLOCK=block, num_warps=8)  # fmt: skip
-            loss_sum += loss.sum()
+            ce_loss_grad_kernel[(logits.shape[0],)](logits, tc, losses[s:], n_valid, logits.stride(0), v,
+                                                    ignore_index, BLOCK=block, num_warps=8)  # fmt: skip
             torch.mm(logits, weight, out=dh[s : s + chunk])
             dw.addmm_(logits.t(), hc)  # in the matmul's epilogue, in the weight's dtype
-        ctx.save_for_backward(dh, dw)
-        return loss_sum / n_valid.clamp_min(1)
+        # kept on ctx, not saved: the backward scales them in place and hands them out once
+        ctx.grads = dh, dw
+        return losses.sum() / n_valid.clamp_min(1)
 
     @staticmethod
     def backward(ctx, dloss):
-        dh, dw = ctx.saved_tensors
-        return dh * dloss.to(dh.dtype), dw * dloss.to(dw.dtype), None, None, None
+        if ctx.grads is None:
+            raise RuntimeError(
+                "linear_cross_entropy: a second backward through one forward (retain_graph=True?): its "
+                "gradients are made in the forward and handed out once; run the forward again"
+            )
+        (dh, dw), ctx.grads = ctx.grads, None
+        return dh.mul_(dloss.to(dh.dtype)), dw.mul_(dloss.to(dw.dtype)), None, None, None
 
 
 def linear_cross_entropy(h, weight, target, out=None, ignore_index: int = -100, chunk: int | None = None):
