@@ -35,9 +35,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         dw = torch.zeros_like(weight)
         losses = torch.empty(n, dtype=torch.float32, device=h.device)
         block = min(BLOCK, triton.next_power_of_2(v))
+        buf = torch.empty((min(chunk, n), v), dtype=h.dtype, device=h.device)  # one chunk's logits, reused
         for s in range(0, n, chunk):
             hc, tc = h[s : s + chunk], target[s : s + chunk]
-            logits = hc @ weight.t()
+            logits = torch.mm(hc, weight.t(), out=buf[: hc.shape[0]])
             # each row's loss, then its gradient written over it (the logits are ours alone)
             ce_loss_grad_kernel[(logits.shape[0],)](logits, tc, losses[s:], n_valid, logits.stride(0), v,
                                                     ignore_index, BLOCK=block, num_warps=8)  # fmt: skip
