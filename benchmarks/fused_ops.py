@@ -49,6 +49,17 @@ def _do_bench(f) -> float:
     return do_bench(f, return_mode="median")
 
 
+def _peak_gib(f) -> float:
+    """GiB a second call of f allocates at its peak over what was there before it."""
+    f()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    f()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
 def norms(out: dict, copy_gbps: float) -> None:
     lk = _liger()
     m, n = 8192, 4096
@@ -157,13 +168,7 @@ def linear_cross_entropy(out: dict) -> None:
     fns = {k: fb(f) for k, f in cands.items()}
     row = {"op": "linear_cross_entropy", "shape": [n, d, v], "dtype": "bf16"}
     for k, f in fns.items():
-        f()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        f()
-        torch.cuda.synchronize()
-        row.setdefault(k, {})["peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+        row.setdefault(k, {})["peak_gib"] = _peak_gib(f)
     c = pl.compare(fns, baseline="eager", budget_s=4.0)
     for k, meas in c.measurements.items():
         row[k]["ms"] = meas.median_ms
@@ -171,13 +176,7 @@ def linear_cross_entropy(out: dict) -> None:
     sweep = {}
     for rows in (512, 1024, 1536, 2048, 4096):
         f = fb(lambda h, w, t, rows=rows: lce_kernel(h, w, t, chunk=rows))
-        f()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        f()
-        torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+        peak = _peak_gib(f)
         sweep[rows] = {
             "do_bench_ms": _do_bench(f),
             "peak_gib": peak,

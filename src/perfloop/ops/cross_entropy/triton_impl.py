@@ -35,6 +35,17 @@ def row_lse(base, n_cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def row_loss(base, t_ptr, loss_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
+    """One row's loss (lse - x[t], 0 where t is ignored) stored; returns (lse, t, valid)."""
+    lse = row_lse(base, n_cols, BLOCK)
+    t = tl.load(t_ptr)
+    valid = t != ignore_index
+    x_t = tl.load(base + tl.where(valid, t, 0)).to(tl.float32)
+    tl.store(loss_ptr, tl.where(valid, lse - x_t, 0.0))
+    return lse, t, valid
+
+
+@triton.jit
 def row_grad(base, out, t, lse, scale, n_cols, BLOCK: tl.constexpr):
     """(softmax - one_hot(t)) * scale of one row, written to `out` (may be the row itself)."""
     for start in range(0, n_cols, BLOCK):
@@ -48,13 +59,8 @@ def row_grad(base, out, t, lse, scale, n_cols, BLOCK: tl.constexpr):
 @triton.jit
 def ce_fwd_kernel(L, T, LSE, LOSS, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    base = L + row * stride_l
-    lse = row_lse(base, n_cols, BLOCK)
-    t = tl.load(T + row)
-    valid = t != ignore_index
-    x_t = tl.load(base + tl.where(valid, t, 0)).to(tl.float32)
+    lse, t, valid = row_loss(L + row * stride_l, T + row, LOSS + row, n_cols, ignore_index, BLOCK)
     tl.store(LSE + row, lse)
-    tl.store(LOSS + row, tl.where(valid, lse - x_t, 0.0))
 
 
 @triton.jit
@@ -74,11 +80,7 @@ def ce_loss_grad_kernel(L, T, LOSS, NVALID, stride_l, n_cols, ignore_index, BLOC
     gradient of 1) over the row itself -- the second read while the row is still in L2."""
     row = tl.program_id(0).to(tl.int64)
     base = L + row * stride_l
-    lse = row_lse(base, n_cols, BLOCK)
-    t = tl.load(T + row)
-    valid = t != ignore_index
-    x_t = tl.load(base + tl.where(valid, t, 0)).to(tl.float32)
-    tl.store(LOSS + row, tl.where(valid, lse - x_t, 0.0))
+    lse, t, valid = row_loss(base, T + row, LOSS + row, n_cols, ignore_index, BLOCK)
     scale = tl.where(valid, 1.0 / tl.maximum(tl.load(NVALID).to(tl.float32), 1.0), 0.0)
     row_grad(base, base, t, lse, scale, n_cols, BLOCK)
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from perfloop.ops.base import Op, Variant
+from perfloop.ops.swiglu import OP as SWIGLU
 from perfloop.ops.swiglu import make_inputs, validate, work
 
 
@@ -26,9 +27,9 @@ OP = Op(
     reference=reference,
     make_inputs=make_inputs,
     work=work,
-    test_shapes=[(1,), (7,), (3, 1000), (2049,), (5, 4, 129)],
-    bench_shape_gpu=(8192, 11008),
-    bench_shape_cpu=(1024, 4096),
+    test_shapes=SWIGLU.test_shapes,
+    bench_shape_gpu=SWIGLU.bench_shape_gpu,
+    bench_shape_cpu=SWIGLU.bench_shape_cpu,
     # the naive formula's 1 + tanh(u) cancels for negative a: in 16 bits it loses a few ulps of 1
     tolerances={torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 4e-3), torch.bfloat16: (8e-2, 1.6e-2)},
     # the naive variant's slope is 0 where 1 + tanh(u) rounds to 0 (a < -3 or so in bf16): a few
@@ -38,7 +39,7 @@ OP = Op(
         torch.float16: (1e-2, 4e-3),
         torch.bfloat16: (4e-2, 3e-2),
     },
-    out_shape=lambda shape: shape,
+    out_shape=SWIGLU.out_shape,
     validate=validate,
 )
 
