@@ -26,6 +26,9 @@ class Diagnosis:
     evidence: dict
     advice: str
 
+    def to_dict(self) -> dict:
+        return {"bound": self.bound, "evidence": self.evidence, "advice": self.advice}
+
     def __str__(self) -> str:
         ev = ", ".join(f"{k}={_fmt(v)}" for k, v in self.evidence.items())
         return f"{self.bound}-bound\n  evidence: {ev}\n  next: {self.advice}"

@@ -9,6 +9,7 @@ under it by their attribute paths from it.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from torch._C._profiler import _RecordFunctionFast
@@ -17,9 +18,17 @@ PREFIX = "module: "
 
 
 class _Tracker:
-    def __init__(self):
+    def __init__(self, quiet=None):
+        self.quiet = quiet  # a callable: True while no range should be recorded
         self.names: dict[int, str] = {}  # id(module) -> qualified name
-        self.open: list = []  # one range per module call in flight
+        self._local = threading.local()  # per thread: one range per module call in flight
+
+    @property
+    def open(self) -> list:
+        stack = getattr(self._local, "open", None)
+        if stack is None:
+            stack = self._local.open = []
+        return stack
 
     def _name(self, module) -> str:
         name = self.names.get(id(module))
@@ -33,19 +42,25 @@ class _Tracker:
     def pre(self, module, args):
         if torch.compiler.is_compiling():  # inside a compiled graph the ranges would break it
             return
+        if self.quiet is not None and self.quiet():
+            self.open.append(None)
+            return
         rf = _RecordFunctionFast(PREFIX + self._name(module))
         rf.__enter__()
         self.open.append(rf)
 
     def post(self, module, args, output):
         if self.open and not torch.compiler.is_compiling():
-            self.open.pop().__exit__(None, None, None)
+            rf = self.open.pop()
+            if rf is not None:
+                rf.__exit__(None, None, None)
 
 
 @contextlib.contextmanager
-def module_ranges():
-    """Within: each nn.Module call is a profiler range "module: <qualified name>"."""
-    t = _Tracker()
+def module_ranges(quiet=None):
+    """Within: each nn.Module call is a profiler range "module: <qualified name>" (none while
+    `quiet()` is true)."""
+    t = _Tracker(quiet)
     pre = torch.nn.modules.module.register_module_forward_pre_hook(t.pre)
     post = torch.nn.modules.module.register_module_forward_hook(t.post, always_call=True)
     try:
@@ -54,4 +69,6 @@ def module_ranges():
         pre.remove()
         post.remove()
         while t.open:
-            t.open.pop().__exit__(None, None, None)
+            rf = t.open.pop()
+            if rf is not None:
+                rf.__exit__(None, None, None)

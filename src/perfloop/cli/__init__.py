@@ -62,11 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """`profile --script PATH ARGS...`: everything after the script's path is the script's."""
-    if "--script" in argv and argv[:1] == ["profile"]:
-        i = argv.index("--script")
-        rest = argv[i + 2 :]
-        return argv[: i + 2], rest[1:] if rest[:1] == ["--"] else rest
+    """`profile --script PATH ARGS...` (or `--script=PATH`): everything after the script's path is
+    the script's, as `python PATH ARGS...` would give it; `profile --script PATH OPTIONS -- ARGS`:
+    the options before `--` are perfloop's."""
+    if argv[:1] != ["profile"]:
+        return argv, []
+    for i, a in enumerate(argv):
+        if a == "--script" or a.startswith("--script="):
+            end = i + (1 if "=" in a else 2)
+            mine, rest = argv[:end], argv[end:]
+            if "--" in rest:
+                cut = rest.index("--")
+                return mine + rest[:cut], rest[cut + 1 :]
+            return mine, rest
+        if a == "--":
+            break
     return argv, []
 
 

@@ -138,6 +138,16 @@ def _window(text: str | None):
     return start, duration
 
 
+def _perfloop_options_in(script_args: list[str]) -> list[str]:
+    """perfloop's own options among the script's arguments (a script that failed may have been
+    handed them by mistake)."""
+    from perfloop.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    ours = {o for a in sub.choices["profile"]._actions for o in a.option_strings} - {"-h", "--help"}
+    return sorted({a.split("=")[0] for a in script_args if a.split("=")[0] in ours})
+
+
 def run_step_profile(args) -> int:
     from perfloop.analysis.attribution import row_dict, table
     from perfloop.analysis.trace import from_trace
@@ -153,6 +163,9 @@ def run_step_profile(args) -> int:
         raise UsageError(f"--depth: must be >= 1, got {args.depth}")
     window = _window(args.window)
     range_name = None if window or args.trace_file else (args.range or "step")
+    for name in ("report", "trace", "db"):  # where the user ran perfloop, whatever the script's chdir
+        if getattr(args, name, None):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
     if args.report:
         try:
             os.makedirs(args.report, exist_ok=True)
@@ -171,11 +184,18 @@ def run_step_profile(args) -> int:
                 p = profile_script(args.script, args.script_args, range_name, skip=args.skip,
                                    steps=args.steps, window=window, count_work=not args.no_count)  # fmt: skip
     except ScriptError as exc:
-        import traceback
+        if exc.code is None:
+            import traceback
 
-        traceback.print_exception(exc.original, file=sys.stderr)
+            traceback.print_exception(exc.original, file=sys.stderr)
         console(True).print(f"--script: {exc}; the profiler was stopped and nothing was stored", style="red")
-        return FAILED
+        stray = _perfloop_options_in(args.script_args)
+        if stray:
+            console(True).print(f"--script: {', '.join(stray)} reached the script: everything after the "
+                                "script's path is the script's. Put perfloop's options before --script, "
+                                "or end them with -- (--script PATH OPTIONS -- SCRIPT-ARGS)",
+                                style="yellow")  # fmt: skip
+        return exc.code if isinstance(exc.code, int) and exc.code > 0 else FAILED
     except (OSError, ValueError) as exc:
         text = str(exc)
         raise UsageError(
@@ -193,6 +213,9 @@ def run_step_profile(args) -> int:
         what = f"its {p.calls} ProfilerStep range(s)" if p._windows else "the whole trace"
     else:
         what = f"{p.calls} occurrence(s) of {range_name!r}" if range_name else f"the window {args.window} s"
+        cut = next((w for w in p.warnings if w.startswith("--window: the script ended")), None)
+        if cut:
+            what += f" (cut short: {cut.split(': ', 1)[1]})"
     payload = p.to_dict() | {
         "script": source, "script_args": args.script_args, "window": what,
         "modules": [row_dict(r) for r in modules], "ops": [row_dict(r) for r in ops],

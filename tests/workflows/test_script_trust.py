@@ -1,0 +1,232 @@
+"""Script mode runs a script as plain `python` would (threads, its own profiler, chdir, os._exit)
+and writes where it says: one test per case a new user hit (issue 22)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfloop.analysis import profiling
+from perfloop.cli import _split_script_args, main
+from perfloop.results.store import Store
+from perfloop.workflows.script import ScriptError, profile_script
+
+STEPS = """
+import torch
+import perfloop as pl
+net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+x = torch.randn(16, 32)
+def step():
+    with pl.annotate("step"):
+        net(x).square().mean().backward()
+"""
+
+
+def _write(tmp_path, text, name="s.py"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def _clean():
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert profiling.RANGE_WATCHERS == []
+
+
+def _run_cli(tmp_path, *args, timeout=120):
+    """perfloop in a fresh process (a hang or an abort shows as such)."""
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1", "HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "perfloop", "profile", "--db", str(tmp_path / "r.db"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env)
+
+
+@pytest.mark.parametrize("daemon", [False, True])
+def test_a_worker_thread_calling_modules_neither_breaks_the_ranges_nor_hangs(tmp_path, daemon):
+    script = _write(
+        tmp_path,
+        STEPS
+        + f"""
+import threading
+m2 = torch.nn.Linear(32, 32)
+stop = []
+def work():
+    while not stop:
+        m2(torch.randn(4, 32))
+t = threading.Thread(target=work, daemon={daemon})
+t.start()
+for _ in range(8):
+    step()
+stop.append(1)
+""",
+    )
+    r = _run_cli(tmp_path, "--skip", "2", "--steps", "2", "--script", str(script))
+    assert r.returncode == 0, r.stderr
+    assert "INTERNAL ASSERT" not in r.stderr and "occurrence(s) of 'step'" in r.stdout
+
+
+def test_a_window_without_ops_says_so_and_stores_nothing(tmp_path, capsys):
+    script = _write(
+        tmp_path,
+        """
+    import time
+    import perfloop as pl
+    for _ in range(4):
+        with pl.annotate("step"):
+            time.sleep(0.01)
+    """,
+    )
+    db = tmp_path / "r.db"
+    assert main(["profile", "--db", str(db), "--skip", "1", "--steps", "1", "--script", str(script)]) == 2
+    assert "ran no torch op" in capsys.readouterr().err
+    assert not db.exists() or Store(db).artifacts(kind="profile") == []
+
+
+PROFILED = """
+import torch
+m = torch.nn.Linear(32, 32)
+with torch.profiler.profile() as p:
+    for i in range(3):
+        m(torch.randn(8, 32)).sum().backward()
+n = len(p.key_averages())
+assert n > 5, f"the script's profiler saw {n} ops"
+with open("seen.txt", "w") as f:
+    f.write(str(n))
+"""
+
+
+def test_a_scripts_own_profiler_records_what_it_would_alone_and_perfloop_says_why_it_gave_way(tmp_path):
+    script = _write(tmp_path, PROFILED)
+    subprocess.run([sys.executable, str(script)], cwd=tmp_path, check=True)
+    alone = int((tmp_path / "seen.txt").read_text())
+    (tmp_path / "seen.txt").unlink()
+    with pytest.raises(ValueError, match="runs torch.profiler itself.*--trace-file"), _chdir(tmp_path):
+        profile_script(script, [], None, window=(0.0, 30.0))
+    _clean()
+    assert int((tmp_path / "seen.txt").read_text()) == alone
+
+
+def test_a_window_outside_the_scripts_profiler_is_profiled_with_it_running_elsewhere(tmp_path):
+    script = _write(
+        tmp_path,
+        STEPS
+        + """
+with torch.profiler.profile() as p:
+    step()
+step(); step(); step()
+assert len(p.key_averages()) > 5
+""",
+    )
+    p = profile_script(script, [], "step", skip=1, steps=1)
+    _clean()
+    assert p.calls == 1 and any(i.module == "0" for i in p.items())
+
+
+class _chdir:
+    def __init__(self, path):
+        self.path, self.old = path, None
+
+    def __enter__(self):
+        import os
+
+        self.old = os.getcwd()
+        os.chdir(self.path)
+
+    def __exit__(self, *exc):
+        import os
+
+        os.chdir(self.old)
+
+
+def test_report_and_trace_land_where_perfloop_ran_though_the_script_changes_directory(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    script = _write(tmp_path, STEPS + "import os\nos.chdir('elsewhere')\nfor _ in range(5):\n    step()\n")
+    r = _run_cli(tmp_path, "--skip", "1", "--steps", "1", "--report", "rep", "--trace", "t.json",
+                 "--script", str(script))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "rep" / "index.html").exists() and (tmp_path / "t.json").exists()
+    assert not (tmp_path / "elsewhere" / "rep").exists() and not (tmp_path / "elsewhere" / "t.json").exists()
+
+
+def test_a_window_the_script_ends_inside_is_said_to_be_cut_short(tmp_path, capsys):
+    script = _write(tmp_path, STEPS + "for _ in range(3):\n    step()\n")
+    p = profile_script(script, [], None, window=(0.0, 100.0))
+    _clean()
+    assert any("ended" in w and "into the window of 100 s" in w for w in p.warnings)
+    db = str(tmp_path / "r.db")
+    assert main(["profile", "--db", db, "--window", "0:100", "--script", str(script)]) == 0
+    assert "cut short" in capsys.readouterr().out
+    for bad in ("nan:1", "inf:1", "0:inf", "0:nan"):
+        assert main(["profile", "--db", db, "--window", bad, "--script", str(script)]) == 2
+        assert "--window: must be START:DURATION in finite seconds" in capsys.readouterr().err
+
+
+def test_the_script_path_given_with_equals_and_its_options_with_equals_reach_it():
+    assert _split_script_args(["profile", "--script=s.py", "--lr=1", "x"]) == (
+        ["profile", "--script=s.py"],
+        ["--lr=1", "x"],
+    )
+    assert _split_script_args(["profile", "--steps", "1", "--script", "s.py", "--steps=9"]) == (
+        ["profile", "--steps", "1", "--script", "s.py"],
+        ["--steps=9"],
+    )
+
+
+def test_the_script_gets_its_equals_options(tmp_path, capsys):
+    script = _write(
+        tmp_path,
+        STEPS
+        + """
+import argparse
+ap = argparse.ArgumentParser()
+ap.add_argument("--lr", type=float, required=True)
+assert ap.parse_args().lr == 1.0
+for _ in range(4):
+    step()
+""",
+    )
+    db = str(tmp_path / "r.db")
+    assert main(["profile", "--db", db, "--skip", "1", "--steps", "1", f"--script={script}", "--lr=1"]) == 0
+
+
+def test_os_exit_zero_in_the_script_still_gives_the_analysis_and_stores_it(tmp_path):
+    script = _write(tmp_path, STEPS + "import os\nfor _ in range(4):\n    step()\nos._exit(0)\n")
+    r = _run_cli(tmp_path, "--skip", "1", "--steps", "1", "--json", "--script", str(script))
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(r.stdout)
+    assert payload["calls"] == 1 and any("os._exit(0)" in w for w in payload["warnings"])
+    assert len(Store(tmp_path / "r.db").artifacts(kind="profile")) == 1
+    script = _write(tmp_path, STEPS + "import os\nstep()\nos._exit(3)\n", "three.py")
+    r = _run_cli(tmp_path, "--script", str(script))
+    assert r.returncode == 3 and "os._exit(3)" in r.stderr
+
+
+def test_the_documented_example_runs_as_written(tmp_path, capsys):
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+    lines = [ln.strip() for ln in example.read_text().splitlines()]
+    [line] = [ln for ln in lines if ln.startswith("perfloop profile")]
+    argv = line.split()[1:]
+    argv[argv.index("--script") + 1] = str(example)
+    assert main([argv[0], "--db", str(tmp_path / "r.db"), *argv[1:]]) == 0, capsys.readouterr().err
+    assert "2 occurrence(s) of 'step'" in capsys.readouterr().out
+
+
+def test_perfloop_options_handed_to_a_failing_script_are_named_and_its_exit_is_its_code(tmp_path, capsys):
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+    rc = main(["profile", "--db", str(tmp_path / "r.db"), "--script", str(example), "--range", "step",
+               "--size", "tiny"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "sys.exit(2)" in err and "SystemExit" not in err
+    assert "--range reached the script" in err and "Put perfloop's options before --script" in err
+
+
+def test_a_script_that_exits_non_zero_is_a_failure_with_its_code(tmp_path):
+    script = _write(tmp_path, "import sys\nsys.exit(5)\n")
+    with pytest.raises(ScriptError, match=r"sys.exit\(5\)") as info:
+        profile_script(script, [], "step")
+    assert info.value.code == 5
+    _clean()
