@@ -1,6 +1,7 @@
 """A Chrome trace recorded elsewhere with torch.profiler, read back: what it carries."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -54,3 +55,138 @@ def test_what_is_not_a_torch_trace_is_refused_with_the_reason(tmp_path, capsys):
     good = _record(tmp_path / "t.json")
     assert main(["profile", "--db", str(tmp_path / "r.db"), "--trace-file", str(good)]) == 0
     assert "ProfilerStep" in capsys.readouterr().out
+
+
+def test_a_gzipped_trace_reads_as_the_plain_one(tmp_path):
+    import gzip
+
+    plain = _record(tmp_path / "t.json")
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    a, b = from_trace(plain), from_trace(gz)
+    assert b.calls == a.calls == 2
+    assert [(r.name, r.flops) for r in b.breakdown("module")] == [
+        (r.name, r.flops) for r in a.breakdown("module")
+    ]
+
+
+def _one_op_trace(path, event):
+    good = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5, "args": {}}
+    path.write_text(json.dumps({"traceEvents": [good, event, good]}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "event, why",
+    [
+        ({"ph": "X", "cat": "cpu_op", "name": "aten::add", "dur": 3}, "'ts' is missing"),
+        (
+            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1, "dur": 3, "args": "x"},
+            "'args' is a str",
+        ),
+        ({"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1, "dur": -5}, "'dur' is -5"),
+        ({"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": "NaN", "dur": 1}, "'ts' is 'NaN'"),
+        ({"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1e308, "dur": 1}, "'ts' is 1e+308"),
+        ({"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": float("nan")}, "'dur' is nan"),
+        ("a string", "is a str, not an object"),
+    ],
+)
+def test_a_malformed_event_is_refused_with_its_index_and_nothing_is_stored(tmp_path, capsys, event, why):
+    from perfloop.results.store import Store
+
+    path = _one_op_trace(tmp_path / "t.json", event)
+    with pytest.raises(ValueError, match=f"event 1.*{re.escape(why)}"):
+        from_trace(path)
+    db = tmp_path / "r.db"
+    assert main(["profile", "--db", str(db), "--trace-file", str(path)]) == 2
+    assert "--trace-file: event 1" in capsys.readouterr().err
+    assert not db.exists() or Store(db).artifacts(kind="profile") == []
+
+
+def _synthetic_trace(path, steps: int, ops_per_step: int):
+    """A torch-like trace written event by event: ProfilerStep ranges, ops, launches, kernels
+    (the kernels after every CPU event, as torch writes them)."""
+    gpu = []
+    t, corr = 0.0, 0
+    with open(path, "w") as f:
+        f.write('{"schemaVersion": 1, "traceEvents": [\n')
+        first = True
+
+        def put(e):
+            nonlocal first
+            f.write(("" if first else ",\n") + json.dumps(e))
+            first = False
+
+        for s in range(steps):
+            start = t
+            for k in range(ops_per_step):
+                dims = [[64, 256], [256, 256]]
+                put(
+                    {
+                        "ph": "X",
+                        "cat": "cpu_op",
+                        "name": "aten::mm",
+                        "ts": t,
+                        "dur": 8,
+                        "tid": 1,
+                        "pid": 1,
+                        "args": {"Input Dims": dims, "Input type": ["float", "float"], "Sequence number": k},
+                    }
+                )
+                put(
+                    {
+                        "ph": "X",
+                        "cat": "cuda_runtime",
+                        "name": "cudaLaunchKernel",
+                        "ts": t + 1,
+                        "dur": 3,
+                        "tid": 1,
+                        "pid": 1,
+                        "args": {"correlation": corr},
+                    }
+                )
+                gpu.append((t + 5, corr))
+                corr += 1
+                t += 10
+            put(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{s}",
+                    "ts": start,
+                    "dur": t - start,
+                    "tid": 1,
+                    "pid": 1,
+                }
+            )
+        for ts, c in gpu:
+            put(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "sgemm_kernel",
+                    "ts": ts,
+                    "dur": 4,
+                    "tid": 7,
+                    "pid": 0,
+                    "args": {"correlation": c},
+                }
+            )
+        f.write("\n]}\n")
+    return path
+
+
+def test_a_large_trace_is_streamed_and_cut_to_whole_steps_with_a_warning(tmp_path, monkeypatch):
+    from perfloop.analysis import trace
+
+    path = _synthetic_trace(tmp_path / "big.json", steps=40, ops_per_step=50)
+    monkeypatch.setattr(trace.os.path, "getsize", lambda p: 1 << 30)  # read as the large file it stands for
+    monkeypatch.setattr(trace, "MAX_EVENTS", 1000)  # 2000 launches and ops: 10 steps at most fit
+    seen = []
+    events, _, warnings = trace.read(path, progress=lambda done, size: seen.append(done))
+    steps = [e for e in events if e.name.startswith("ProfilerStep#")]
+    assert 1 <= len(steps) < 10 and len(events) <= 1000
+    kernels = [e for e in events if e.device_type == trace.DeviceType.CUDA]
+    launches = [e for e in events if e.name == "cudaLaunchKernel"]
+    assert len(kernels) == len(launches) and all(len(e.kernels) == 1 for e in launches)
+    assert any("holds 6,040 events" in w and f"first {len(steps)} of 40 ProfilerStep" in w for w in warnings)

@@ -205,3 +205,38 @@ def test_every_variant_on_the_gpu(op_name, variant):
     kwargs = {"shapes": op.test_shapes[1:4]} if variant == "compiled" else {}
     recs = op.check(variant, device="cuda", **kwargs)
     assert all(r["bad"] == 0 for r in recs)
+
+
+TARGET_CASES = [(o, v) for o in ("cross_entropy", "linear_cross_entropy") for v in pl.ops.get(o).variants
+                if v != "compiled"]  # fmt: skip
+
+
+def _classes(op_name, inputs) -> int:
+    return inputs[0].shape[1] if op_name == "cross_entropy" else inputs[1].shape[0]
+
+
+@pytest.mark.parametrize("op_name, variant", TARGET_CASES, ids=[f"{o}-{v}" for o, v in TARGET_CASES])
+def test_ops_with_targets_refuse_out_of_range_and_agree_on_ignored_and_empty(op_name, variant):
+    op = pl.ops.get(op_name)
+    reason = op.variant(variant).why_unavailable("cpu")
+    if reason:
+        pytest.skip(reason)
+    *xs, target = op.make_inputs(op.test_shapes[1], seed=3)
+    for bad in (_classes(op_name, xs), -1):
+        t = target.clone()
+        t[len(t) // 2] = bad
+        with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+            op.run(variant, *xs, t)
+    ignored = torch.full_like(target, -100)
+    assert torch.isnan(op.reference(*xs, ignored)) and torch.isnan(op.run(variant, *xs, ignored))
+    empty = [x[:0] if i == 0 else x for i, x in enumerate(xs)]
+    assert torch.isnan(op.reference(*empty, target[:0])) and torch.isnan(op.run(variant, *empty, target[:0]))
+
+
+@pytest.mark.parametrize("op_name", ["layernorm", "rmsnorm", "softmax", "rowsum"])
+def test_row_reductions_over_no_rows_agree_with_the_reference(op_name):
+    op = pl.ops.get(op_name)
+    inputs = op.make_inputs(op.test_shapes[1], seed=4)
+    empty = [x[:0] if x.ndim == 2 else x for x in inputs]
+    got = op.run("triton", *empty)
+    assert got.shape == op.reference(*empty).shape and got.numel() == 0

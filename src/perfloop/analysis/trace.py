@@ -7,15 +7,27 @@ ranking code runs on them unchanged. Modules come from perfloop's module ranges 
 recorded with `with_modules=True`, from its "nn.Module: X_0" events (class and instance
 number, no qualified names). With `record_shapes=True` each op's input shapes and dtypes give
 its FLOPs (matmuls) and the bytes of its inputs; outputs are not in the trace.
+
+The file (plain or gzipped JSON) is streamed, one event at a time: a malformed event stops the
+read with its index; of a trace with more events than `MAX_EVENTS` worth keeping, the leading
+whole ProfilerStep ranges (or the leading span) that fit are kept, with a warning, so memory
+stays bounded whatever the file's size.
 """
 
 from __future__ import annotations
 
+import bisect
+import gzip
+import io
 import json
 import math
 import os
+import sys
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 from torch.autograd import DeviceType
 
 from perfloop.analysis import profiling
@@ -27,9 +39,13 @@ _SIZES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int
           "unsigned char": 1, "signed char": 1, "short int": 2, "c10::Float8_e4m3fn": 1,
           "c10::Float8_e5m2": 1}  # fmt: skip
 _DTYPES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
+_KEPT_ARGS = ("Sequence number", "Fwd thread id", "correlation", "Input Dims", "Input type")
+MAX_EVENTS = 400_000  # events kept for the analysis (a few hundred bytes each); the rest are cut
+_MAX_TS_US = 1e17  # microseconds (some 3000 years): beyond, a timestamp is corrupt
+_MAX_VALUE_CHARS = 64 << 20  # one JSON value (an event) larger than this: the file is malformed
 
 
-@dataclass
+@dataclass(slots=True)
 class _Range:
     start: float
     end: float
@@ -38,7 +54,7 @@ class _Range:
         return self.end - self.start
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Event:
     name: str
     device_type: DeviceType
@@ -49,8 +65,8 @@ class _Event:
     is_user_annotation: bool = False
     args: dict = field(default_factory=dict)
     cpu_parent: _Event | None = None
-    cpu_children: list = field(default_factory=list)
-    kernels: list = field(default_factory=list)
+    cpu_children: list | tuple = ()  # a list once it has one (most events have none: no list each)
+    kernels: list | tuple = ()
 
 
 class TraceEvents:
@@ -66,44 +82,191 @@ class TraceEvents:
         raise RuntimeError("this Profile was read from a trace file: that file is its trace")
 
 
-def read(path: str | os.PathLike) -> tuple[list, dict]:
-    """(events, the trace's top-level fields) of a torch.profiler Chrome trace."""
+def _open(path) -> tuple:
+    """(text stream, the raw file under it) of the file, gzipped (by its magic bytes, as torch
+    writes .json.gz) or not; the raw file's position is how far the read has come."""
+    raw = open(path, "rb")  # noqa: SIM115 -- closed with the text stream
+    gz = raw.read(2) == b"\x1f\x8b"
+    raw.seek(0)
+    return io.TextIOWrapper(gzip.GzipFile(fileobj=raw) if gz else raw, encoding="utf-8"), raw
+
+
+class _Stream:
+    """JSON values read one at a time from a text stream, in chunks: the memory held is the
+    chunk and the value being read, not the file."""
+
+    _ws = " \t\n\r"
+
+    def __init__(self, f, chunk: int = 1 << 20):
+        self.f, self.chunk, self.buf, self.pos, self.eof = f, chunk, "", 0, False
+        self.decoder = json.JSONDecoder()
+
+    def _fill(self) -> bool:
+        data = self.f.read(self.chunk)
+        if not data:
+            self.eof = True
+            return False
+        self.buf, self.pos = self.buf[self.pos :] + data, 0
+        return True
+
+    def peek(self) -> str:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in self._ws:
+                self.pos += 1
+            if self.pos < len(self.buf) or not self._fill():
+                return self.buf[self.pos] if self.pos < len(self.buf) else ""
+
+    def expect(self, chars: str) -> str:
+        c = self.peek()
+        if not c or c not in chars:
+            raise json.JSONDecodeError(f"expected one of {chars!r}", self.buf, self.pos)
+        self.pos += 1
+        return c
+
+    def value(self):
+        self.peek()
+        while True:
+            try:
+                v, end = self.decoder.raw_decode(self.buf, self.pos)
+                if end < len(self.buf) or self.eof or not self._fill():  # a number may go on
+                    self.pos = end
+                    return v
+            except json.JSONDecodeError:
+                if len(self.buf) - self.pos > _MAX_VALUE_CHARS or self.eof or not self._fill():
+                    raise
+
+
+def _records(path, meta: dict, progress: Callable[[int, int], None] | None) -> Iterator[tuple[int, dict]]:
+    """(index, event) of the trace's traceEvents, streamed; its other top-level fields go to `meta`."""
+    size = os.path.getsize(path)
     try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"trace: cannot read {path} as JSON ({exc})") from None
-    raw = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(raw, list):
+        f, raw = _open(path)
+        with f, raw:
+            s = _Stream(f)
+            s.expect("{")
+            found = False
+            while s.peek() != "}":
+                key = s.value()
+                s.expect(":")
+                if key != "traceEvents":
+                    meta[key] = s.value()
+                else:
+                    found = True
+                    s.expect("[")
+                    i = 0
+                    while s.peek() != "]":
+                        yield i, s.value()
+                        i += 1
+                        if progress is not None and i % 65536 == 0:
+                            progress(raw.tell(), size)
+                        s.expect(",]") if s.peek() == "," else None
+                    s.expect("]")
+                if s.expect(",}") == "}":
+                    break
+    except (UnicodeDecodeError, json.JSONDecodeError, EOFError, gzip.BadGzipFile) as exc:
+        raise ValueError(f"trace: cannot read {path} as JSON (plain or gzipped) ({exc})") from None
+    if not found:
         raise ValueError(f"trace: {path} is not a torch.profiler Chrome trace (no traceEvents list)")
-    events, by_corr, launches = [], {}, []
-    for r in raw:
-        if not isinstance(r, dict) or r.get("ph") != "X" or "dur" not in r:
+
+
+def _number(r: dict, key: str, i: int, low: float, high: float) -> float:
+    v = r.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (low <= v <= high):
+        what = "missing" if key not in r else f"{v!r}"
+        raise ValueError(f"trace: event {i} ({r.get('name', '?')!r}): {key!r} is {what}; it must be a "
+                         f"finite number of microseconds in [{low:g}, {high:g}]")  # fmt: skip
+    return float(v)
+
+
+def _wanted(i: int, r) -> tuple | None:
+    """(cat, name, args, ts, dur) of an event the analysis uses, checked; None for the others.
+    A malformed event raises ValueError with its index."""
+    if not isinstance(r, dict):
+        raise ValueError(f"trace: event {i} is a {type(r).__name__}, not an object")
+    if r.get("ph") != "X":
+        return None
+    cat, name, args = r.get("cat", ""), r.get("name", ""), r.get("args", {})
+    if cat not in _CPU_CATS | _GPU_CATS:
+        return None
+    if not isinstance(name, str) or not isinstance(cat, str):
+        raise ValueError(f"trace: event {i}: 'name' and 'cat' must be strings, got {name!r}, {cat!r}")
+    if not isinstance(args, dict):
+        raise ValueError(
+            f"trace: event {i} ({name!r}): 'args' is a {type(args).__name__}; it must be an object"
+        )
+    ts = _number(r, "ts", i, -_MAX_TS_US, _MAX_TS_US)
+    dur = _number(r, "dur", i, 0.0, _MAX_TS_US)
+    if cat == "python_function" and not name.startswith("nn.Module: "):
+        return None
+    return cat, name, args, ts, dur
+
+
+def _frozen(v):
+    """Lists as tuples (smaller; shapes repeat)."""
+    return tuple(_frozen(x) for x in v) if isinstance(v, list) else v
+
+
+def read(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None
+         ) -> tuple[list, dict, list[str]]:  # fmt: skip
+    """(events, the trace's top-level fields, warnings) of a torch.profiler Chrome trace, plain or
+    gzipped, streamed. `progress(bytes read, file size)` is called as it reads."""
+    meta: dict = {}
+    try:
+        big = os.path.getsize(path) > 64 << 20
+    except OSError as exc:
+        raise ValueError(f"trace: cannot read {path} ({exc})") from None
+    warnings: list[str] = []
+    cutoff = math.inf
+    if big:  # a first pass: how many events, where the steps start
+        stamps, steps = array("d"), []
+        for i, r in _records(path, meta, progress):
+            w = _wanted(i, r)
+            if w is not None:
+                stamps.append(w[3])
+                if w[1].startswith("ProfilerStep#") and w[0] == "user_annotation":
+                    steps.append(w[3])
+        if len(stamps) > MAX_EVENTS:
+            cutoff = float(np.partition(np.frombuffer(stamps, dtype=np.float64), MAX_EVENTS)[MAX_EVENTS])
+            steps.sort()
+            k = bisect.bisect_right(steps, cutoff) - 1
+            cutoff = steps[k] if k >= 1 else cutoff  # whole steps only, where one fits
+            kept = bisect.bisect_left(steps, cutoff)
+            warnings.append(f"the trace holds {len(stamps):,} events: kept the first {MAX_EVENTS:,} or fewer "
+                            + (f"(its first {kept} of {len(steps)} ProfilerStep ranges)" if kept
+                               else "(its leading span)")
+                            + " to keep memory bounded; write a shorter trace for the rest")  # fmt: skip
+        del stamps
+        meta.clear()
+    events, by_corr, launches, corr_kept = [], {}, [], set()
+    for i, r in _records(path, meta, None if big else progress):
+        w = _wanted(i, r)
+        if w is None:
             continue
-        cat, name, args = r.get("cat", ""), r.get("name", ""), r.get("args") or {}
-        if cat == "python_function" and not name.startswith("nn.Module: "):
-            continue
-        if cat not in _CPU_CATS | _GPU_CATS:
+        cat, name, args, start, dur = w
+        corr = args.get("correlation")
+        if start >= cutoff and not (cat in _GPU_CATS and corr in corr_kept):
             continue
         if name.startswith("nn.Module: "):
             name = MODULE + name[len("nn.Module: ") :]
-        start = float(r["ts"])
-        e = _Event(name=name, device_type=DeviceType.CUDA if cat in _GPU_CATS else DeviceType.CPU,
-                   time_range=_Range(start, start + float(r["dur"])), thread=r.get("tid", 0),
+        args = {k: _frozen(args[k]) for k in _KEPT_ARGS if k in args}
+        e = _Event(name=sys.intern(name), device_type=DeviceType.CUDA if cat in _GPU_CATS else DeviceType.CPU,
+                   time_range=_Range(start, start + dur), thread=r.get("tid", 0),
                    sequence_nr=args.get("Sequence number", -1), fwd_thread=args.get("Fwd thread id", 0),
                    is_user_annotation=cat in ("user_annotation", "gpu_user_annotation", "python_function"),
                    args=args)  # fmt: skip
         events.append(e)
-        if cat in ("kernel", "gpu_memcpy", "gpu_memset") and "correlation" in args:
-            by_corr[args["correlation"]] = e
-        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset") and corr is not None:
+            by_corr[corr] = e
+        elif cat in ("cuda_runtime", "cuda_driver") and corr is not None:
             launches.append(e)
+            if cutoff < math.inf:
+                corr_kept.add(corr)
     for e in launches:
         k = by_corr.get(e.args["correlation"])
         if k is not None:
-            e.kernels.append(k)
+            e.kernels = [*e.kernels, k]
     _nest([e for e in events if e.device_type == DeviceType.CPU])
-    return events, {k: v for k, v in doc.items() if k != "traceEvents"}
+    return events, meta, warnings
 
 
 def _nest(cpu: list) -> None:
@@ -119,20 +282,23 @@ def _nest(cpu: list) -> None:
                 stack.pop()
             if stack:
                 e.cpu_parent = stack[-1]
+                if not stack[-1].cpu_children:
+                    stack[-1].cpu_children = []
                 stack[-1].cpu_children.append(e)
             stack.append(e)
 
 
 def _numel(dims) -> int:
-    return math.prod(dims) if isinstance(dims, list) and all(isinstance(d, int) for d in dims) else 0
+    return math.prod(dims) if isinstance(dims, (list, tuple)) and all(isinstance(d, int) for d in dims) else 0
 
 
 def op_work(e) -> tuple[float, float, str] | None:
     """(FLOPs, bytes of its inputs, dtype) of an op from the shapes in the trace; None without."""
     dims, types = e.args.get("Input Dims"), e.args.get("Input type")
-    if not isinstance(dims, list) or not isinstance(types, list):
+    if not isinstance(dims, (list, tuple)) or not isinstance(types, (list, tuple)):
         return None
-    tensors = [(d, t) for d, t in zip(dims, types, strict=False) if t in _SIZES and isinstance(d, list) and d]
+    pairs = zip(dims, types, strict=False)
+    tensors = [(d, t) for d, t in pairs if t in _SIZES and isinstance(d, (list, tuple)) and d]
     nbytes = float(sum(_numel(d) * _SIZES[t] for d, t in tensors))
     name = e.name.split("::")[-1]
     shapes = [d for d, _ in tensors]
@@ -192,12 +358,12 @@ def _subtree(e):
         yield from _subtree(c)
 
 
-def from_trace(path: str | os.PathLike) -> profiling.Profile:
+def from_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None
+               ) -> profiling.Profile:  # fmt: skip
     """A Profile of a Chrome trace torch.profiler wrote (export_chrome_trace, tensorboard's
     handler): kernels, ops, modules, phases, idle; FLOPs and bytes where it has shapes. With
     torch.profiler's step() ranges (ProfilerStep#N) each is one call."""
-    events, meta = read(path)
-    warnings: list[str] = []
+    events, meta, warnings = read(path, progress)
     on_cuda = any(e.device_type == DeviceType.CUDA for e in events)
     if not any("::" in e.name for e in events):
         raise ValueError(f"trace: {path} holds no operator events: it is not a torch.profiler trace")

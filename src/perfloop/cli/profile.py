@@ -138,6 +138,21 @@ def _window(text: str | None):
     return start, duration
 
 
+def _progress_printer(path: str, quiet: bool):
+    """progress(bytes read, size) that says every tenth of a large file read, on stderr."""
+    said = [0]
+
+    def progress(done: int, size: int) -> None:
+        tenth = 10 * done // max(size, 1)
+        if not quiet and tenth > said[0]:
+            said[0] = tenth
+            print(
+                f"reading {path}: {done / 2**20:,.0f} of {size / 2**20:,.0f} MiB", file=sys.stderr, flush=True
+            )
+
+    return progress
+
+
 def _perfloop_options_in(script_args: list[str]) -> list[str]:
     """perfloop's own options among the script's arguments (a script that failed may have been
     handed them by mistake)."""
@@ -179,7 +194,7 @@ def run_step_profile(args) -> int:
     try:
         with status(args, f"running {args.script}" if args.script else f"reading {args.trace_file}"):
             if args.trace_file:
-                p = from_trace(args.trace_file)
+                p = from_trace(args.trace_file, progress=_progress_printer(args.trace_file, args.json))
             else:
                 p = profile_script(args.script, args.script_args, range_name, skip=args.skip,
                                    steps=args.steps, window=window, count_work=not args.no_count)  # fmt: skip

@@ -8,6 +8,11 @@ every input and parameter within the op's declared tolerances (or within twice t
 module's own error in its dtype, where that is larger). Only modules that pass are replaced;
 the report says what was replaced, what was refused and why, and the largest errors.
 
+The model after `patch` is the model it was but for the swapped submodules: its gradients,
+buffers, training mode and random state as they were before (the checks and timed steps run on
+top and are undone), each swapped module's hooks and attributes carried over, every name a
+shared module goes by pointing at the one fused module; a call that fails swaps nothing.
+
     >>> report = pl.patch(model, (x, y), loss_fn=lambda m, b: m(*b))   # doctest: +SKIP
     >>> print(report)                                                  # doctest: +SKIP
 """
@@ -16,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
+from perfloop.nn import modules as _modules
 from perfloop.nn.modules import fused_like, why_not
 
 OPS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm", "CrossEntropyLoss": "cross_entropy", "GELU": "gelu"}
@@ -33,6 +40,7 @@ class Swap:
     replaced: bool
     reason: str = ""  # why not, when not
     errors: dict = field(default_factory=dict)  # tensor -> (fused error, original's error), normalized
+    aliases: list = field(default_factory=list)  # the other names the same module goes by
 
 
 @dataclass
@@ -57,7 +65,8 @@ class PatchReport:
                 if worst
                 else ""
             )
-            lines.append(f"  {'replaced' if s.replaced else 'kept    '} {s.name} ({s.kind}){err}"
+            also = f" (also {', '.join(s.aliases)})" if s.aliases else ""
+            lines.append(f"  {'replaced' if s.replaced else 'kept    '} {s.name}{also} ({s.kind}){err}"
                          + (f": {s.reason}" if s.reason else ""))  # fmt: skip
         if self.timing:
             t = self.timing
@@ -84,27 +93,66 @@ def _candidates(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
     return out
 
 
-def _capture(model, batch, loss_fn, modules: dict) -> dict:
-    """Each module's first call on the example batch: (args, autocast dtype or None)."""
+def _names(model: nn.Module) -> dict[int, list[str]]:
+    """id(module) -> every name it goes by in the model (a shared module has several)."""
+    names: dict = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        names.setdefault(id(m), []).append(name)
+    return names
+
+
+@contextlib.contextmanager
+def _preserved(model: nn.Module):
+    """Within: run the model as much as needed; after: its gradients (the same tensors), buffers,
+    training modes and random state as they were."""
+    params = {id(p): p for p in model.parameters()}.values()
+    grads = [(p, p.grad) for p in params]
+    for p in params:  # every backward inside makes new gradient tensors: the user's stay untouched
+        p.grad = None
+    buffers = [(b, b.detach().clone()) for b in {id(b): b for b in model.buffers()}.values()]
+    modes = [(m, m.training) for m in model.modules()]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        for p, g in grads:
+            p.grad = g
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        for m, training in modes:
+            m.training = training
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _first_device(args, kwargs) -> str:
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    return tensors[0].device.type if tensors else "cpu"
+
+
+def _capture(model, batch, loss_fn, modules: dict) -> tuple[dict, object]:
+    """(each module's first call on the example batch: (args, kwargs, autocast dtype or None),
+    the step's output)."""
     seen: dict = {}
+    keep = lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
 
-    def hook(m, args):
+    def hook(m, args, kwargs):
         if id(m) not in seen:
-            dtype = torch.get_autocast_dtype(args[0].device.type) if torch.is_autocast_enabled(
-                args[0].device.type) else None  # fmt: skip
-            seen[id(m)] = (
-                tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args),
-                dtype,
-            )
+            dev = _first_device(args, kwargs)
+            dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+            seen[id(m)] = (tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}, dtype)
 
-    handles = [m.register_forward_pre_hook(hook) for m in modules.values()]
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules.values()]
     try:
         with torch.no_grad():
-            _run(model, batch, loss_fn)
+            out = _run(model, batch, loss_fn)
     finally:
         for h in handles:
             h.remove()
-    return seen
+    return seen, out
 
 
 def _run(model, batch, loss_fn):
@@ -113,22 +161,24 @@ def _run(model, batch, loss_fn):
     return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
 
 
-def _forward_backward(module, args, autocast_dtype, seed: int):
-    """(output, {tensor name: gradient}) of module(*args) and one backward with a seeded dy."""
-    args = [a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
-            for a in args]  # fmt: skip
+def _forward_backward(module, args, kwargs, autocast_dtype, seed: int):
+    """(output, {tensor name: gradient}) of module(*args, **kwargs) and one backward with a
+    seeded dy."""
+    fresh = lambda a: a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(  # noqa: E731
+        a, torch.Tensor) else a  # fmt: skip
+    args = [fresh(a) for a in args]
+    kwargs = {k: fresh(v) for k, v in kwargs.items()}
     for p in module.parameters():
         p.grad = None
-    dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+    dev = _first_device(args, kwargs)
     ctx = torch.autocast(dev, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     with ctx:
-        y = module(*args)
+        y = module(*args, **kwargs)
     g = torch.Generator(device=y.device).manual_seed(seed)
     dy = torch.randn(y.shape, generator=g, device=y.device, dtype=torch.float32).to(y.dtype)
     y.backward(dy)
-    grads = {
-        f"input {i}": a.grad for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.grad is not None
-    }
+    inputs = [(f"input {i}", a) for i, a in enumerate(args)] + [(f"input {k}", v) for k, v in kwargs.items()]
+    grads = {n: a.grad for n, a in inputs if isinstance(a, torch.Tensor) and a.grad is not None}
     grads.update({n: p.grad for n, p in module.named_parameters() if p.grad is not None})
     return y.detach(), grads
 
@@ -139,22 +189,58 @@ def _err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double().cpu() - want).abs().max() / want.abs().max().clamp_min(1e-12))
 
 
-def _check(name: str, original: nn.Module, fused: nn.Module, args, autocast_dtype) -> Swap:
+_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+          "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
+          "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+          "_load_state_dict_post_hooks")  # fmt: skip
+
+
+def _hookless(module: nn.Module) -> nn.Module:
+    """The module (its parameters, the same objects) without the user's hooks, for the checks."""
+    m = copy.copy(module)
+    for h in _HOOKS:
+        if hasattr(m, h):
+            setattr(m, h, OrderedDict())
+    return m
+
+
+def _adopt(original: nn.Module, fused: nn.Module) -> nn.Module:
+    """The fused module takes over the original's hooks (the same dicts: the user's handles still
+    remove them) and the attributes the user set on it."""
+    for h in _HOOKS:
+        if hasattr(original, h):
+            setattr(fused, h, getattr(original, h))
+    fused._is_full_backward_hook = getattr(original, "_is_full_backward_hook", None)
+    for k, v in original.__dict__.items():
+        if k not in fused.__dict__ and not k.startswith("_perfloop"):
+            fused.__dict__[k] = v
+    return fused
+
+
+def _check(name: str, original: nn.Module, fused: nn.Module, args, kwargs, autocast_dtype) -> Swap:
     from perfloop import ops
 
     kind = type(original).__name__
     op = ops.get(OPS.get(kind, "rmsnorm"))
+    original = _hookless(original)
     ref = copy.deepcopy(original).double()
-    ref_args = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-    want_y, want_g = _forward_backward(ref, ref_args, None, seed=0)
-    orig_y, orig_g = _forward_backward(original, args, autocast_dtype, seed=0)
+    dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
+    want_y, want_g = _forward_backward(ref, [dbl(a) for a in args], {k: dbl(v) for k, v in kwargs.items()},
+                                       None, seed=0)  # fmt: skip
+    orig_y, orig_g = _forward_backward(original, args, kwargs, autocast_dtype, seed=0)
+    fallbacks: list = []
+    _modules._RECORDING.append(fallbacks)
     try:
-        got_y, got_g = _forward_backward(fused, args, autocast_dtype, seed=0)
+        got_y, got_g = _forward_backward(fused, args, kwargs, autocast_dtype, seed=0)
     except Exception as exc:  # noqa: BLE001 -- a kernel that cannot run here is a refusal, not a crash
         return Swap(name, kind, False, f"the fused module failed on this input: {exc}")
     finally:
+        _modules._RECORDING.remove(fallbacks)
         for p in original.parameters():
             p.grad = None
+    if fallbacks:
+        return Swap(name, kind, False, f"no fused kernel takes this call ({fallbacks[0]}): torch's forward "
+                    "would run, nothing gained")  # fmt: skip
     if got_y.dtype != orig_y.dtype or got_y.shape != orig_y.shape:
         return Swap(name, kind, False, f"output {got_y.dtype} {tuple(got_y.shape)} where the original gives "
                     f"{orig_y.dtype} {tuple(orig_y.shape)}")  # fmt: skip
@@ -193,20 +279,43 @@ def patch(model: nn.Module, example_batch, loss_fn=None, *, measure: bool = Fals
     cands = _candidates(model)
     if not cands:
         return PatchReport([])
+    names = _names(model)
+    swapped: list = []  # (name, original) of every attribute set, to undo on failure
+    try:
+        with _preserved(model):
+            report = _patch(model, cands, names, example_batch, loss_fn, measure, budget_s, swapped)
+    except BaseException:
+        for name, original in reversed(swapped):
+            _set(model, name, original)
+        raise
+    return report
+
+
+def _patch(model, cands, names, example_batch, loss_fn, measure, budget_s, swapped) -> PatchReport:
     before = copy.deepcopy(model) if measure else None
-    seen = _capture(model, example_batch, loss_fn, {n: m for n, m, _ in cands})
+    seen, out = _capture(model, example_batch, loss_fn, {n: m for n, m, _ in cands})
+    if measure and not (isinstance(out, torch.Tensor) and out.is_floating_point()):
+        raise ValueError(f"loss_fn: measure=True times forward and backward of the step, which must give a "
+                         f"float tensor; the step gave a {type(out).__name__}. Pass loss_fn=lambda m, b: "
+                         "m(*b)[0] (or whichever part is the loss)")  # fmt: skip
     swaps, originals = [], {}
     for name, original, fused in cands:
+        aliases = [n for n in names[id(original)] if n != name and n]
         if why_not(original):
-            swaps.append(Swap(name, type(original).__name__, False, why_not(original)))
+            swaps.append(Swap(name, type(original).__name__, False, why_not(original), aliases=aliases))
             continue
         if id(original) not in seen:
-            swaps.append(Swap(name, type(original).__name__, False, "not called by the example batch"))
+            swaps.append(Swap(name, type(original).__name__, False, "not called by the example batch",
+                              aliases=aliases))  # fmt: skip
             continue
-        args, autocast_dtype = seen[id(original)]
-        swap = _check(name, original, fused, args, autocast_dtype)
+        args, kwargs, autocast_dtype = seen[id(original)]
+        swap = _check(name, original, fused, args, kwargs, autocast_dtype)
+        swap.aliases = aliases
         if swap.replaced and original is not model:
-            _set(model, name, fused)
+            _adopt(original, fused)
+            for n in (name, *aliases):
+                _set(model, n, fused)
+                swapped.append((n, original))
             originals[name] = original
         elif swap.replaced:
             swap = Swap(name, swap.kind, False, "it is the model itself: use perfloop.nn's module directly")
@@ -224,28 +333,23 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
     models = {"before": before, "after": model}
     if len(kinds) > 1:
         for kind in kinds:
-            m = copy.deepcopy(before)
-            for s in report.swaps:
-                if s.replaced and s.kind == kind:
-                    _set(m, s.name, fused_like(m.get_submodule(s.name)))
-            models[f"only {kind}"] = m
+            models[f"only {kind}"] = _with(before, report, {kind})
     t = _measure(models, batch, loss_fn, budget_s)
     pays = lambda c: c["significant"] and c["speedup"] > 1  # noqa: E731
     winners = [k for k in kinds if pays(t["candidates"].get(f"only {k}", {"significant": False}))]
     if 1 < len(winners) < len(kinds):  # the kinds that paid alone, together
         label = "only " + "+".join(winners)
-        m = copy.deepcopy(before)
-        for s in report.swaps:
-            if s.replaced and s.kind in winners:
-                _set(m, s.name, fused_like(m.get_submodule(s.name)))
-        t2 = _measure({"before": before, label: m}, batch, loss_fn, budget_s)
+        t2 = _measure(
+            {"before": before, label: _with(before, report, set(winners))}, batch, loss_fn, budget_s
+        )
         t["candidates"][label] = t2["candidates"][label] | {"before_ms": t2["before_ms"]}
     faster = {k: v for k, v in t["candidates"].items() if pays(v)}
     best = max(faster, key=lambda k: faster[k]["speedup"]) if faster else None
     keep = set(kinds) if best == "after" else (set(best.removeprefix("only ").split("+")) if best else set())
     for s in report.swaps:
         if s.replaced and s.kind not in keep:
-            _set(model, s.name, originals[s.name])
+            for n in (s.name, *s.aliases):
+                _set(model, n, originals[s.name])
             s.replaced = False
             s.reason = "equal, but the step was not faster with it (measured: --measure)"
     chosen = best or "before"
@@ -254,6 +358,17 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
     t.update({"speedup": c["speedup"] if c else 1.0, "ci": c["ci"] if c else (1.0, 1.0),
               "verdict": "significant" if c else "no swap made the step faster: none kept"})  # fmt: skip
     return t
+
+
+def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
+    """A copy of the unpatched model with the checked swaps of these kinds made."""
+    m = copy.deepcopy(before)
+    for s in report.swaps:
+        if s.replaced and s.kind in kinds:
+            fused = fused_like(m.get_submodule(s.name))
+            for n in (s.name, *s.aliases):
+                _set(m, n, fused)
+    return m
 
 
 def _measure(models: dict, batch, loss_fn, budget_s: float) -> dict:

@@ -40,7 +40,8 @@ def row_loss(base, t_ptr, loss_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
     lse = row_lse(base, n_cols, BLOCK)
     t = tl.load(t_ptr)
     valid = t != ignore_index
-    x_t = tl.load(base + tl.where(valid, t, 0)).to(tl.float32)
+    # an out-of-range target is refused before launch (check_targets); never read out of the row
+    x_t = tl.load(base + tl.where(valid & (t >= 0) & (t < n_cols), t, 0)).to(tl.float32)
     tl.store(loss_ptr, tl.where(valid, lse - x_t, 0.0))
     return lse, t, valid
 
@@ -85,6 +86,17 @@ def ce_loss_grad_kernel(L, T, LOSS, NVALID, stride_l, n_cols, ignore_index, BLOC
     row_grad(base, base, t, lse, scale, n_cols, BLOCK)
 
 
+def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
+    """Torch's refusal of a target outside [0, n_classes) that is not ignore_index: IndexError
+    with its message on the CPU; on a GPU a device-side assert, as torch's own kernel (no sync)."""
+    bad = (target != ignore_index) & ((target < 0) | (target >= n_classes))
+    if target.device.type == "cpu":
+        if bool(bad.any()):
+            raise IndexError(f"Target {int(target[bad][0])} is out of bounds.")
+    elif target.numel():
+        torch._assert_async(~bad.any(), "cross entropy: a target is out of bounds")
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, ignore_index):
@@ -92,6 +104,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
         target = target.contiguous()
+        check_targets(target, v, ignore_index)
         lse = torch.empty(m, dtype=torch.float32, device=logits.device)
         loss = torch.empty(m, dtype=torch.float32, device=logits.device)
         if m:
@@ -100,7 +113,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         n_valid = (target != ignore_index).sum()
         ctx.save_for_backward(logits, target, lse, n_valid)
         ctx.ignore_index = ignore_index
-        return loss.sum() / n_valid.clamp_min(1)  # fp32, whatever the logits' dtype
+        return loss.sum() / n_valid  # fp32, whatever the logits' dtype; nan with no row counted, as torch
 
     @staticmethod
     def backward(ctx, dloss):
@@ -120,8 +133,8 @@ def supported(logits: torch.Tensor, target: torch.Tensor, **kwargs) -> str | Non
         return (
             f"logits of shape {tuple(logits.shape)} with targets {tuple(target.shape)} (need (N, C) and (N,))"
         )
-    if target.dtype not in (torch.int64, torch.int32):
-        return f"targets of dtype {target.dtype} (class indices only)"
+    if target.dtype != torch.int64:
+        return f"targets of dtype {target.dtype} (class indices in int64 only)"
     for k, default in (("weight", None), ("label_smoothing", 0.0), ("reduction", "mean")):
         if kwargs.get(k, default) != default:
             return f"{k}={kwargs[k]!r}"

@@ -13,7 +13,7 @@ import torch
 import triton
 
 from perfloop.ops.base import check_tensor
-from perfloop.ops.cross_entropy.triton_impl import BLOCK, ce_loss_grad_kernel
+from perfloop.ops.cross_entropy.triton_impl import BLOCK, ce_loss_grad_kernel, check_targets
 
 CHUNK_BYTES = 200 * 2**20  # a chunk's logits at most this large (2048 rows of GPT-2's vocabulary in bf16)
 
@@ -30,6 +30,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         v = weight.shape[0]
         h = h if h.is_contiguous() else h.contiguous()
         target = target.contiguous()
+        check_targets(target, v, ignore_index)
         n_valid = (target != ignore_index).sum()
         dh = torch.empty_like(h)
         dw = torch.zeros_like(weight)
@@ -46,7 +47,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             dw.addmm_(logits.t(), hc)  # in the matmul's epilogue, in the weight's dtype
         # kept on ctx, not saved: the backward scales them in place and hands them out once
         ctx.grads = dh, dw
-        return losses.sum() / n_valid.clamp_min(1)
+        return losses.sum() / n_valid  # nan with no row counted, as torch
 
     @staticmethod
     def backward(ctx, dloss):
