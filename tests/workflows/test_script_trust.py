@@ -230,3 +230,28 @@ def test_a_script_that_exits_non_zero_is_a_failure_with_its_code(tmp_path):
         profile_script(script, [], "step")
     assert info.value.code == 5
     _clean()
+
+
+def test_report_and_exports_show_a_profile_run_and_compare_says_what_each_run_holds(tmp_path, capsys):
+    script = _write(tmp_path, STEPS + "for _ in range(4):\n    step()\n")
+    db = str(tmp_path / "r.db")
+    assert main(["profile", "--db", db, "--skip", "1", "--steps", "1", "--script", str(script)]) == 0
+    capsys.readouterr()
+    assert main(["report", "--db", db, "--run", "latest"]) == 0
+    out = capsys.readouterr().out
+    assert "stored profiles" in out and "script:s.py" in out and "no results" not in out
+    csv_path, json_path = tmp_path / "r.csv", tmp_path / "r.json"
+    assert main(["report", "--db", db, "--csv", str(csv_path), "--export-json", str(json_path)]) == 0
+    [profile] = [r for r in json.loads(json_path.read_text()) if r["kind"] == "profile"]
+    assert profile["op"] == "script:s.py" and profile["profile"]["ops"]
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].endswith("kind,name,calls") and any(",profile op,aten::linear," in ln for ln in lines)
+    script_run = profile["run_id"]
+    assert (
+        main(["bench", "rowsum", "--variant", "builtin", "--shape", "64x33", "--budget", "0.2", "--db", db])
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["compare", "--db", db, script_run, "latest"]) == 2
+    err = capsys.readouterr().err
+    assert f"{script_run} holds a step profile and no measurements" in err and "different devices" not in err

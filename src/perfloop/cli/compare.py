@@ -55,6 +55,18 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     limit = parse_percent(args.fail_above) if args.fail_above is not None else None
     rows_a, rows_b = store.rows(a), store.rows(b)
+    if not rows_a or not rows_b:
+        if _profiles(store, a, b):
+            return _compare_profiles(args, *_profiles(store, a, b), a, b)
+
+        def what(run, rows):
+            if rows:
+                return f"{run} holds measurements"
+            profiled = _profiles(store, run, run)
+            return f"{run} holds {'a step profile and ' if profiled else ''}no measurements"
+
+        raise UsageError(f"{what(a, rows_a)}; {what(b, rows_b)}: compare takes two benchmark runs (bench, "
+                         "sweep, demo) or two profile runs (profile --script / --trace-file)")  # fmt: skip
     if _devices(rows_a) != _devices(rows_b):
         raise UsageError(f"runs {a} ({', '.join(sorted(_devices(rows_a)))}) and {b} "
                          f"({', '.join(sorted(_devices(rows_b)))}) ran on different devices: their times "

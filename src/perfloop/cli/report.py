@@ -41,6 +41,21 @@ def _write(flag: str, path: str, text: str) -> None:
         raise UsageError(f"{flag} {path}: cannot write ({exc})") from None
 
 
+def _profile_table(profiles: list[dict]) -> None:
+    from perfloop.harness.measurement import fmt_ms
+
+    def top(p: dict, what: str) -> str:
+        best = max(p.get(what) or [], key=lambda r: r.get("device_ms", 0.0), default=None)
+        return f"{best['name'][:40]} ({fmt_ms(best['device_ms'] / (p.get('calls') or 1))})" if best else ""
+
+    table("stored profiles", ["run", "source", "window", "calls", "wall/call", "device/call", "top op",
+          "top module"],
+          [[a["run_id"], a["op"] or "", a["variant"] or "", a["payload"].get("calls", ""),
+            fmt_ms(a["payload"]["wall_ms_per_call"]) if a["payload"].get("wall_ms_per_call") else "",
+            fmt_ms(a["payload"]["device_ms_per_call"]) if a["payload"].get("device_ms_per_call") else "",
+            top(a["payload"], "ops"), top(a["payload"], "modules")] for a in profiles])  # fmt: skip
+
+
 def run(args) -> int:
     from perfloop.harness.measurement import fmt_ms
     from perfloop.results.report import fmt_rate, fmt_speedup, latest_rows, render_html
@@ -67,13 +82,18 @@ def run(args) -> int:
             raise UsageError(f"--html {args.html}: {str(exc).split(': ', 1)[-1]}") from None
         console().print(f"report: {page}")
     rows = latest_rows(store.rows(run_id))
+    profiles = store.artifacts(run_id, kind="profile")
     for why in store.skipped:
         console(True).print(f"skipped a stored row that cannot be read: {why}", style="yellow")
     if args.json:
-        emit_json(rows)
+        emit_json(rows if not profiles else {"measurements": rows, "profiles": profiles})
     elif not (args.html or args.csv or args.export_json):
-        if not rows:
+        if not rows and not profiles:
             console().print(f"no results in {store.path} yet: try `perfloop demo`")
+        if profiles:
+            _profile_table(profiles)
+        if not rows:
+            return 0
         table(f"results in {store.path}", ["op", "variant", "shape", "dtype", "median", "rate",
               "speed-up", "device"],
               [[r["op"], r["variant"] + (" (graph)" if r["graph"] else ""), r["shape"], r["dtype"],

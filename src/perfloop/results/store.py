@@ -76,6 +76,9 @@ COLUMNS = [
     "p80_ms", "iqr_ms", "ci_lo_ms", "ci_hi_ms", "n", "gbps", "tflops", "sol", "speedup",
     "speedup_lo", "speedup_hi", "baseline", "device",
 ]  # fmt: skip
+# after them: what each row is ("measurement", or a stored step profile's "profile op" / "profile
+# module" row: its name, device ms per call in median_ms, the profile's calls)
+PROFILE_COLUMNS = ["kind", "name", "calls"]
 
 
 def is_our_export(path: str | os.PathLike) -> bool:
@@ -85,7 +88,7 @@ def is_our_export(path: str | os.PathLike) -> bool:
             head = f.read(4096).decode("utf-8", errors="replace")
     except OSError:
         return False
-    csv_ours = head.startswith(",".join(COLUMNS))
+    csv_ours = head.startswith(",".join(COLUMNS))  # with or without the profile columns
     json_ours = head.lstrip().startswith("[") and ('"run_id"' in head or head.strip() == "[]")
     return csv_ours or json_ours
 
@@ -342,12 +345,26 @@ class Store:
 
     # ------------------------------------------------------------ export
     def export_csv(self, run_id: str | None = None) -> str:
+        """Every measurement, then every stored step profile's op and module rows."""
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+        w = csv.DictWriter(buf, fieldnames=COLUMNS + PROFILE_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in self.rows(run_id):
-            w.writerow(r)
+            w.writerow(r | {"kind": "measurement"})
+        for a in self.artifacts(run_id, kind="profile"):
+            p, calls = a["payload"], a["payload"].get("calls") or 1
+            for what in ("op", "module"):
+                for row in p.get(f"{what}s") or []:
+                    w.writerow({"run_id": a["run_id"], "created": a["created"], "op": a["op"],
+                                "variant": a["variant"], "kind": f"profile {what}", "name": row.get("name"),
+                                "calls": calls, "median_ms": row.get("device_ms", 0.0) / calls,
+                                "device": p.get("kind")})  # fmt: skip
         return buf.getvalue()
 
     def export_json(self, run_id: str | None = None) -> str:
-        return json.dumps(self.rows(run_id), indent=1)
+        """A list: every measurement row, then every stored profile (its whole payload)."""
+        rows = [r | {"kind": "measurement"} for r in self.rows(run_id)]
+        rows += [{"kind": "profile", "run_id": a["run_id"], "created": a["created"], "op": a["op"],
+                  "variant": a["variant"], "profile": a["payload"]}
+                 for a in self.artifacts(run_id, kind="profile")]  # fmt: skip
+        return json.dumps(rows, indent=1, default=str)
