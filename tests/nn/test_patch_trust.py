@@ -181,3 +181,33 @@ def test_fused_gelu_takes_a_scalar_and_a_model_its_kernels_cannot_take_is_not_sa
     assert report.replaced == []
     assert "no fused kernel takes this call (dtype torch.float64)" in report.refused["2"]
     assert type(model[2]) is nn.GELU
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_an_out_of_range_target_stops_with_a_device_assert_as_torchs_loss_does():
+    import subprocess
+    import sys
+
+    code = ("import torch, perfloop.nn as pnn; x = torch.randn(64, 1000, device='cuda'); "
+            "t = torch.randint(0, 1000, (64,), device='cuda'); t[5] = {bad}; "
+            "pnn.CrossEntropyLoss()(x, t).item()")  # fmt: skip
+    for bad in (1005, -1):
+        r = subprocess.run([sys.executable, "-c", code.format(bad=bad)], capture_output=True, text=True)
+        assert r.returncode != 0 and "assert" in r.stderr.lower()
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_fused_loss_gives_nan_with_every_target_ignored_and_patch_keeps_grads():
+    logits = torch.randn(64, 1000, device="cuda", requires_grad=True)
+    target = torch.full((64,), -100, device="cuda")
+    loss = pnn.CrossEntropyLoss()(logits, target)
+    assert torch.isnan(loss) and torch.isnan(F.cross_entropy(logits, target))
+    loss.backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
+    model = _net().cuda()
+    x = torch.randn(8, 16, device="cuda")
+    model(x).square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    report = pl.patch(model, (x,))
+    assert set(report.replaced) == {"1", "2"}
+    assert all(torch.equal(p.grad, grads[n]) for n, p in model.named_parameters())

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import heapq
 import io
 import json
 import math
 import os
 import sys
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
 from torch.autograd import DeviceType
 
 from perfloop.analysis import profiling
@@ -217,25 +216,30 @@ def read(path: str | os.PathLike, progress: Callable[[int, int], None] | None = 
         raise ValueError(f"trace: cannot read {path} ({exc})") from None
     warnings: list[str] = []
     cutoff = math.inf
-    if big:  # a first pass: how many events, where the steps start
-        stamps, steps = array("d"), []
+    if big:  # a first pass: how many events, where the steps start, the MAX_EVENTS earliest starts
+        earliest, steps, n = [], [], 0  # earliest: a max-heap (negated) of at most MAX_EVENTS + 1
         for i, r in _records(path, meta, progress):
             w = _wanted(i, r)
-            if w is not None:
-                stamps.append(w[3])
-                if w[1].startswith("ProfilerStep#") and w[0] == "user_annotation":
-                    steps.append(w[3])
-        if len(stamps) > MAX_EVENTS:
-            cutoff = float(np.partition(np.frombuffer(stamps, dtype=np.float64), MAX_EVENTS)[MAX_EVENTS])
+            if w is None:
+                continue
+            n += 1
+            if len(earliest) <= MAX_EVENTS:
+                heapq.heappush(earliest, -w[3])
+            elif -w[3] > earliest[0]:
+                heapq.heapreplace(earliest, -w[3])
+            if w[1].startswith("ProfilerStep#") and w[0] == "user_annotation":
+                steps.append(w[3])
+        if n > MAX_EVENTS:
+            cutoff = -earliest[0]  # the (MAX_EVENTS + 1)-th earliest start: events before it fit
             steps.sort()
             k = bisect.bisect_right(steps, cutoff) - 1
             cutoff = steps[k] if k >= 1 else cutoff  # whole steps only, where one fits
             kept = bisect.bisect_left(steps, cutoff)
-            warnings.append(f"the trace holds {len(stamps):,} events: kept the first {MAX_EVENTS:,} or fewer "
+            warnings.append(f"the trace holds {n:,} events: kept the first {MAX_EVENTS:,} or fewer "
                             + (f"(its first {kept} of {len(steps)} ProfilerStep ranges)" if kept
                                else "(its leading span)")
                             + " to keep memory bounded; write a shorter trace for the rest")  # fmt: skip
-        del stamps
+        del earliest
         meta.clear()
     events, by_corr, launches, corr_kept = [], {}, [], set()
     for i, r in _records(path, meta, None if big else progress):
