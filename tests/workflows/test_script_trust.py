@@ -92,22 +92,22 @@ m = torch.nn.Linear(32, 32)
 with torch.profiler.profile() as p:
     for i in range(3):
         m(torch.randn(8, 32)).sum().backward()
-n = len(p.key_averages())
-assert n > 5, f"the script's profiler saw {n} ops"
+ops = sorted({e.key for e in p.key_averages() if "::" in e.key})  # aten ops (not CUDA's start-up calls)
+assert len(ops) > 5, f"the script's profiler saw {ops}"
 with open("seen.txt", "w") as f:
-    f.write(str(n))
+    f.write(" ".join(ops))
 """
 
 
 def test_a_scripts_own_profiler_records_what_it_would_alone_and_perfloop_says_why_it_gave_way(tmp_path):
     script = _write(tmp_path, PROFILED)
     subprocess.run([sys.executable, str(script)], cwd=tmp_path, check=True)
-    alone = int((tmp_path / "seen.txt").read_text())
+    alone = (tmp_path / "seen.txt").read_text()
     (tmp_path / "seen.txt").unlink()
     with pytest.raises(ValueError, match="runs torch.profiler itself.*--trace-file"), _chdir(tmp_path):
         profile_script(script, [], None, window=(0.0, 30.0))
     _clean()
-    assert int((tmp_path / "seen.txt").read_text()) == alone
+    assert (tmp_path / "seen.txt").read_text() == alone
 
 
 def test_a_window_outside_the_scripts_profiler_is_profiled_with_it_running_elsewhere(tmp_path):

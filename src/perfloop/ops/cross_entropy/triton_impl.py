@@ -35,13 +35,15 @@ def row_lse(base, n_cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def row_loss(base, t_ptr, loss_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
-    """One row's loss (lse - x[t], 0 where t is ignored) stored; returns (lse, t, valid)."""
+def row_loss(base, t_ptr, loss_ptr, ok_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
+    """One row's loss (lse - x[t], 0 where t is ignored) stored; returns (lse, t, valid). A target
+    out of range clears the flag at ok_ptr (asserted after the launch) and is never read."""
     lse = row_lse(base, n_cols, BLOCK)
     t = tl.load(t_ptr)
     valid = t != ignore_index
-    # an out-of-range target is refused before launch (check_targets); never read out of the row
-    x_t = tl.load(base + tl.where(valid & (t >= 0) & (t < n_cols), t, 0)).to(tl.float32)
+    in_range = (t >= 0) & (t < n_cols)
+    tl.store(ok_ptr, 0, mask=valid & ~in_range)
+    x_t = tl.load(base + tl.where(valid & in_range, t, 0)).to(tl.float32)
     tl.store(loss_ptr, tl.where(valid, lse - x_t, 0.0))
     return lse, t, valid
 
@@ -58,9 +60,9 @@ def row_grad(base, out, t, lse, scale, n_cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def ce_fwd_kernel(L, T, LSE, LOSS, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
+def ce_fwd_kernel(L, T, LSE, LOSS, OK, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    lse, t, valid = row_loss(L + row * stride_l, T + row, LOSS + row, n_cols, ignore_index, BLOCK)
+    lse, t, valid = row_loss(L + row * stride_l, T + row, LOSS + row, OK, n_cols, ignore_index, BLOCK)
     tl.store(LSE + row, lse)
 
 
@@ -76,25 +78,36 @@ def ce_bwd_kernel(
 
 
 @triton.jit
-def ce_loss_grad_kernel(L, T, LOSS, NVALID, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
+def ce_loss_grad_kernel(L, T, LOSS, NVALID, OK, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
     """Both at once, for a row no one else needs: its loss, then its gradient (for an upstream
     gradient of 1) over the row itself -- the second read while the row is still in L2."""
     row = tl.program_id(0).to(tl.int64)
     base = L + row * stride_l
-    lse, t, valid = row_loss(base, T + row, LOSS + row, n_cols, ignore_index, BLOCK)
+    lse, t, valid = row_loss(base, T + row, LOSS + row, OK, n_cols, ignore_index, BLOCK)
     scale = tl.where(valid, 1.0 / tl.maximum(tl.load(NVALID).to(tl.float32), 1.0), 0.0)
     row_grad(base, base, t, lse, scale, n_cols, BLOCK)
 
 
-def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
-    """Torch's refusal of a target outside [0, n_classes) that is not ignore_index: IndexError
-    with its message on the CPU; on a GPU a device-side assert, as torch's own kernel (no sync)."""
-    bad = (target != ignore_index) & ((target < 0) | (target >= n_classes))
+_OK: dict = {}  # per device: 1 until a kernel saw a target out of range (then the context is lost)
+
+
+def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> torch.Tensor:
+    """Torch's refusal of a target outside [0, n_classes) that is not ignore_index. On the CPU:
+    IndexError with torch's message, now. On a GPU, as torch's own kernel does, a device-side
+    assert without a sync: the kernels clear the flag returned here, `assert_targets` checks it."""
     if target.device.type == "cpu":
+        bad = (target != ignore_index) & ((target < 0) | (target >= n_classes))
         if bool(bad.any()):
             raise IndexError(f"Target {int(target[bad][0])} is out of bounds.")
-    elif target.numel():
-        torch._assert_async(~bad.any(), "cross entropy: a target is out of bounds")
+    ok = _OK.get(target.device)
+    if ok is None:
+        ok = _OK[target.device] = torch.ones((), dtype=torch.int32, device=target.device)
+    return ok
+
+
+def assert_targets(ok: torch.Tensor) -> None:
+    if ok.is_cuda:
+        torch._assert_async(ok, "cross entropy: a target is out of bounds")
 
 
 class CrossEntropyFunction(torch.autograd.Function):
@@ -104,12 +117,13 @@ class CrossEntropyFunction(torch.autograd.Function):
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
         target = target.contiguous()
-        check_targets(target, v, ignore_index)
+        ok = check_targets(target, v, ignore_index)
         lse = torch.empty(m, dtype=torch.float32, device=logits.device)
         loss = torch.empty(m, dtype=torch.float32, device=logits.device)
         if m:
-            ce_fwd_kernel[(m,)](logits, target, lse, loss, logits.stride(0), v, ignore_index,
+            ce_fwd_kernel[(m,)](logits, target, lse, loss, ok, logits.stride(0), v, ignore_index,
                                 BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)  # fmt: skip
+            assert_targets(ok)
         n_valid = (target != ignore_index).sum()
         ctx.save_for_backward(logits, target, lse, n_valid)
         ctx.ignore_index = ignore_index

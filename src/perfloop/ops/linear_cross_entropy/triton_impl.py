@@ -13,7 +13,7 @@ import torch
 import triton
 
 from perfloop.ops.base import check_tensor
-from perfloop.ops.cross_entropy.triton_impl import BLOCK, ce_loss_grad_kernel, check_targets
+from perfloop.ops.cross_entropy.triton_impl import BLOCK, assert_targets, ce_loss_grad_kernel, check_targets
 
 CHUNK_BYTES = 200 * 2**20  # a chunk's logits at most this large (2048 rows of GPT-2's vocabulary in bf16)
 
@@ -30,7 +30,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         v = weight.shape[0]
         h = h if h.is_contiguous() else h.contiguous()
         target = target.contiguous()
-        check_targets(target, v, ignore_index)
+        ok = check_targets(target, v, ignore_index)
         n_valid = (target != ignore_index).sum()
         dh = torch.empty_like(h)
         dw = torch.zeros_like(weight)
@@ -41,10 +41,12 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             hc, tc = h[s : s + chunk], target[s : s + chunk]
             logits = torch.mm(hc, weight.t(), out=buf[: hc.shape[0]])
             # each row's loss, then its gradient written over it (the logits are ours alone)
-            ce_loss_grad_kernel[(logits.shape[0],)](logits, tc, losses[s:], n_valid, logits.stride(0), v,
+            ce_loss_grad_kernel[(logits.shape[0],)](logits, tc, losses[s:], n_valid, ok, logits.stride(0), v,
                                                     ignore_index, BLOCK=block, num_warps=8)  # fmt: skip
             torch.mm(logits, weight, out=dh[s : s + chunk])
             dw.addmm_(logits.t(), hc)  # in the matmul's epilogue, in the weight's dtype
+        if n:
+            assert_targets(ok)
         # kept on ctx, not saved: the backward scales them in place and hands them out once
         ctx.grads = dh, dw
         return losses.sum() / n_valid  # nan with no row counted, as torch
