@@ -42,7 +42,7 @@ def row_loss(base, t_ptr, loss_ptr, ok_ptr, n_cols, ignore_index, BLOCK: tl.cons
     t = tl.load(t_ptr)
     valid = t != ignore_index
     in_range = (t >= 0) & (t < n_cols)
-    tl.store(ok_ptr, 0, mask=valid & ~in_range)
+    tl.store(ok_ptr, in_range.to(tl.int32), mask=valid & ~in_range)  # 0 where stored
     x_t = tl.load(base + tl.where(valid & in_range, t, 0)).to(tl.float32)
     tl.store(loss_ptr, tl.where(valid, lse - x_t, 0.0))
     return lse, t, valid
@@ -101,13 +101,13 @@ def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> to
             raise IndexError(f"Target {int(target[bad][0])} is out of bounds.")
     ok = _OK.get(target.device)
     if ok is None:
-        ok = _OK[target.device] = torch.ones((), dtype=torch.int32, device=target.device)
+        ok = _OK[target.device] = torch.ones(1, dtype=torch.int32, device=target.device)
     return ok
 
 
 def assert_targets(ok: torch.Tensor) -> None:
     if ok.is_cuda:
-        torch._assert_async(ok, "cross entropy: a target is out of bounds")
+        torch._assert_async(ok[0], "cross entropy: a target is out of bounds")
 
 
 class CrossEntropyFunction(torch.autograd.Function):
