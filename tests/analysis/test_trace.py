@@ -189,4 +189,5 @@ def test_a_large_trace_is_streamed_and_cut_to_whole_steps_with_a_warning(tmp_pat
     kernels = [e for e in events if e.device_type == trace.DeviceType.CUDA]
     launches = [e for e in events if e.name == "cudaLaunchKernel"]
     assert len(kernels) == len(launches) and all(len(e.kernels) == 1 for e in launches)
+    assert seen and seen[-1] == path.stat().st_size  # told as it read, to the end
     assert any("holds 6,040 events" in w and f"first {len(steps)} of 40 ProfilerStep" in w for w in warnings)

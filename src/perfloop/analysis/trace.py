@@ -96,12 +96,15 @@ class _Stream:
 
     _ws = " \t\n\r"
 
-    def __init__(self, f, chunk: int = 1 << 20):
+    def __init__(self, f, chunk: int = 1 << 20, on_read: Callable[[], None] | None = None):
         self.f, self.chunk, self.buf, self.pos, self.eof = f, chunk, "", 0, False
         self.decoder = json.JSONDecoder()
+        self.on_read = on_read
 
     def _fill(self) -> bool:
         data = self.f.read(self.chunk)
+        if self.on_read is not None:
+            self.on_read()
         if not data:
             self.eof = True
             return False
@@ -141,7 +144,7 @@ def _records(path, meta: dict, progress: Callable[[int, int], None] | None) -> I
     try:
         f, raw = _open(path)
         with f, raw:
-            s = _Stream(f)
+            s = _Stream(f, on_read=(lambda: progress(raw.tell(), size)) if progress else None)
             s.expect("{")
             found = False
             while s.peek() != "}":
@@ -156,8 +159,6 @@ def _records(path, meta: dict, progress: Callable[[int, int], None] | None) -> I
                     while s.peek() != "]":
                         yield i, s.value()
                         i += 1
-                        if progress is not None and i % 65536 == 0:
-                            progress(raw.tell(), size)
                         s.expect(",]") if s.peek() == "," else None
                     s.expect("]")
                 if s.expect(",}") == "}":
