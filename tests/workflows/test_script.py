@@ -100,7 +100,7 @@ def test_the_cli_passes_the_scripts_error_on_and_stores_nothing(script, tmp_path
     assert "RuntimeError: boom" in err and "nothing was stored" in err
     assert not db.exists() or Store(db).artifacts(kind="profile") == []
     assert main(["profile", "--db", str(db), "--range", "nope", "--script", str(script), "2"]) == 2
-    assert "ranges seen: step (x2), eval (x2)" in capsys.readouterr().err
+    assert "ranges seen: step (x2), optimizer.step (x2), eval (x2)" in capsys.readouterr().err
 
 
 def test_two_profiled_runs_compare_op_by_op(script, tmp_path, capsys):

@@ -110,17 +110,20 @@ def test_a_scripts_own_profiler_records_what_it_would_alone_and_perfloop_says_wh
     assert (tmp_path / "seen.txt").read_text() == alone
 
 
-def test_a_window_outside_the_scripts_profiler_is_profiled_with_it_running_elsewhere(tmp_path):
+def test_a_window_before_the_scripts_profiler_is_profiled_and_one_after_it_is_refused(tmp_path):
     script = _write(
         tmp_path,
         STEPS
         + """
+step(); step(); step()
 with torch.profiler.profile() as p:
     step()
-step(); step(); step()
 assert len(p.key_averages()) > 5
 """,
     )
+    with pytest.raises(ValueError, match="runs torch.profiler itself"):
+        profile_script(script, [], "step", skip=3, steps=1)  # the 4th step runs under the script's
+    _clean()
     p = profile_script(script, [], "step", skip=1, steps=1)
     _clean()
     assert p.calls == 1 and any(i.module == "0" for i in p.items())

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,19 +55,27 @@ class annotate(contextlib.ContextDecorator):
     def __enter__(self):
         for w in RANGE_WATCHERS:
             w.enter(self.name)
-        if self._nvtx:
-            torch.cuda.nvtx.range_push(self.name)
-        if torch.autograd.profiler._is_profiler_enabled:
-            self._rf = torch.profiler.record_function(self.name)
-            self._rf.__enter__()
+        _ANNOTATING.on = True  # its NVTX and record_function ranges are told above, not again
+        try:
+            if self._nvtx:
+                torch.cuda.nvtx.range_push(self.name)
+            if torch.autograd.profiler._is_profiler_enabled:
+                self._rf = torch.profiler.record_function(self.name)
+                self._rf.__enter__()
+        finally:
+            _ANNOTATING.on = False
         return self
 
     def __exit__(self, *exc):
-        if self._rf is not None:
-            self._rf.__exit__(*exc)
-            self._rf = None
-        if self._nvtx:
-            torch.cuda.nvtx.range_pop()
+        _ANNOTATING.on = True
+        try:
+            if self._rf is not None:
+                self._rf.__exit__(*exc)
+                self._rf = None
+            if self._nvtx:
+                torch.cuda.nvtx.range_pop()
+        finally:
+            _ANNOTATING.on = False
         for w in RANGE_WATCHERS:
             w.exit(self.name)
         return False
@@ -74,6 +83,12 @@ class annotate(contextlib.ContextDecorator):
 
 # objects with enter(name) and exit(name), told of every annotate range (profile --script)
 RANGE_WATCHERS: list = []
+_ANNOTATING = threading.local()
+
+
+def annotating() -> bool:
+    """Whether this thread is inside annotate's own range calls (NVTX, record_function)."""
+    return getattr(_ANNOTATING, "on", False)
 
 
 # --------------------------------------------------------------------- names
@@ -149,6 +164,7 @@ class Profile:
     _counted: Any = field(default=None, repr=False)  # (records, items, calls) of the counted call
     _items: Any = field(default=None, repr=False)
     _windows: Any = field(default=None, repr=False)  # host intervals the profile is limited to
+    step: str | None = None  # what one call is, in a script's profile: a range's name or optimizer.step
     _given_work: Any = field(default=None, repr=False)  # (module, phase, op) -> work, from a trace
 
     @property

@@ -39,7 +39,10 @@ def register(verb) -> None:
     s = p.add_argument_group("a script (perfloop profile [flags] --script train.py [its arguments])")
     s.add_argument("--script", help="run this Python script unchanged and profile a window of it; "
                    "everything after its path goes to it")  # fmt: skip
-    s.add_argument("--range", default=None, help="the annotate range that is one step (default: step)")
+    s.add_argument("--range", default=None, help="what one step is: optimizer.step (the work between two "
+                   "optimizer.step() calls), or a range's name: pl.annotate, record_function, NVTX, "
+                   "ProfilerStep (default: a range named step if the script has one, else "
+                   "optimizer.step)")  # fmt: skip
     s.add_argument(
         "--skip",
         type=int,
@@ -168,7 +171,7 @@ def run_step_profile(args) -> int:
     from perfloop.analysis.trace import from_trace
     from perfloop.harness.ceilings import ceilings as measured_ceilings
     from perfloop.results.report import render_html
-    from perfloop.workflows.script import ScriptError, profile_script
+    from perfloop.workflows.script import AUTO, ScriptError, profile_script
 
     if args.trace_file and args.trace:
         raise UsageError("--trace: a trace file is already a trace; open --trace-file in Perfetto")
@@ -177,7 +180,7 @@ def run_step_profile(args) -> int:
     if args.depth < 1:
         raise UsageError(f"--depth: must be >= 1, got {args.depth}")
     window = _window(args.window)
-    range_name = None if window or args.trace_file else (args.range or "step")
+    range_name = None if window or args.trace_file else (args.range or AUTO)
     for name in ("report", "trace", "db"):  # where the user ran perfloop, whatever the script's chdir
         if getattr(args, name, None):
             setattr(args, name, os.path.abspath(getattr(args, name)))
@@ -227,6 +230,7 @@ def run_step_profile(args) -> int:
     if args.trace_file:
         what = f"its {p.calls} ProfilerStep range(s)" if p._windows else "the whole trace"
     else:
+        range_name = p.step or range_name
         what = f"{p.calls} occurrence(s) of {range_name!r}" if range_name else f"the window {args.window} s"
         cut = next((w for w in p.warnings if w.startswith("--window: the script ended")), None)
         if cut:

@@ -1,10 +1,13 @@
 """Profile a window of a user's script, run unchanged: `perfloop profile --script train.py`.
 
-The window is the occurrences `skip + 1 .. skip + steps` of an `annotate(name)` range (the
-script's own `pl.annotate("step")`), then one more occurrence is counted for FLOPs and bytes;
-or, for a script without ranges, a time window that opens and closes at the first module call
-or range after its start and end. The script's own errors end the run: the profiler is stopped,
-the traceback is the script's, and nothing is kept.
+The window is the occurrences `skip + 1 .. skip + steps` of a step, then one more occurrence is
+counted for FLOPs and bytes. A step is, by default, the work between two `optimizer.step()`
+calls of a torch.optim optimizer (the first one that steps), or a range named "step" where the
+script has one; by name, any range the script opens: `pl.annotate`, `torch.profiler.
+record_function`, NVTX (`torch.cuda.nvtx.range_push`), torch.profiler's own `ProfilerStep#N`
+(named "ProfilerStep"). For a script without steps, a time window that opens and closes at the
+first module call or range after its start and end. The script's own errors end the run: the
+profiler is stopped, the traceback is the script's, and nothing is kept.
 
 The script runs as under plain `python`: its threads call modules freely (module ranges are kept
 per thread), a torch.profiler of its own records what it would alone (perfloop's gives way: one
@@ -15,8 +18,11 @@ with the analysis still made.
 from __future__ import annotations
 
 import contextlib
+import gc
+import itertools
 import math
 import os
+import re
 import runpy
 import sys
 import threading
@@ -30,6 +36,10 @@ from perfloop import device as _device
 from perfloop.analysis import profiling
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.work import WorkCounter
+
+AUTO = "auto"  # the step: "step" ranges or optimizer.step() boundaries, whichever occurs first
+OPTIMIZER_STEP = "optimizer.step"
+_NUMBERED = re.compile(r"#\d+$")  # ProfilerStep#12 -> ProfilerStep
 
 
 class _Exit(BaseException):  # noqa: N818 -- os._exit(code) called in the script's main thread
@@ -74,7 +84,18 @@ class _Window:
     lock: object = field(default_factory=threading.RLock)
     starting: bool = False  # perfloop's own profiler is being started
     theirs: set = field(default_factory=set)  # the script's own profilers, recording or about to
+    theirs_ran: bool = False  # one of them has started: perfloop's records no more
     blocked: str | None = None  # the script's own profiler kept perfloop's from starting
+    count_blocked: bool = False  # ... or from counting a step
+    flush: object = None  # acts on a step boundary still waiting (the script ended after step())
+    # a profiler stopped while a record_function range begun under it is still open corrupted
+    # torch's heap (a segfault later): such a stop waits until those ranges have closed
+    begun_since: object = None  # begun_since(mark): is a range begun after `mark` still open?
+    mark: object = None  # () -> the newest range's mark
+    started_mark: int = -1
+    stop_due: str | None = None  # "timed" or "counting": to stop at the next safe point
+    due_at: float = 0.0
+    count_next: bool = False  # an occurrence began while the timed stop was due
     ended_at: float | None = None  # seconds into a time window when the script ended
 
     # ---- ranges
@@ -87,19 +108,28 @@ class _Window:
         if self.range_name is None:
             self.tick()
             return
+        if self.range_name == AUTO and name in ("step", OPTIMIZER_STEP):
+            self.range_name = name  # the first of the two to occur is the step
         if name != self.range_name:
             return
+        if self.stop_due == "timed":  # the next occurrence began: count it once the stop is made
+            self.count_next = True
         n = self.seen[name]
         if self.state == "before":
             self.enters.append(time.perf_counter())
         if self.state == "before" and n >= self.skip + 1:
             self._start_timed()
-        elif self.state == "timed_done" and self.count_work and not self.theirs:
-            self._sync()
-            self.counted_prof = self._start([])
-            self.counter = WorkCounter()
-            self.counter.__enter__()
-            self.state = "counting"
+        elif self.state == "timed_done" and self.count_work and self.theirs_ran:
+            self.count_blocked, self.state = True, "done"
+        elif self.state == "timed_done" and self.count_work:
+            self._start_counting()
+
+    def _start_counting(self) -> None:
+        self._sync()
+        self.counted_prof = self._start([])
+        self.counter = WorkCounter()
+        self.counter.__enter__()
+        self.state = "counting"
 
     def exit(self, name: str) -> None:
         if name != self.range_name:
@@ -107,7 +137,16 @@ class _Window:
         with self.lock:
             self._exit()
 
+    def boundary(self, name: str) -> None:
+        """A step boundary (an optimizer's step() returned): one occurrence ends, the next begins."""
+        with self.lock:
+            if name == self.range_name:
+                self._exit()
+            self._enter(name)
+
     def _exit(self) -> None:
+        if self.stop_due:
+            return
         if self.state == "timed":
             self.calls += 1
             if self.calls == self.steps:
@@ -124,7 +163,7 @@ class _Window:
             start, duration = self.window
             if self.state == "before" and now >= start:
                 self._start_timed()
-            elif self.state == "timed" and now >= start + duration:
+            elif self.state == "timed" and now >= start + duration and not self.stop_due:
                 self.calls = 1
                 self._stop_timed()
 
@@ -134,6 +173,7 @@ class _Window:
             torch.cuda.synchronize()
 
     def _start(self, warnings: list):
+        self.started_mark = self.mark() if self.mark else -1
         self.starting = True
         try:
             return profiling.start_profiler(self.on_cuda, warnings)
@@ -141,32 +181,27 @@ class _Window:
             self.starting = False
 
     def _start_timed(self):
-        if self.theirs:  # the script's profiler records now: try again at the next step or call
-            self.blocked = "was recording when the window was to open"
+        if self.theirs_ran:
+            self.blocked = "started before the window opened"
             return
-        if self.blocked:
-            late = time.perf_counter() - self.t0
-            self.warnings.append(f"the window opened late ({late:.3g} s into the script, occurrence "
-                                 f"{sum(self.seen.values())}): the script's own torch.profiler was "
-                                 "recording until then")  # fmt: skip
         self._sync()
         self.prof = self._start(self.warnings)
         self.timed_at = time.perf_counter()
         self.state = "timed"
 
     def _give_way(self) -> None:
-        """The script's own torch.profiler starts inside the window: perfloop's stops."""
+        """The script's own torch.profiler starts: perfloop's stops, and records no more. (Ours
+        recording again after the script's had run corrupted torch's heap in our tests: "free():
+        invalid next size", a segfault at a later garbage collection.)"""
         with self.lock:
             if self.state == "timed":
                 profiling.stop_profiler(self.prof)
-                self.state = "yielded"
+                self.prof, self.calls, self.state = None, 0, "before"
+                self.blocked = "started inside the window"
             elif self.state == "counting":
                 self.counter.__exit__(None, None, None)
                 profiling.stop_profiler(self.counted_prof)
-                self.counted_prof = None
-                self.state = "done"
-                self.warnings.append("FLOPs and bytes not counted: the script's own torch.profiler "
-                                     "started in the counted step")  # fmt: skip
+                self.counted_prof, self.state, self.count_blocked = None, "done", True
 
     # ---- the script's own torch.profiler (any torch.autograd.profiler.profile not perfloop's)
     @contextlib.contextmanager
@@ -178,6 +213,7 @@ class _Window:
         def _prepare_trace(prof):
             if not w.starting:
                 w.theirs.add(id(prof))
+                w.theirs_ran = True
                 if w.state in ("timed", "counting"):
                     w._give_way()
             return prepare(prof)
@@ -194,13 +230,39 @@ class _Window:
         finally:
             cls._prepare_trace, cls.__exit__ = prepare, leave
 
-    def _stop_timed(self):
+    def _unsafe(self, what: str) -> bool:
+        """Whether stopping now would leave a range begun under the profiler open (then the stop
+        is due, made by settle() once they have closed)."""
+        if self.begun_since is not None and self.begun_since(self.started_mark):
+            if self.stop_due is None:
+                self._sync()
+                self.stop_due, self.due_at = what, time.perf_counter()
+            return True
+        return False
+
+    def settle(self) -> None:
+        if self.stop_due is not None:
+            with self.lock:
+                if self.stop_due == "timed":
+                    self._stop_timed()
+                    if self.state == "timed_done" and self.count_next and not self.theirs_ran:
+                        self._start_counting()
+                elif self.stop_due == "counting":
+                    self._stop_counting()
+
+    def _stop_timed(self, force: bool = False):
+        if self.state != "timed" or (not force and self._unsafe("timed")):
+            return
         self._sync()
-        self.wall_ms = (time.perf_counter() - self.timed_at) * 1e3
+        self.wall_ms = ((self.due_at if self.stop_due else time.perf_counter()) - self.timed_at) * 1e3
+        self.stop_due = None
         profiling.stop_profiler(self.prof)
         self.state = "timed_done" if self.count_work and self.range_name else "done"
 
-    def _stop_counting(self):
+    def _stop_counting(self, force: bool = False):
+        if self.state != "counting" or (not force and self._unsafe("counting")):
+            return
+        self.stop_due = None
         self.counter.__exit__(None, None, None)
         self._sync()
         profiling.stop_profiler(self.counted_prof)
@@ -210,14 +272,18 @@ class _Window:
         """Stop whatever is running (the script ended or raised inside the window)."""
         if self.state == "timed" and self.range_name is None:
             self.ended_at = time.perf_counter() - self.t0 - self.window[0]
-        if self.state == "counting":
+        if self.state == "counting" and self.stop_due:
+            self._stop_counting(force=True)
+        elif self.state == "counting":
             self.counter.__exit__(None, None, None)
             profiling.stop_profiler(self.counted_prof)
             self.counted_prof = None
+        elif self.state == "timed" and self.stop_due:
+            self._stop_timed(force=True)
         elif self.state == "timed":
             if self.range_name is None:
                 self.calls = 1
-                self._stop_timed()
+                self._stop_timed(force=True)
             else:
                 profiling.stop_profiler(self.prof)
                 self.state = "abandoned"
@@ -226,7 +292,7 @@ class _Window:
 def profile_script(
     path: str | os.PathLike,
     argv: list[str] = (),
-    range_name: str | None = "step",
+    range_name: str | None = AUTO,
     skip: int = 0,
     steps: int = 1,
     window: tuple[float, float] | None = None,
@@ -234,8 +300,9 @@ def profile_script(
 ) -> profiling.Profile:
     """Run the script at `path` with `argv` as its arguments and profile a window of it.
 
-    `range_name`: the annotate range whose occurrences `skip + 1 .. skip + steps` are profiled
-    (calls = steps); None with `window=(start s, duration s)`: the time window instead.
+    `range_name`: the step whose occurrences `skip + 1 .. skip + steps` are profiled (calls =
+    steps): AUTO (optimizer.step() boundaries, or "step" ranges), OPTIMIZER_STEP, or a range's
+    name; None with `window=(start s, duration s)`: the time window instead.
     Raises ValueError for a window that never opened (naming the ranges seen), ScriptError
     when the script raised.
     """
@@ -258,7 +325,12 @@ def profile_script(
     profiling.RANGE_WATCHERS.append(w)
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
     try:
-        with module_ranges(quiet=lambda: bool(w.theirs)), w.sharing_the_profiler(), _exit_in_main_thread():
+        with (
+            module_ranges(quiet=lambda: w.theirs_ran),
+            w.sharing_the_profiler(),
+            _exit_in_main_thread(),
+            _step_sources(w),
+        ):
             w.t0 = time.perf_counter()
             try:
                 runpy.run_path(path, run_name="__main__")
@@ -272,13 +344,112 @@ def profile_script(
             except Exception as exc:
                 raise ScriptError(exc) from exc
             finally:
+                if w.flush is not None:
+                    w.flush()
                 w.abandon()
     finally:
         hook.remove()
         profiling.RANGE_WATCHERS.remove(w)
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
+        # the script's objects (its own profilers among them) freed now: a profiler's results
+        # freed by a later collection, inside another profiler's parsing, crashed torch (segfault)
+        gc.collect()
     return _result(w)
+
+
+@contextlib.contextmanager
+def _step_sources(w: _Window):
+    """Within: the window is told of the script's steps and ranges -- each optimizer's step()
+    (the first optimizer's are the boundaries), torch.profiler.record_function ranges (and
+    torch.profiler's ProfilerStep#N), NVTX push/pop. perfloop's own annotate tells it itself."""
+    rf_cls = torch.autograd.profiler.record_function
+    rf_enter, rf_exit = rf_cls.__enter__, rf_cls.__exit__
+    nvtx = torch.cuda.nvtx
+    push, pop = nvtx.range_push, nvtx.range_pop
+    names = threading.local()  # per thread: the NVTX ranges open
+    stepping: list = []  # the optimizer whose step() is the boundary
+    pending: list = []  # a boundary reached inside step(): acted on once its range has closed
+
+    def flush(*_args) -> None:
+        # the optimizer's hooks run inside its own record_function range: the boundary is acted
+        # on once that range has closed (a profiler stopped inside it would leave it open)
+        if pending:
+            pending.clear()
+            w.boundary(OPTIMIZER_STEP)
+        w.settle()
+
+    def told(rf) -> bool:  # torch's own optimizer ranges are told as optimizer.step boundaries
+        return not profiling.annotating() and not rf.name.startswith("Optimizer.")
+
+    marks = itertools.count()
+    opened = threading.local()  # per thread: the marks of the record_function ranges open
+
+    def begun_since(mark: int) -> bool:
+        return any(m > mark for m in getattr(opened, "marks", ()))
+
+    w.begun_since, w.mark = begun_since, lambda: next(marks)
+
+    def __enter__(rf):  # noqa: N807 -- told first: a window opening here has the range in its trace
+        flush()
+        if told(rf):
+            w.enter(_NUMBERED.sub("", rf.name))
+        out = rf_enter(rf)
+        rf._perfloop_mark = next(marks)
+        opened.__dict__.setdefault("marks", []).append(rf._perfloop_mark)
+        return out
+
+    def __exit__(rf, *exc):  # noqa: N807
+        try:
+            return rf_exit(rf, *exc)
+        finally:
+            mark = rf.__dict__.get("_perfloop_mark")
+            if mark is not None and mark in getattr(opened, "marks", ()):
+                opened.marks.remove(mark)
+            if told(rf):
+                w.exit(_NUMBERED.sub("", rf.name))
+            elif rf.name.startswith("Optimizer.step#"):
+                flush()
+            w.settle()
+
+    def range_push(msg):
+        if not profiling.annotating():
+            names.__dict__.setdefault("open", []).append(msg)
+            w.enter(msg)
+        return push(msg)
+
+    def range_pop():
+        out = pop()
+        stack = names.__dict__.get("open")
+        if stack and not profiling.annotating():
+            w.exit(stack.pop())
+        return out
+
+    def stepped(opt, args, kwargs):
+        if not stepping:
+            stepping.append(opt)
+        elif stepping[0] is not opt:
+            if len(stepping) == 1:
+                stepping.append(opt)
+                first = type(stepping[0]).__name__
+                w.warnings.append(f"several optimizers step ({first} first): a step ends at {first}.step()")
+            return
+        pending.append(True)
+
+    import torch.optim.optimizer as optim_module
+
+    w.flush = flush
+    hook = optim_module.register_optimizer_step_post_hook(stepped)
+    module_hook = torch.nn.modules.module.register_module_forward_pre_hook(flush)
+    rf_cls.__enter__, rf_cls.__exit__ = __enter__, __exit__
+    nvtx.range_push, nvtx.range_pop = range_push, range_pop
+    try:
+        yield
+    finally:
+        hook.remove()
+        module_hook.remove()
+        rf_cls.__enter__, rf_cls.__exit__ = rf_enter, rf_exit
+        nvtx.range_push, nvtx.range_pop = push, pop
 
 
 @contextlib.contextmanager
@@ -302,16 +473,23 @@ def _exit_in_main_thread():
 
 
 def _result(w: _Window) -> profiling.Profile:
+    if w.range_name == AUTO:
+        seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"
+        raise ValueError("no step found: looked for optimizer.step() of a torch.optim optimizer and for a "
+                         f"range named 'step' (pl.annotate, record_function, NVTX); ranges seen: {seen}. "
+                         "Pass --range NAME for one of them, or --window START:DURATION")  # fmt: skip
     if w.range_name is not None and w.seen[w.range_name] == 0:
-        seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common()) or "none"
+        seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"
         raise ValueError(f"--range: no range named {w.range_name!r} occurred; ranges seen: {seen}. "
-                         "Wrap each step in `with perfloop.annotate('step'):`, or use --window")  # fmt: skip
-    if w.state == "yielded" or (w.prof is None and w.blocked):
-        raise ValueError("the script runs torch.profiler itself, over the window perfloop was to profile: "
-                         "one profiler records at a time, so perfloop gave way and the script's profiler "
-                         "recorded as it would alone. Read the trace it writes with `perfloop "
-                         "profile --trace-file TRACE.json`, or turn the script's profiler off for "
-                         "this run")  # fmt: skip
+                         "Pass one of them, leave --range out (steps by optimizer.step()), or use "
+                         "--window")  # fmt: skip
+    if w.prof is None and w.blocked:
+        raise ValueError("the script runs torch.profiler itself, and it started before perfloop's window "
+                         "closed: one profiler records at a time and perfloop's records only before the "
+                         "script's first starts, so it gave way and the script's profiler recorded as it "
+                         "would alone. Profile earlier steps (a smaller --skip or --steps), read the "
+                         "trace the script writes with `perfloop profile --trace-file TRACE.json`, or "
+                         "turn the script's profiler off for this run")  # fmt: skip
     if w.prof is None or w.state == "abandoned":
         have = w.seen[w.range_name] if w.range_name else 0
         raise ValueError(f"--skip/--steps: the script ran {have} occurrence(s) of {w.range_name!r}; "
@@ -321,18 +499,23 @@ def _result(w: _Window) -> profiling.Profile:
         w.warnings.append(f"--window: the script ended {w.ended_at:.3g} s into the window of "
                           f"{w.window[1]:g} s: profiled {w.ended_at:.3g} s only")  # fmt: skip
     if w.count_work and w.range_name and w.counted_prof is None:
-        w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} after the "
-                          "profiled ones (keep --skip plus --steps below the script's count)")  # fmt: skip
+        why = ("the script's own torch.profiler had started by the one after the profiled ones"
+               if w.count_blocked else "keep --skip plus --steps below the script's count")  # fmt: skip
+        w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} to count ({why})")
     counted = profiling.counted(w.counted_prof, w.counter.records, w.on_cuda) if w.counted_prof else None
     periods = sorted(b - a for a, b in zip(w.enters, w.enters[1:], strict=False))
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
     if w.range_name and plain is None:
         w.warnings.append("idle time measured under the profiler, which slows the host: --skip 2 or more "
                           "times the unprofiled steps and scales the idle to them")  # fmt: skip
+    # the profile's own copies of the range bound it where the trace has them (not NVTX's, not
+    # optimizer steps': there the profiled span is the steps)
+    traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
     p = profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings,
-                                counted, range_name=w.range_name, plain_wall_ms=plain)  # fmt: skip
+                                counted, range_name=traced, plain_wall_ms=plain)  # fmt: skip
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
         raise ValueError(f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "
                          "analyse; choose steps or a window where the script computes")  # fmt: skip
+    p.step = w.range_name
     return p

@@ -1,0 +1,143 @@
+"""Script mode on a script that knows nothing of perfloop (issue 23): steps found by its
+optimizer.step() calls, by torch.profiler's ProfilerStep ranges, by record_function or NVTX
+ranges of its own; a script that steps its own profiler keeps working."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfloop.analysis import profiling
+from perfloop.cli import main
+from perfloop.results.store import Store
+from perfloop.workflows.script import OPTIMIZER_STEP, profile_script
+
+BENCH = Path(__file__).resolve().parents[2] / "examples" / "nanogpt_bench.py"
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--batch_size=2", "--vocab_size=256",
+        "--real_steps=4"]  # fmt: skip
+
+
+def _clean():
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert profiling.RANGE_WATCHERS == []
+
+
+def test_a_benchmark_script_that_steps_its_own_profiler_is_profiled_by_its_optimizer_steps(tmp_path, capsys):
+    trace_dir = tmp_path / "bench_log"
+    args = [*TINY, "--profile=True", f"--trace_dir={trace_dir}"]
+    db = str(tmp_path / "r.db")
+    # steps 2 and 3 profiled, 4 counted: before the script's profiler leaves its 5 waiting steps
+    assert main(["profile", "--db", db, "--json", "--skip", "1", "--script", str(BENCH), *args]) == 0
+    _clean()
+    out = capsys.readouterr().out
+    payload = json.loads(out[out.index("\n{") + 1 :])  # the script prints its losses first
+    [art] = Store(db).artifacts(kind="profile")
+    assert art["payload"]["window"] == payload["window"]
+    assert payload["window"] == "2 occurrence(s) of 'optimizer.step'"
+    modules = {r["name"] for r in payload["modules"]}
+    assert {"transformer.h.0", "lm_head", "optimizer"} <= modules
+    assert any(
+        r.get("flops") for r in payload["modules"]
+    )  # a later step was counted, after the script's profiler
+    assert payload["diagnosis"]["opportunities"]
+    assert list(trace_dir.glob("*.json"))  # the script's own profiler wrote its trace
+
+
+def test_profilerstep_ranges_are_steps_by_name(tmp_path):
+    args = [*TINY, "--profile=True", f"--trace_dir={tmp_path / 'log'}"]
+    p = profile_script(BENCH, args, "ProfilerStep", skip=1, steps=2)
+    _clean()
+    assert p.calls == 2 and p.step == "ProfilerStep"
+    assert any(i.module == "transformer.h.0" for i in p.items())
+
+
+def test_without_its_profiler_the_steps_are_still_the_optimizer_steps_and_their_pace_is_measured():
+    p = profile_script(BENCH, TINY, skip=3, steps=2)
+    _clean()
+    assert p.step == OPTIMIZER_STEP and p.calls == 2
+    assert p.profiled_wall_ms_per_call is not None  # the wall time per step is the unprofiled steps'
+    assert not any("measured under the profiler" in w for w in p.warnings)
+
+
+SCRIPT = """
+import torch
+net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+x = torch.randn(8, 16)
+for i in range(6):
+    with torch.profiler.record_function("train_step"):
+        net(x).square().mean().backward()
+"""
+
+
+def test_a_record_function_range_is_a_step_by_its_name(tmp_path):
+    path = tmp_path / "rf.py"
+    path.write_text(SCRIPT)
+    p = profile_script(path, [], "train_step", skip=2, steps=2)
+    _clean()
+    assert p.calls == 2 and any(i.module == "0" for i in p.items())
+    with pytest.raises(ValueError, match=r"no step found: looked for optimizer.step\(\).*train_step \(x6\)"):
+        profile_script(path, [], skip=1, steps=1)
+    _clean()
+
+
+def test_nvtx_ranges_are_steps_by_their_name(tmp_path, monkeypatch):
+    pushed = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda msg: pushed.append(msg))  # no NVTX on a CPU
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: pushed.pop())
+    path = tmp_path / "nvtx.py"
+    path.write_text(SCRIPT.replace('with torch.profiler.record_function("train_step"):', "if True:")
+                    .replace("        net(x)", '        torch.cuda.nvtx.range_push("it")\n        net(x)')
+                    + '        torch.cuda.nvtx.range_pop()\n')  # fmt: skip
+    p = profile_script(path, [], "it", skip=1, steps=3)
+    _clean()
+    assert p.calls == 3 and pushed == []
+
+
+def test_two_optimizers_a_step_ends_at_the_first_ones_step_and_it_is_said(tmp_path):
+    path = tmp_path / "gan.py"
+    path.write_text(
+        textwrap.dedent("""
+        import torch
+        g, d = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+        og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+        for _ in range(6):
+            d(g(torch.randn(4, 8))).mean().backward()
+            og.step(); od.step()
+    """)
+    )
+    p = profile_script(path, [], skip=1, steps=2)
+    _clean()
+    assert p.calls == 2 and any("several optimizers step (SGD first)" in w for w in p.warnings)
+
+
+def test_the_last_optimizer_step_of_the_script_closes_the_window(tmp_path):
+    path = tmp_path / "exact.py"
+    path.write_text(
+        textwrap.dedent("""
+        import torch
+        net = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _ in range(5):
+            net(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    """)
+    )
+    # a step runs from one step() to the next: iterations 2-5 are steps 1-4; 3 and 4 profiled
+    p = profile_script(path, [], skip=2, steps=2, count_work=False)
+    _clean()
+    assert p.calls == 2
+
+
+def test_a_window_the_scripts_profiler_overlaps_is_refused_with_what_to_do(tmp_path):
+    args = [*TINY, "--profile=True", f"--trace_dir={tmp_path / 'log'}"]
+    with pytest.raises(ValueError, match=r"runs torch.profiler itself.*a smaller --skip.*--trace-file"):
+        profile_script(BENCH, args, skip=4, steps=2)
+    _clean()
+    p = profile_script(BENCH, args, skip=1, steps=2)  # steps 2-3, counted 4: all in its waiting steps
+    _clean()
+    assert p.calls == 2 and not any("FLOPs and bytes not counted" in w for w in p.warnings)
+    p = profile_script(BENCH, args, skip=2, steps=2)  # the counted step falls in its warm-up
+    _clean()
+    assert any("had started by the one after" in w for w in p.warnings)
