@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
+from perfloop.nn import functional as _functional
 from perfloop.nn import modules as _modules
 from perfloop.nn.modules import fused_like, why_not
 
@@ -41,6 +43,7 @@ class Swap:
     reason: str = ""  # why not, when not
     errors: dict = field(default_factory=dict)  # tensor -> (fused error, original's error), normalized
     aliases: list = field(default_factory=list)  # the other names the same module goes by
+    site: tuple | None = None  # a functional call: (module's name, function, source line)
 
 
 @dataclass
@@ -66,7 +69,8 @@ class PatchReport:
                 else ""
             )
             also = f" (also {', '.join(s.aliases)})" if s.aliases else ""
-            lines.append(f"  {'replaced' if s.replaced else 'kept    '} {s.name}{also} ({s.kind}){err}"
+            kind = "" if s.site else f" ({s.kind})"
+            lines.append(f"  {'replaced' if s.replaced else 'kept    '} {s.name}{also}{kind}{err}"
                          + (f": {s.reason}" if s.reason else ""))  # fmt: skip
         if self.timing:
             t = self.timing
@@ -217,11 +221,12 @@ def _adopt(original: nn.Module, fused: nn.Module) -> nn.Module:
     return fused
 
 
-def _check(name: str, original: nn.Module, fused: nn.Module, args, kwargs, autocast_dtype) -> Swap:
+def _check(name: str, original: nn.Module, fused: nn.Module, args, kwargs, autocast_dtype, kind=None,
+           op_name=None) -> Swap:  # fmt: skip
     from perfloop import ops
 
-    kind = type(original).__name__
-    op = ops.get(OPS.get(kind, "rmsnorm"))
+    kind = kind or type(original).__name__
+    op = ops.get(op_name or OPS.get(kind, "rmsnorm"))
     original = _hookless(original)
     ref = copy.deepcopy(original).double()
     dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
@@ -259,6 +264,82 @@ def _check(name: str, original: nn.Module, fused: nn.Module, args, kwargs, autoc
     return Swap(name, kind, True, "", errors)
 
 
+class _Call(nn.Module):
+    """One functional call as a module, for the checks: fn(*args, **kwargs)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+_CALL_OPS = {
+    "layer_norm": "layernorm",
+    "rms_norm": "rmsnorm",
+    "cross_entropy": "cross_entropy",
+    "gelu": "gelu",
+}
+
+
+def _site_label(module_name: str, module: nn.Module, fname: str, line: int) -> str:
+    fn = getattr(type(module).forward, "__func__", type(module).forward)
+    where = f"{fn.__code__.co_filename.rsplit('/', 1)[-1]}:{line}"
+    return f"{module_name or type(module).__name__}: F.{fname} ({where})"
+
+
+def _check_call(label: str, fname: str, args, kwargs, autocast_dtype) -> Swap:
+    why = _functional.why_not_call(fname, args, kwargs)
+    if why:
+        return Swap(label, f"F.{fname}", False, why)
+    torch_fn, fused = _Call(getattr(F, fname)), _Call(_functional.FUSED[fname])
+    return _check(label, torch_fn, fused, args, kwargs, autocast_dtype, kind=f"F.{fname}",
+                  op_name=_CALL_OPS[fname])  # fmt: skip
+
+
+def _capture_calls(model, batch, loss_fn, sites: list) -> dict:
+    """{(module name, function, line): (args, kwargs, autocast dtype)} of each functional call's
+    first run on the example batch, torch's own function computing meanwhile."""
+    seen: dict = {}
+    keep = lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
+    routed = []
+    for name, m in sites:
+        r = _functional.reroute(m, {})
+        routed.append(m)
+
+        def record(fname, line, args, kwargs, name=name):
+            key = (name, fname, line)
+            if key not in seen:
+                dev = _first_device(args, kwargs)
+                dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+                seen[key] = (tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}, dtype)
+            return getattr(F, fname)(*args, **kwargs)
+
+        r.record = record
+    try:
+        with torch.no_grad():
+            _run(model, batch, loss_fn)
+    finally:
+        for m in routed:
+            _functional.restore(m)
+    return seen
+
+
+def _route_sites(model: nn.Module, swaps) -> list:
+    """Reroute the modules of these (replaced) functional swaps; the modules rerouted."""
+    by_module: dict = {}
+    for s in swaps:
+        if s.site is not None and s.replaced:
+            by_module.setdefault(s.site[0], {}).setdefault(s.site[1], set()).add(s.site[2])
+    out = []
+    for name, sites in by_module.items():
+        m = model.get_submodule(name)
+        _functional.reroute(m, sites)
+        out.append(m)
+    return out
+
+
 def _set(model: nn.Module, name: str, new: nn.Module) -> None:
     parent, _, leaf = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
@@ -277,22 +358,28 @@ def patch(model: nn.Module, example_batch, loss_fn=None, *, measure: bool = Fals
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     cands = _candidates(model)
-    if not cands:
+    taken = {id(m) for _, m, _ in cands}
+    sites = [(n, m) for n, m in _functional.site_modules(model) if id(m) not in taken]
+    if not cands and not sites:
         return PatchReport([])
     names = _names(model)
-    swapped: list = []  # (name, original) of every attribute set, to undo on failure
+    swapped: list = []  # (name, original) of each attribute set, (None, module) rerouted: undone on failure
     try:
         with _preserved(model):
-            report = _patch(model, cands, names, example_batch, loss_fn, measure, budget_s, swapped)
+            report = _patch(model, cands, sites, names, example_batch, loss_fn, measure, budget_s, swapped)
     except BaseException:
         for name, original in reversed(swapped):
-            _set(model, name, original)
+            if name is None:
+                _functional.restore(original)
+            else:
+                _set(model, name, original)
         raise
     return report
 
 
-def _patch(model, cands, names, example_batch, loss_fn, measure, budget_s, swapped) -> PatchReport:
+def _patch(model, cands, sites, names, example_batch, loss_fn, measure, budget_s, swapped) -> PatchReport:
     before = copy.deepcopy(model) if measure else None
+    calls = _capture_calls(model, example_batch, loss_fn, sites) if sites else {}
     seen, out = _capture(model, example_batch, loss_fn, {n: m for n, m, _ in cands})
     if measure and not (isinstance(out, torch.Tensor) and out.is_floating_point()):
         raise ValueError(f"loss_fn: measure=True times forward and backward of the step, which must give a "
@@ -320,6 +407,12 @@ def _patch(model, cands, names, example_batch, loss_fn, measure, budget_s, swapp
         elif swap.replaced:
             swap = Swap(name, swap.kind, False, "it is the model itself: use perfloop.nn's module directly")
         swaps.append(swap)
+    for (mname, fname, line), (args, kwargs, autocast_dtype) in sorted(calls.items()):
+        m = model.get_submodule(mname)
+        swap = _check_call(_site_label(mname, m, fname, line), fname, args, kwargs, autocast_dtype)
+        swap.site = (mname, fname, line)
+        swaps.append(swap)
+    swapped.extend((None, m) for m in _route_sites(model, swaps))
     report = PatchReport(swaps)
     if measure and report.replaced:
         report.timing = _keep_what_pays(report, originals, before, model, example_batch, loss_fn, budget_s)
@@ -348,11 +441,15 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
     keep = set(kinds) if best == "after" else (set(best.removeprefix("only ").split("+")) if best else set())
     for s in report.swaps:
         if s.replaced and s.kind not in keep:
-            for n in (s.name, *s.aliases):
-                _set(model, n, originals[s.name])
+            if s.site is not None:
+                _functional.restore(model.get_submodule(s.site[0]))
+            else:
+                for n in (s.name, *s.aliases):
+                    _set(model, n, originals[s.name])
             s.replaced = False
             s.reason = "equal, but the step was not faster with it (measured: --measure)"
     chosen = best or "before"
+    _route_sites(model, report.swaps)  # the kept functional sites, per module (a put-back cleared all)
     t.update({"after_ms": t["candidates"].get(chosen, {"ms": t["before_ms"]})["ms"], "kept": sorted(keep)})
     c = t["candidates"].get(chosen)
     t.update({"speedup": c["speedup"] if c else 1.0, "ci": c["ci"] if c else (1.0, 1.0),
@@ -364,10 +461,11 @@ def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
     """A copy of the unpatched model with the checked swaps of these kinds made."""
     m = copy.deepcopy(before)
     for s in report.swaps:
-        if s.replaced and s.kind in kinds:
+        if s.replaced and s.kind in kinds and s.site is None:
             fused = fused_like(m.get_submodule(s.name))
             for n in (s.name, *s.aliases):
                 _set(m, n, fused)
+    _route_sites(m, [s for s in report.swaps if s.kind in kinds])
     return m
 
 

@@ -1,0 +1,223 @@
+"""Fused versions of the functional calls a model's own `forward` makes (`F.layer_norm`,
+`F.rms_norm`, `F.cross_entropy`, `F.gelu(approximate="tanh")`), and the rerouting that sends
+chosen call sites to them without a change to the model's code.
+
+A module whose forward was checked by `pl.patch` gets, as its instance's `forward`, a `Rerouted`
+object: the class's own forward run with its `torch.nn.functional` names (`F`, or any alias)
+resolved through a proxy; at the verified source lines the proxy hands out the fused function,
+elsewhere torch's. Each fused function takes torch's signature and runs torch's own where its
+kernels do not fit (an option they lack, a dtype, a CPU tensor without the interpreter, under
+torch.compile), so whatever torch refuses is refused with torch's error.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+
+from perfloop.nn.modules import _autocast_fp32, _kernel_here
+
+FUSED_NAMES = ("layer_norm", "rms_norm", "cross_entropy", "gelu")
+
+
+def _takes(x: torch.Tensor) -> bool:
+    return not torch.compiler.is_compiling() and _kernel_here(x) is None
+
+
+def why_not_norm(x, normalized_shape, weight) -> str | None:
+    from perfloop.ops.layernorm.triton_impl import supported
+
+    if weight is None:
+        return "no weight"
+    if len(tuple(normalized_shape)) != 1:
+        return f"normalized over {len(tuple(normalized_shape))} dims (the kernels normalize the last one)"
+    return supported(_autocast_fp32(x), weight)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002 -- torch's names
+    if not _takes(input) or why_not_norm(input, normalized_shape, weight):
+        return F.layer_norm(input, normalized_shape, weight, bias, eps)
+    from perfloop.ops.layernorm.triton_impl import NormFunction
+
+    return NormFunction.apply(_autocast_fp32(input), weight, bias, eps, False)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
+    if not _takes(input) or why_not_norm(input, normalized_shape, weight):
+        return F.rms_norm(input, normalized_shape, weight, eps)
+    from perfloop.ops.layernorm.triton_impl import NormFunction
+
+    x = _autocast_fp32(input)
+    return NormFunction.apply(x, weight, None, eps if eps is not None else torch.finfo(x.dtype).eps, True)
+
+
+def why_not_cross_entropy(input, target, weight, reduction, label_smoothing) -> str | None:  # noqa: A002
+    from perfloop.ops.cross_entropy.triton_impl import supported
+
+    if weight is not None or label_smoothing or reduction != "mean":
+        return "class weights, label smoothing or a reduction other than mean"
+    return supported(input, target)
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
+                  reduction="mean", label_smoothing=0.0):  # fmt: skip
+    if (not _takes(input) or size_average is not None or reduce is not None
+            or why_not_cross_entropy(input, target, weight, reduction, label_smoothing)):  # fmt: skip
+        return F.cross_entropy(
+            input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
+        )
+    from perfloop.ops.cross_entropy.triton_impl import CrossEntropyFunction
+
+    loss = CrossEntropyFunction.apply(input, target, ignore_index)
+    return loss if torch.is_autocast_enabled(input.device.type) else loss.to(input.dtype)
+
+
+def gelu(input, approximate="none"):  # noqa: A002
+    ok = (torch.float32, torch.float16, torch.bfloat16)
+    if approximate != "tanh" or input.dtype not in ok or not _takes(input):
+        return F.gelu(input, approximate=approximate)
+    from perfloop.ops.gelu.triton_impl import gelu as fused
+
+    return fused(input) if input.ndim else fused(input.reshape(1)).reshape(())
+
+
+FUSED = {"layer_norm": layer_norm, "rms_norm": rms_norm, "cross_entropy": cross_entropy, "gelu": gelu}
+
+
+def why_not_call(name: str, args: tuple, kwargs: dict) -> str | None:
+    """Why a recorded functional call has no fused kernel (None: it has), by its arguments."""
+    import inspect
+
+    try:
+        bound = inspect.signature(FUSED[name]).bind(*args, **kwargs)
+    except TypeError as exc:
+        return f"arguments torch's signature takes but these do not ({exc})"
+    a = bound.arguments
+    x = a.get("input")
+    if not isinstance(x, torch.Tensor):
+        return "no tensor input"
+    if _kernel_here(x):
+        return _kernel_here(x)
+    if name in ("layer_norm", "rms_norm"):
+        return why_not_norm(x, a.get("normalized_shape", ()), a.get("weight"))
+    if name == "cross_entropy":
+        if a.get("size_average") is not None or a.get("reduce") is not None:
+            return "size_average= or reduce= (deprecated forms)"
+        return why_not_cross_entropy(x, a.get("target"), a.get("weight"), a.get("reduction", "mean"),
+                                     a.get("label_smoothing", 0.0))  # fmt: skip
+    if a.get("approximate", "none") != "tanh":
+        return "approximate='none' (the exact erf form: the kernel computes the tanh form)"
+    return None if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else f"dtype {x.dtype}"
+
+
+# ------------------------------------------------------------------ finding and rerouting
+
+
+def functional_aliases(fn) -> dict[str, str]:
+    """{global name: what it is} for the names `fn` uses that are torch.nn.functional (as a
+    module: "F") or one of its fusable functions (imported bare: "layer_norm" ...)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return {}
+    out = {}
+    g = fn.__globals__
+    for name in code.co_names:
+        v = g.get(name)
+        if v is F:
+            out[name] = "F"
+        else:
+            for fused in FUSED_NAMES:
+                if v is getattr(F, fused):
+                    out[name] = fused
+    return out
+
+
+def site_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's modules whose own forward (Python code of the model's, not torch's) calls
+    torch.nn.functional by a name in its globals, with one of the fusable functions in reach."""
+    out = []
+    for name, m in model.named_modules():
+        fn = getattr(type(m).forward, "__func__", type(m).forward)
+        if getattr(fn, "__module__", "").startswith("torch.") or not isinstance(fn, types.FunctionType):
+            continue
+        aliases = functional_aliases(fn)
+        names = set(fn.__code__.co_names)
+        if any(v != "F" for v in aliases.values()) or (
+            any(v == "F" for v in aliases.values()) and names & set(FUSED_NAMES)
+        ):
+            out.append((name, m))
+    return out
+
+
+class _Proxy:
+    """torch.nn.functional as the rerouted forward sees it: `calls` decides per source line."""
+
+    def __init__(self, route):
+        self._route = route
+
+    def __getattr__(self, name):
+        if name in FUSED:
+            return self._route(name, sys._getframe(1).f_lineno)
+        return getattr(F, name)
+
+
+class Rerouted:
+    """The instance's forward: the class's own function, its functional calls at `sites` (name
+    -> source lines) sent to the fused versions. `record`, while set, is told of every fusable
+    call (name, line, args, kwargs) and lets torch's run."""
+
+    def __init__(self, owner: torch.nn.Module, fn, sites: dict[str, set[int]]):
+        self.owner, self.fn, self.sites = owner, fn, sites
+        self.record = None
+        self._code = None
+
+    def _route(self, name: str, line: int):
+        if self.record is not None:
+            return lambda *a, **k: self.record(name, line, a, k)
+        return FUSED[name] if line in self.sites.get(name, ()) else getattr(F, name)
+
+    def _compiled(self):
+        if self._code is None:
+            g = dict(self.fn.__globals__)
+            proxy = _Proxy(self._route)
+            for alias, what in functional_aliases(self.fn).items():
+                g[alias] = proxy if what == "F" else self._bare(what)
+            self._code = types.FunctionType(self.fn.__code__, g, self.fn.__name__, self.fn.__defaults__,
+                                            self.fn.__closure__)  # fmt: skip
+            self._code.__kwdefaults__ = self.fn.__kwdefaults__
+        return self._code
+
+    def _bare(self, what: str):
+        def call(*a, **k):  # `layer_norm(...)` imported bare: routed by its caller's line
+            return self._route(what, sys._getframe(1).f_lineno)(*a, **k)
+
+        return call
+
+    def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():  # Inductor fuses these calls itself: the model's own code
+            return self.fn(self.owner, *args, **kwargs)
+        return self._compiled()(self.owner, *args, **kwargs)
+
+    def __getstate__(self):
+        return {"owner": self.owner, "fn": self.fn, "sites": self.sites}
+
+    def __setstate__(self, state):
+        self.__init__(state["owner"], state["fn"], state["sites"])
+
+
+def reroute(module: torch.nn.Module, sites: dict[str, set[int]]) -> Rerouted:
+    """Give `module` a forward that sends the functional calls at `sites` to the fused versions."""
+    current = module.__dict__.get("forward")
+    fn = current.fn if isinstance(current, Rerouted) else getattr(type(module).forward, "__func__",
+                                                                   type(module).forward)  # fmt: skip
+    r = Rerouted(module, fn, sites)
+    module.forward = r
+    return r
+
+
+def restore(module: torch.nn.Module) -> None:
+    if isinstance(module.__dict__.get("forward"), Rerouted):
+        del module.forward

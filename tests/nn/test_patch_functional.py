@@ -1,0 +1,132 @@
+"""pl.patch reaches the functional calls a model makes inside its own forward (issue 23): a
+GPT-2 written as popular training code writes it (examples/nanogpt_model.py) gets its
+F.layer_norm and F.cross_entropy calls fused, each verified at its call site."""
+
+import copy
+import importlib.util
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.functional import layer_norm
+
+import perfloop as pl
+from perfloop.nn.functional import Rerouted
+
+pytest.importorskip("triton")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def nanogpt():
+    spec = importlib.util.spec_from_file_location("nanogpt_model", EXAMPLES / "nanogpt_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["nanogpt_model"] = mod  # importable by name: a patched model pickles by reference
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _gpt(nanogpt, bias=True):
+    torch.manual_seed(0)
+    cfg = nanogpt.GPTConfig(block_size=16, vocab_size=128, n_layer=1, n_head=2, n_embd=32, bias=bias)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 128, (2, 16), generator=g), torch.randint(0, 128, (2, 16), generator=g)
+    y[0, :3] = -1  # ignored, as the model's ignore_index=-1 says
+    return nanogpt.GPT(cfg), (x, y)
+
+
+def _loss(m, b):
+    return m(*b)[1]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_functional_norms_and_loss_of_a_gpt_are_verified_and_fused_at_their_call_sites(
+    nanogpt, bias, monkeypatch
+):
+    model, batch = _gpt(nanogpt, bias)
+    ref = copy.deepcopy(model)
+    report = pl.patch(model, batch, loss_fn=_loss)
+    sites = {s.name.split(" (")[0] for s in report.swaps if s.replaced}
+    assert sites == {"transformer.h.0.ln_1: F.layer_norm", "transformer.h.0.ln_2: F.layer_norm",
+                     "transformer.ln_f: F.layer_norm", "GPT: F.cross_entropy"}  # fmt: skip
+    assert "approximate='none'" in report.refused["transformer.h.0.mlp.gelu"]
+    assert "nanogpt_model.py:" in str(report)
+    from perfloop.ops.cross_entropy import triton_impl as ce
+    from perfloop.ops.layernorm import triton_impl as ln
+
+    used = []
+    monkeypatch.setattr(ce.CrossEntropyFunction, "apply", _spy(ce.CrossEntropyFunction.apply, "ce", used))
+    monkeypatch.setattr(ln.NormFunction, "apply", _spy(ln.NormFunction.apply, "norm", used))
+    got, want = _loss(model, batch), _loss(ref, batch)
+    assert used.count("norm") == 3 and used.count("ce") == 1  # the fused kernels ran
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    got.backward()
+    want.backward()
+    for (n, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def _spy(fn, label, used):
+    def call(*a, **k):
+        used.append(label)
+        return fn(*a, **k)
+
+    return call
+
+
+def test_a_patched_model_deepcopies_pickles_and_keeps_its_state_dict(nanogpt):
+    model, batch = _gpt(nanogpt)
+    keys = list(model.state_dict())
+    pl.patch(model, batch, loss_fn=_loss)
+    assert list(model.state_dict()) == keys
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        fwd = other.transformer.ln_f.__dict__["forward"]
+        assert isinstance(fwd, Rerouted) and fwd.owner is other.transformer.ln_f
+        torch.testing.assert_close(_loss(other, batch), _loss(model, batch))
+
+
+class Smoothed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc(x), y, label_smoothing=0.1)
+
+
+class BareNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.rand(16) + 0.5), nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return layer_norm(x, (16,), self.w, self.b).square().mean()
+
+
+def test_a_call_site_without_a_kernel_is_refused_with_the_reason_and_its_module_left_as_it_was():
+    torch.manual_seed(0)
+    model = Smoothed()
+    report = pl.patch(model, (torch.randn(8, 16), torch.randint(0, 10, (8,))))
+    assert report.replaced == [] and "label smoothing" in next(iter(report.refused.values()))
+    assert "forward" not in model.__dict__
+
+
+def test_a_function_imported_bare_is_reached_too():
+    torch.manual_seed(0)
+    model = BareNorm()
+    report = pl.patch(model, (torch.randn(8, 16),))
+    assert [s.site[1] for s in report.swaps if s.replaced] == ["layer_norm"]
+    assert isinstance(model.__dict__["forward"], Rerouted)
+
+
+def test_a_patched_model_compiles_to_torchs_own_code(nanogpt):
+    model, batch = _gpt(nanogpt)
+    want = _loss(copy.deepcopy(model), batch)
+    pl.patch(model, batch, loss_fn=_loss)
+    compiled = torch.compile(model)
+    torch.testing.assert_close(_loss(compiled, batch), want, atol=1e-5, rtol=1e-5)
