@@ -28,8 +28,9 @@ FUSE_PASSES = 1.5  # a run that moves at least this many times the bytes it need
 NOT_FUSABLE = {"matmul", "attention", "optimizer", "communication", "memcpy/memset"}
 ADVICE = {
     "normalization": "a fused norm kernel (x and dy read once, dx written once, the weight "
-    "gradients reduced in the same pass): pl.patch(model, batch) swaps in perfloop.nn's where it "
-    "checks equal; or torch.compile on the module",
+    "gradients reduced in the same pass): pl.patch(model, batch) swaps in perfloop.nn's for "
+    "nn.LayerNorm/RMSNorm modules and F.layer_norm/F.rms_norm calls in forward where it checks "
+    "equal; or torch.compile on the module",
     "elementwise": "fuse it into its neighbours: torch.compile, or a Triton kernel",
     "reduction": "fuse the reduction with the ops around it (torch.compile), or a Triton kernel "
     "that keeps each row in registers",
@@ -169,8 +170,8 @@ def _merged(chains: list[dict]) -> list[dict]:
 def _chain_advice(ops: list[str]) -> str:
     if any("nll_loss" in o or "log_softmax" in o for o in ops):
         return ("a fused cross-entropy: the loss from one read of the logits, their gradient from "
-                "one more, in the logits' dtype: pl.patch(model, batch) swaps in "
-                "perfloop.nn.CrossEntropyLoss for an nn.CrossEntropyLoss where it checks equal; or "
+                "one more, in the logits' dtype: pl.patch(model, batch) swaps it in for an "
+                "nn.CrossEntropyLoss or an F.cross_entropy call in forward where it checks equal; or "
                 "torch.compile")  # fmt: skip
     if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in ops):
         return ADVICE["normalization"]

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 
@@ -174,6 +175,22 @@ class Store:
         self.conn.close()
 
     def _write(self, sql: str, args: tuple) -> int:
+        # SQLite answers "database is locked" at once, without its busy wait, where two
+        # connections would deadlock (both switching a fresh file to WAL, or making its tables):
+        # those are tried again, for up to the busy timeout
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                return self._write_once(sql, args)
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise StoreError(
+                        f"database {self.path}: write failed ({exc}); is it read-only? Pass a writable "
+                        "path (--db, PERFLOOP_DB)."
+                    ) from None
+                time.sleep(0.05)
+
+    def _write_once(self, sql: str, args: tuple) -> int:
         try:
             if not self._wal:  # the first write: WAL, and our tables in a fresh file
                 if self.path != ":memory:":
@@ -185,6 +202,8 @@ class Store:
             cur = self.conn.execute(sql, args)  # autocommit: each row lands at once
             return cur.lastrowid
         except sqlite3.OperationalError as exc:
+            if "locked" in str(exc):
+                raise
             raise StoreError(
                 f"database {self.path}: write failed ({exc}); is it read-only? Pass a writable path "
                 "(--db, PERFLOOP_DB)."
