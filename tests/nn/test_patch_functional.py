@@ -130,3 +130,24 @@ def test_a_patched_model_compiles_to_torchs_own_code(nanogpt):
     pl.patch(model, batch, loss_fn=_loss)
     compiled = torch.compile(model)
     torch.testing.assert_close(_loss(compiled, batch), want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_llama_style_model_gets_its_norm_classes_and_its_loss_call_fused():
+    spec = importlib.util.spec_from_file_location("llama_model", EXAMPLES / "llama_model.py")
+    llama = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llama)
+    torch.manual_seed(0)
+    args = llama.ModelArgs(dim=32, n_layers=2, n_heads=2, vocab_size=128, multiple_of=16, max_seq_len=16)
+    model = llama.Transformer(args)
+    g = torch.Generator().manual_seed(2)
+    batch = (torch.randint(0, 128, (2, 16), generator=g), torch.randint(0, 128, (2, 16), generator=g))
+
+    def loss_fn(m, b):
+        m(*b)
+        return m.last_loss
+
+    ref = copy.deepcopy(model)
+    report = pl.patch(model, batch, loss_fn=loss_fn)
+    kinds = [s.kind for s in report.swaps if s.replaced]
+    assert kinds.count("RMSNorm") == 2 * 2 + 1 and kinds.count("F.cross_entropy") == 1, str(report)
+    torch.testing.assert_close(loss_fn(model, batch), loss_fn(ref, batch), atol=1e-5, rtol=1e-5)
