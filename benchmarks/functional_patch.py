@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
+import llama_model  # noqa: E402
 import nanogpt_model  # noqa: E402
 
 import perfloop as pl  # noqa: E402
@@ -53,23 +54,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--small", action="store_true", help="a tiny model (to test the script on a CPU)")
+    ap.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = (nanogpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
-           if a.small else nanogpt_model.GPTConfig())  # fmt: skip
-    batch, seq = (2, 64) if a.small else (12, 1024)
     torch.manual_seed(0)
-    model = nanogpt_model.GPT(cfg).to(dev)
+    if a.model == "gpt2":  # GPT-2 small, batch 12 x 1024
+        cfg = (nanogpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
+               if a.small else nanogpt_model.GPTConfig())  # fmt: skip
+        batch, seq, vocab = (2, 64, cfg.vocab_size) if a.small else (12, 1024, cfg.vocab_size)
+        model = nanogpt_model.GPT(cfg).to(dev)
+    else:  # 8 layers, d 1024, 16 heads, vocab 32000, batch 8 x 1024
+        tiny = {"dim": 64, "n_layers": 2, "n_heads": 2, "vocab_size": 512, "multiple_of": 32, "max_seq_len": 64}
+        cfg = llama_model.ModelArgs(**tiny) if a.small else llama_model.ModelArgs()
+        batch, seq, vocab = (2, 64, cfg.vocab_size) if a.small else (8, 1024, cfg.vocab_size)
+        model = llama_model.Transformer(cfg).to(dev)
     g = torch.Generator(device=dev).manual_seed(1)
-    x = torch.randint(0, cfg.vocab_size, (batch, seq), device=dev, generator=g)
-    y = torch.randint(0, cfg.vocab_size, (batch, seq), device=dev, generator=g)
+    x = torch.randint(0, vocab, (batch, seq), device=dev, generator=g)
+    y = torch.randint(0, vocab, (batch, seq), device=dev, generator=g)
     amp = torch.autocast(dev, dtype=torch.bfloat16) if dev == "cuda" else torch.autocast(dev, enabled=False)
 
     def loss_fn(m, b):
         with amp:
-            return m(*b)[1]
+            out = m(*b)
+        return out[1] if isinstance(out, tuple) else m.last_loss
 
-    out: dict = {"device": env_fingerprint(), "config": cfg.__dict__, "batch": [batch, seq]}
+    out: dict = {"device": env_fingerprint(), "model": a.model, "config": cfg.__dict__, "batch": [batch, seq]}
     t0 = time.perf_counter()
     report = pl.patch(model, (x, y), loss_fn=loss_fn, measure=True, budget_s=4.0 if dev == "cuda" else 1.0)
     out["patch_s"] = time.perf_counter() - t0
@@ -84,7 +93,7 @@ def main() -> None:
     print(report, flush=True)
     print(json.dumps(out["mechanism"]), flush=True)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "functional_patch.json"), "w") as f:
+    with open(os.path.join(a.out, f"functional_patch_{a.model}.json"), "w") as f:
         json.dump(out, f, indent=1, default=str)
 
 
