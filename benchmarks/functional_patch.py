@@ -64,7 +64,7 @@ def main() -> None:
         batch, seq, vocab = (2, 64, cfg.vocab_size) if a.small else (12, 1024, cfg.vocab_size)
         model = nanogpt_model.GPT(cfg).to(dev)
     else:  # 8 layers, d 1024, 16 heads, vocab 32000, batch 8 x 1024
-        tiny = {"dim": 64, "n_layers": 2, "n_heads": 2, "vocab_size": 512, "multiple_of": 32, "max_seq_len": 64}
+        tiny = dict(dim=64, n_layers=2, n_heads=2, vocab_size=512, multiple_of=32, max_seq_len=64)
         cfg = llama_model.ModelArgs(**tiny) if a.small else llama_model.ModelArgs()
         batch, seq, vocab = (2, 64, cfg.vocab_size) if a.small else (8, 1024, cfg.vocab_size)
         model = llama_model.Transformer(cfg).to(dev)
