@@ -195,13 +195,16 @@ class Store:
             if not self._wal:  # the first write: WAL, and our tables in a fresh file
                 if self.path != ":memory:":
                     self.conn.execute("PRAGMA journal_mode = WAL")
-                if self._fresh:
-                    self.conn.executescript(SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
+                if self._fresh:  # in one transaction: another process never sees half the tables
+                    self.conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version = {SCHEMA_VERSION};"
+                                            "COMMIT;")  # fmt: skip
                     self._fresh = False
                 self._wal = True
             cur = self.conn.execute(sql, args)  # autocommit: each row lands at once
             return cur.lastrowid
         except sqlite3.OperationalError as exc:
+            if self.conn.in_transaction:  # the tables' transaction, cut short: tried again whole
+                self.conn.execute("ROLLBACK")
             if "locked" in str(exc):
                 raise
             raise StoreError(
