@@ -151,3 +151,16 @@ def test_a_llama_style_model_gets_its_norm_classes_and_its_loss_call_fused():
     kinds = [s.kind for s in report.swaps if s.replaced]
     assert kinds.count("RMSNorm") == 2 * 2 + 1 and kinds.count("F.cross_entropy") == 1, str(report)
     torch.testing.assert_close(loss_fn(model, batch), loss_fn(ref, batch), atol=1e-5, rtol=1e-5)
+
+
+def test_a_patched_call_site_refuses_what_torch_refuses_with_torchs_error(nanogpt):
+    model, (x, y) = _gpt(nanogpt)
+    ref = copy.deepcopy(model)
+    pl.patch(model, (x, y), loss_fn=_loss)
+    bad = y.clone()
+    bad[1, 4] = 128 + 3  # a class the vocabulary has not
+    for m in (ref, model):
+        with pytest.raises(IndexError, match="Target 131 is out of bounds"):
+            _loss(m, (x, bad))
+    with pytest.raises(RuntimeError, match="expected target dtype to be Long"):
+        _loss(model, (x, y.int()))

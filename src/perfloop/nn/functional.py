@@ -18,27 +18,47 @@ import types
 import torch
 import torch.nn.functional as F
 
-from perfloop.nn.modules import _autocast_fp32, _kernel_here
+from perfloop.nn.modules import (
+    _autocast_fp32,
+    _kernel_here,
+    why_not_gelu_options,
+    why_not_loss_options,
+    why_not_norm_options,
+)
 
 FUSED_NAMES = ("layer_norm", "rms_norm", "cross_entropy", "gelu")
 
 
-def _takes(x: torch.Tensor) -> bool:
-    return not torch.compiler.is_compiling() and _kernel_here(x) is None
+_WHY: dict = {}  # the checks' answers by call signature: a step pays for them once
+
+
+def _cached(key, check) -> str | None:
+    if key not in _WHY:
+        _WHY[key] = check()
+    return _WHY[key]
+
+
+def _takes(x) -> bool:
+    """Whether the kernels can run on x here (a tensor, not under torch.compile)."""
+    if not isinstance(x, torch.Tensor) or torch.compiler.is_compiling():
+        return False
+    return _cached(("here", x.device), lambda: _kernel_here(x)) is None
+
+
+def _norm_why(x, normalized_shape, weight) -> str | None:
+    key = ("norm", x.device, x.dtype, x.shape[-1] if x.ndim else 0, torch.is_autocast_enabled(x.device.type),
+           tuple(normalized_shape), None if weight is None else (weight.shape, weight.dtype))  # fmt: skip
+    return _cached(key, lambda: why_not_norm(x, normalized_shape, weight))
 
 
 def why_not_norm(x, normalized_shape, weight) -> str | None:
     from perfloop.ops.layernorm.triton_impl import supported
 
-    if weight is None:
-        return "no weight"
-    if len(tuple(normalized_shape)) != 1:
-        return f"normalized over {len(tuple(normalized_shape))} dims (the kernels normalize the last one)"
-    return supported(_autocast_fp32(x), weight)
+    return why_not_norm_options(normalized_shape, weight) or supported(_autocast_fp32(x), weight)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002 -- torch's names
-    if not _takes(input) or why_not_norm(input, normalized_shape, weight):
+    if not _takes(input) or _norm_why(input, normalized_shape, weight):
         return F.layer_norm(input, normalized_shape, weight, bias, eps)
     from perfloop.ops.layernorm.triton_impl import NormFunction
 
@@ -46,7 +66,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
-    if not _takes(input) or why_not_norm(input, normalized_shape, weight):
+    if not _takes(input) or _norm_why(input, normalized_shape, weight):
         return F.rms_norm(input, normalized_shape, weight, eps)
     from perfloop.ops.layernorm.triton_impl import NormFunction
 
@@ -57,15 +77,19 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
 def why_not_cross_entropy(input, target, weight, reduction, label_smoothing) -> str | None:  # noqa: A002
     from perfloop.ops.cross_entropy.triton_impl import supported
 
-    if weight is not None or label_smoothing or reduction != "mean":
-        return "class weights, label smoothing or a reduction other than mean"
-    return supported(input, target)
+    return why_not_loss_options(weight, label_smoothing, reduction) or supported(input, target)
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
                   reduction="mean", label_smoothing=0.0):  # fmt: skip
-    if (not _takes(input) or size_average is not None or reduce is not None
-            or why_not_cross_entropy(input, target, weight, reduction, label_smoothing)):  # fmt: skip
+    def why():
+        if size_average is not None or reduce is not None or not isinstance(target, torch.Tensor):
+            return "torch's own"
+        key = ("ce", input.device, input.dtype, input.ndim, target.dtype, target.ndim,
+               target.shape[:1] == input.shape[:1], weight is None, label_smoothing, reduction)  # fmt: skip
+        return _cached(key, lambda: why_not_cross_entropy(input, target, weight, reduction, label_smoothing))
+
+    if not _takes(input) or why():
         return F.cross_entropy(
             input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
         )
@@ -77,7 +101,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 
 def gelu(input, approximate="none"):  # noqa: A002
     ok = (torch.float32, torch.float16, torch.bfloat16)
-    if approximate != "tanh" or input.dtype not in ok or not _takes(input):
+    if approximate != "tanh" or not _takes(input) or input.dtype not in ok:
         return F.gelu(input, approximate=approximate)
     from perfloop.ops.gelu.triton_impl import gelu as fused
 
@@ -108,8 +132,9 @@ def why_not_call(name: str, args: tuple, kwargs: dict) -> str | None:
             return "size_average= or reduce= (deprecated forms)"
         return why_not_cross_entropy(x, a.get("target"), a.get("weight"), a.get("reduction", "mean"),
                                      a.get("label_smoothing", 0.0))  # fmt: skip
-    if a.get("approximate", "none") != "tanh":
-        return "approximate='none' (the exact erf form: the kernel computes the tanh form)"
+    why = why_not_gelu_options(a.get("approximate", "none"))
+    if why:
+        return why
     return None if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else f"dtype {x.dtype}"
 
 

@@ -191,18 +191,36 @@ class LinearCrossEntropy(nn.Module):
             return LinearCrossEntropyFunction.apply(h, w, t, self.ignore_index, chunk)
 
 
+def why_not_norm_options(normalized_shape, weight) -> str | None:
+    """Why a norm so configured has no kernel (the module's and F.layer_norm/rms_norm's)."""
+    if len(tuple(normalized_shape)) != 1:
+        return f"normalized over {len(tuple(normalized_shape))} dims (the kernels normalize the last one)"
+    if weight is None:
+        return "no weight (elementwise_affine=False)"
+    return None
+
+
+def why_not_loss_options(weight, label_smoothing, reduction) -> str | None:
+    """Why a cross entropy so configured has no kernel (the module's and F.cross_entropy's)."""
+    if weight is not None or label_smoothing or reduction != "mean":
+        return "class weights, label smoothing or a reduction other than mean"
+    return None
+
+
+def why_not_gelu_options(approximate: str) -> str | None:
+    if approximate != "tanh":
+        return f"approximate={approximate!r} (the kernel computes the tanh form)"
+    return None
+
+
 def why_not(module: nn.Module) -> str | None:
     """Why a candidate's configuration has no kernel (None: it has one)."""
-    shape = getattr(module, "normalized_shape", (0,))
-    if len(shape) != 1:
-        return f"normalized over {len(shape)} dims (the kernels normalize the last one)"
-    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and module.weight is None:
-        return "no weight (elementwise_affine=False)"
-    if isinstance(module, nn.GELU) and module.approximate != "tanh":
-        return f"approximate={module.approximate!r} (the kernel computes the tanh form)"
-    if isinstance(module, nn.CrossEntropyLoss) and (module.weight is not None or module.label_smoothing
-                                                   or module.reduction != "mean"):  # fmt: skip
-        return "class weights, label smoothing or a reduction other than mean"
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        return why_not_norm_options(module.normalized_shape, module.weight)
+    if isinstance(module, nn.GELU):
+        return why_not_gelu_options(module.approximate)
+    if isinstance(module, nn.CrossEntropyLoss):
+        return why_not_loss_options(module.weight, module.label_smoothing, module.reduction)
     return None
 
 

@@ -10,15 +10,14 @@ first module call or range after its start and end. The script's own errors end 
 profiler is stopped, the traceback is the script's, and nothing is kept.
 
 The script runs as under plain `python`: its threads call modules freely (module ranges are kept
-per thread), a torch.profiler of its own records what it would alone (perfloop's gives way: one
-profiler records at a time), `os.chdir` and `os._exit` in its main thread end where they would,
-with the analysis still made.
+per thread), a torch.profiler of its own records what it would alone (one profiler records at a
+time: perfloop's records only before the script's first starts), `os.chdir` and `os._exit` in
+its main thread end where they would, with the analysis still made.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import math
 import os
@@ -83,11 +82,9 @@ class _Window:
     warnings: list = field(default_factory=list)
     lock: object = field(default_factory=threading.RLock)
     starting: bool = False  # perfloop's own profiler is being started
-    theirs: set = field(default_factory=set)  # the script's own profilers, recording or about to
-    theirs_ran: bool = False  # one of them has started: perfloop's records no more
-    blocked: str | None = None  # the script's own profiler kept perfloop's from starting
+    theirs_ran: bool = False  # the script's own torch.profiler has started: perfloop's records no more
+    blocked: bool = False  # ... and so kept perfloop's window from opening or closing
     count_blocked: bool = False  # ... or from counting a step
-    flush: object = None  # acts on a step boundary still waiting (the script ended after step())
     # a profiler stopped while a record_function range begun under it is still open corrupted
     # torch's heap (a segfault later): such a stop waits until those ranges have closed
     begun_since: object = None  # begun_since(mark): is a range begun after `mark` still open?
@@ -182,7 +179,7 @@ class _Window:
 
     def _start_timed(self):
         if self.theirs_ran:
-            self.blocked = "started before the window opened"
+            self.blocked = True
             return
         self._sync()
         self.prof = self._start(self.warnings)
@@ -197,7 +194,7 @@ class _Window:
             if self.state == "timed":
                 profiling.stop_profiler(self.prof)
                 self.prof, self.calls, self.state = None, 0, "before"
-                self.blocked = "started inside the window"
+                self.blocked = True
             elif self.state == "counting":
                 self.counter.__exit__(None, None, None)
                 profiling.stop_profiler(self.counted_prof)
@@ -207,28 +204,21 @@ class _Window:
     @contextlib.contextmanager
     def sharing_the_profiler(self):
         cls = torch.autograd.profiler.profile
-        prepare, leave = cls._prepare_trace, cls.__exit__
+        prepare = cls._prepare_trace
         w = self
 
         def _prepare_trace(prof):
             if not w.starting:
-                w.theirs.add(id(prof))
                 w.theirs_ran = True
                 if w.state in ("timed", "counting"):
                     w._give_way()
             return prepare(prof)
 
-        def __exit__(prof, *exc):  # noqa: N807
-            try:
-                return leave(prof, *exc)
-            finally:
-                w.theirs.discard(id(prof))
-
-        cls._prepare_trace, cls.__exit__ = _prepare_trace, __exit__
+        cls._prepare_trace = _prepare_trace
         try:
             yield
         finally:
-            cls._prepare_trace, cls.__exit__ = prepare, leave
+            cls._prepare_trace = prepare
 
     def _unsafe(self, what: str) -> bool:
         """Whether stopping now would leave a range begun under the profiler open (then the stop
@@ -344,17 +334,12 @@ def profile_script(
             except Exception as exc:
                 raise ScriptError(exc) from exc
             finally:
-                if w.flush is not None:
-                    w.flush()
                 w.abandon()
     finally:
         hook.remove()
         profiling.RANGE_WATCHERS.remove(w)
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
-        # the script's objects (its own profilers among them) freed now: a profiler's results
-        # freed by a later collection, inside another profiler's parsing, crashed torch (segfault)
-        gc.collect()
     return _result(w)
 
 
@@ -371,9 +356,9 @@ def _step_sources(w: _Window):
     stepping: list = []  # the optimizer whose step() is the boundary
     pending: list = []  # a boundary reached inside step(): acted on once its range has closed
 
-    def flush(*_args) -> None:
-        # the optimizer's hooks run inside its own record_function range: the boundary is acted
-        # on once that range has closed (a profiler stopped inside it would leave it open)
+    def flush() -> None:
+        # the optimizer's hooks run inside its own record_function range ("Optimizer.step#...",
+        # torch's wrapper of every step()): the boundary is acted on once that range has closed
         if pending:
             pending.clear()
             w.boundary(OPTIMIZER_STEP)
@@ -391,7 +376,6 @@ def _step_sources(w: _Window):
     w.begun_since, w.mark = begun_since, lambda: next(marks)
 
     def __enter__(rf):  # noqa: N807 -- told first: a window opening here has the range in its trace
-        flush()
         if told(rf):
             w.enter(_NUMBERED.sub("", rf.name))
         out = rf_enter(rf)
@@ -438,16 +422,13 @@ def _step_sources(w: _Window):
 
     import torch.optim.optimizer as optim_module
 
-    w.flush = flush
     hook = optim_module.register_optimizer_step_post_hook(stepped)
-    module_hook = torch.nn.modules.module.register_module_forward_pre_hook(flush)
     rf_cls.__enter__, rf_cls.__exit__ = __enter__, __exit__
     nvtx.range_push, nvtx.range_pop = range_push, range_pop
     try:
         yield
     finally:
         hook.remove()
-        module_hook.remove()
         rf_cls.__enter__, rf_cls.__exit__ = rf_enter, rf_exit
         nvtx.range_push, nvtx.range_pop = push, pop
 
