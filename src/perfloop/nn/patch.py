@@ -137,26 +137,45 @@ def _first_device(args, kwargs) -> str:
     return tensors[0].device.type if tensors else "cpu"
 
 
-def _capture(model, batch, loss_fn, modules: dict) -> tuple[dict, object]:
-    """(each module's first call on the example batch: (args, kwargs, autocast dtype or None),
-    the step's output)."""
-    seen: dict = {}
+def _recorded(args, kwargs) -> tuple:
+    """(args, kwargs, autocast dtype or None) of a call, its tensors copied."""
     keep = lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
+    dev = _first_device(args, kwargs)
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+    return tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}, dtype
+
+
+def _capture(model, batch, loss_fn, modules: dict, sites: list) -> tuple[dict, dict, object]:
+    """One run of the step on the example batch, torch's own code computing: (each candidate
+    module's first call by id, each functional call site's first call by (module name, function,
+    line) -- both as _recorded gives them --, the step's output)."""
+    seen: dict = {}
+    calls: dict = {}
 
     def hook(m, args, kwargs):
         if id(m) not in seen:
-            dev = _first_device(args, kwargs)
-            dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-            seen[id(m)] = (tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}, dtype)
+            seen[id(m)] = _recorded(args, kwargs)
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules.values()]
+    routed = []
+    for name, m in sites:
+
+        def record(fname, line, args, kwargs, name=name):
+            if (name, fname, line) not in calls:
+                calls[(name, fname, line)] = _recorded(args, kwargs)
+            return getattr(F, fname)(*args, **kwargs)
+
+        _functional.reroute(m, {}).record = record
+        routed.append(m)
     try:
         with torch.no_grad():
             out = _run(model, batch, loss_fn)
     finally:
         for h in handles:
             h.remove()
-    return seen, out
+        for m in routed:
+            _functional.restore(m)
+    return seen, calls, out
 
 
 def _run(model, batch, loss_fn):
@@ -298,34 +317,6 @@ def _check_call(label: str, fname: str, args, kwargs, autocast_dtype) -> Swap:
                   op_name=_CALL_OPS[fname])  # fmt: skip
 
 
-def _capture_calls(model, batch, loss_fn, sites: list) -> dict:
-    """{(module name, function, line): (args, kwargs, autocast dtype)} of each functional call's
-    first run on the example batch, torch's own function computing meanwhile."""
-    seen: dict = {}
-    keep = lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
-    routed = []
-    for name, m in sites:
-        r = _functional.reroute(m, {})
-        routed.append(m)
-
-        def record(fname, line, args, kwargs, name=name):
-            key = (name, fname, line)
-            if key not in seen:
-                dev = _first_device(args, kwargs)
-                dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-                seen[key] = (tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}, dtype)
-            return getattr(F, fname)(*args, **kwargs)
-
-        r.record = record
-    try:
-        with torch.no_grad():
-            _run(model, batch, loss_fn)
-    finally:
-        for m in routed:
-            _functional.restore(m)
-    return seen
-
-
 def _route_sites(model: nn.Module, swaps) -> list:
     """Reroute the modules of these (replaced) functional swaps; the modules rerouted."""
     by_module: dict = {}
@@ -379,8 +370,7 @@ def patch(model: nn.Module, example_batch, loss_fn=None, *, measure: bool = Fals
 
 def _patch(model, cands, sites, names, example_batch, loss_fn, measure, budget_s, swapped) -> PatchReport:
     before = copy.deepcopy(model) if measure else None
-    calls = _capture_calls(model, example_batch, loss_fn, sites) if sites else {}
-    seen, out = _capture(model, example_batch, loss_fn, {n: m for n, m, _ in cands})
+    seen, calls, out = _capture(model, example_batch, loss_fn, {n: m for n, m, _ in cands}, sites)
     if measure and not (isinstance(out, torch.Tensor) and out.is_floating_point()):
         raise ValueError(f"loss_fn: measure=True times forward and backward of the step, which must give a "
                          f"float tensor; the step gave a {type(out).__name__}. Pass loss_fn=lambda m, b: "
