@@ -191,3 +191,11 @@ def test_a_large_trace_is_streamed_and_cut_to_whole_steps_with_a_warning(tmp_pat
     assert len(kernels) == len(launches) and all(len(e.kernels) == 1 for e in launches)
     assert seen and seen[-1] == path.stat().st_size  # told as it read, to the end
     assert any("holds 6,040 events" in w and f"first {len(steps)} of 40 ProfilerStep" in w for w in warnings)
+
+
+def test_events_without_the_comma_between_them_are_not_json(tmp_path):
+    path = tmp_path / "t.json"
+    good = '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 1}'
+    path.write_text('{"traceEvents": [' + good + " " + good + "]}")
+    with pytest.raises(ValueError, match="cannot read .* as JSON"):
+        from_trace(path)

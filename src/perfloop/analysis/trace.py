@@ -20,6 +20,7 @@ import bisect
 import gzip
 import heapq
 import io
+import itertools
 import json
 import math
 import os
@@ -155,12 +156,13 @@ def _records(path, meta: dict, progress: Callable[[int, int], None] | None) -> I
                 else:
                     found = True
                     s.expect("[")
-                    i = 0
-                    while s.peek() != "]":
-                        yield i, s.value()
-                        i += 1
-                        s.expect(",]") if s.peek() == "," else None
-                    s.expect("]")
+                    if s.peek() == "]":
+                        s.expect("]")
+                    else:
+                        for i in itertools.count():  # values, each followed by "," or the closing "]"
+                            yield i, s.value()
+                            if s.expect(",]") == "]":
+                                break
                 if s.expect(",}") == "}":
                     break
     except (UnicodeDecodeError, json.JSONDecodeError, EOFError, gzip.BadGzipFile) as exc:
