@@ -187,9 +187,8 @@ class _Window:
         self.state = "timed"
 
     def _give_way(self) -> None:
-        """The script's own torch.profiler starts: perfloop's stops, and records no more. (Ours
-        recording again after the script's had run corrupted torch's heap in our tests: "free():
-        invalid next size", a segfault at a later garbage collection.)"""
+        """The script's own torch.profiler starts: perfloop's stops, and records no more in this
+        process (benchmarks/NOTES.md says why)."""
         with self.lock:
             if self.state == "timed":
                 profiling.stop_profiler(self.prof)
