@@ -164,3 +164,15 @@ def test_a_patched_call_site_refuses_what_torch_refuses_with_torchs_error(nanogp
             _loss(m, (x, bad))
     with pytest.raises(RuntimeError, match="expected target dtype to be Long"):
         _loss(model, (x, y.int()))
+
+
+@pytest.mark.parametrize("width, shape", [(16, (8,)), (8, (16,))])
+def test_the_fused_norm_refuses_a_normalized_shape_torch_refuses(width, shape):
+    from perfloop.nn import functional as pf
+
+    x, w, b = torch.randn(4, width), torch.rand(16) + 0.5, torch.randn(16)
+    for fn in (F.layer_norm, pf.layer_norm):
+        with pytest.raises(RuntimeError):
+            fn(x, shape, w, b)
+    with pytest.raises(RuntimeError):
+        pf.rms_norm(x, shape, w)

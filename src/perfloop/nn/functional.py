@@ -54,7 +54,12 @@ def _norm_why(x, normalized_shape, weight) -> str | None:
 def why_not_norm(x, normalized_shape, weight) -> str | None:
     from perfloop.ops.layernorm.triton_impl import supported
 
-    return why_not_norm_options(normalized_shape, weight) or supported(_autocast_fp32(x), weight)
+    why = why_not_norm_options(normalized_shape, weight)
+    if why:
+        return why
+    if tuple(normalized_shape) != tuple(x.shape[-1:]):
+        return f"normalized_shape {tuple(normalized_shape)} for rows of {tuple(x.shape[-1:])}"
+    return supported(_autocast_fp32(x), weight)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002 -- torch's names
