@@ -176,3 +176,27 @@ def test_the_fused_norm_refuses_a_normalized_shape_torch_refuses(width, shape):
             fn(x, shape, w, b)
     with pytest.raises(RuntimeError):
         pf.rms_norm(x, shape, w)
+
+
+SCALE = 1.0
+
+
+class ScaledNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return F.layer_norm(x, (16,), self.weight) * SCALE
+
+
+def test_a_rerouted_forward_reads_its_modules_globals_live(monkeypatch):
+    """A global the model's module changes after pl.patch (a flag, a scale) is seen by the
+    patched forward, as by the original."""
+    torch.manual_seed(0)
+    model, x = ScaledNorm(), torch.randn(4, 16)
+    report = pl.patch(model, (x,))
+    assert len(report.replaced) == 1
+    before = model(x).detach()
+    monkeypatch.setitem(globals(), "SCALE", 2.0)
+    torch.testing.assert_close(model(x).detach(), 2 * before)

@@ -62,7 +62,16 @@ def why_not_norm(x, normalized_shape, weight) -> str | None:
     return supported(_autocast_fp32(x), weight)
 
 
+def _graph():
+    from perfloop.nn import compiled
+
+    return compiled
+
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002 -- torch's names
+    if torch.compiler.is_compiling():
+        y = _graph().graph_norm("layer_norm", input, normalized_shape, weight, bias, eps, rms=False)
+        return F.layer_norm(input, normalized_shape, weight, bias, eps) if y is None else y
     if not _takes(input) or _norm_why(input, normalized_shape, weight):
         return F.layer_norm(input, normalized_shape, weight, bias, eps)
     from perfloop.ops.layernorm.triton_impl import NormFunction
@@ -71,6 +80,9 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
+    if torch.compiler.is_compiling():
+        y = _graph().graph_norm("rms_norm", input, normalized_shape, weight, None, eps, rms=True)
+        return F.rms_norm(input, normalized_shape, weight, eps) if y is None else y
     if not _takes(input) or _norm_why(input, normalized_shape, weight):
         return F.rms_norm(input, normalized_shape, weight, eps)
     from perfloop.ops.layernorm.triton_impl import NormFunction
@@ -87,6 +99,10 @@ def why_not_cross_entropy(input, target, weight, reduction, label_smoothing) -> 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
                   reduction="mean", label_smoothing=0.0):  # fmt: skip
+    if torch.compiler.is_compiling() and size_average is None and reduce is None:
+        loss = _graph().graph_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
+        if loss is not None:
+            return loss
     def why():
         if size_average is not None or reduce is not None or not isinstance(target, torch.Tensor):
             return "torch's own"
@@ -194,31 +210,86 @@ class _Proxy:
         return getattr(F, name)
 
 
+class _Globals(dict):
+    """A function's globals with some names bound otherwise; every other name read live from the
+    module's own globals (a flag the module sets later is seen)."""
+
+    def __init__(self, base: dict, bound: dict):
+        super().__init__(bound)
+        self.base = base
+
+    def __missing__(self, key):
+        return self.base[key]  # KeyError: Python goes on to the builtins
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key) or key in self.base
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+
+def _loads(fn, name: str) -> set[int]:
+    """The source lines where fn's code loads `name` (as a global or an attribute)."""
+    import dis
+
+    ops = ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD")
+    return {i.positions.lineno for i in dis.get_instructions(fn) if i.opname in ops and i.argval == name}
+
+
+def _function(fn, bound: dict):
+    out = types.FunctionType(fn.__code__, _Globals(fn.__globals__, bound), fn.__name__, fn.__defaults__,
+                             fn.__closure__)  # fmt: skip
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out
+
+
+def _graph_function(fn, bound: dict, owner):
+    """fn with these names bound otherwise, for torch.compile: which reads a function's globals
+    from the module that sys.modules has under their `__name__`, so the globals are a module's
+    of their own (a copy taken now; gone with `owner`)."""
+    import weakref
+
+    name = f"perfloop_rerouted_{id(owner):x}"
+    mod = types.ModuleType(name)
+    mod.__dict__.update(fn.__globals__)
+    mod.__dict__.update(bound, __name__=name)
+    sys.modules[name] = mod
+    weakref.finalize(owner, sys.modules.pop, name, None)
+    out = types.FunctionType(fn.__code__, mod.__dict__, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out
+
+
 class Rerouted:
     """The instance's forward: the class's own function, its functional calls at `sites` (name
     -> source lines) sent to the fused versions. `record`, while set, is told of every fusable
-    call (name, line, args, kwargs) and lets torch's run."""
+    call (name, line, args, kwargs) and lets torch's run.
+
+    Under torch.compile (which cannot follow a call's line) a function is sent to its fused
+    version where every line calling it is a verified site, and the fused versions put the
+    kernels `compiled.IN_GRAPH` names into the graph."""
 
     def __init__(self, owner: torch.nn.Module, fn, sites: dict[str, set[int]]):
         self.owner, self.fn, self.sites = owner, fn, sites
         self.record = None
-        self._code = None
+        proxy = _Proxy(self._route)
+        aliases = functional_aliases(fn)
+        self._eager = _function(fn, {a: proxy if what == "F" else self._bare(what) for a, what in aliases.items()})
+        whole = {n for n, lines in sites.items() if lines and _loads(fn, n) <= lines}
+        bound = {}
+        for alias, what in aliases.items():
+            if what == "F" and whole:
+                bound[alias] = types.ModuleType("perfloop.nn.functional.rerouted")
+                bound[alias].__dict__.update(vars(F))
+                bound[alias].__dict__.update({n: FUSED[n] for n in whole})
+            elif what != "F" and _loads(fn, alias) <= sites.get(what, set()):
+                bound[alias] = FUSED[what]
+        self._graph = _graph_function(fn, bound, self)
 
     def _route(self, name: str, line: int):
         if self.record is not None:
             return lambda *a, **k: self.record(name, line, a, k)
         return FUSED[name] if line in self.sites.get(name, ()) else getattr(F, name)
-
-    def _compiled(self):
-        if self._code is None:
-            g = dict(self.fn.__globals__)
-            proxy = _Proxy(self._route)
-            for alias, what in functional_aliases(self.fn).items():
-                g[alias] = proxy if what == "F" else self._bare(what)
-            self._code = types.FunctionType(self.fn.__code__, g, self.fn.__name__, self.fn.__defaults__,
-                                            self.fn.__closure__)  # fmt: skip
-            self._code.__kwdefaults__ = self.fn.__kwdefaults__
-        return self._code
 
     def _bare(self, what: str):
         def call(*a, **k):  # `layer_norm(...)` imported bare: routed by its caller's line
@@ -227,9 +298,9 @@ class Rerouted:
         return call
 
     def __call__(self, *args, **kwargs):
-        if torch.compiler.is_compiling():  # Inductor fuses these calls itself: the model's own code
-            return self.fn(self.owner, *args, **kwargs)
-        return self._compiled()(self.owner, *args, **kwargs)
+        if torch.compiler.is_compiling():
+            return self._graph(self.owner, *args, **kwargs)
+        return self._eager(self.owner, *args, **kwargs)
 
     def __getstate__(self):
         return {"owner": self.owner, "fn": self.fn, "sites": self.sites}

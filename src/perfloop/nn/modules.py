@@ -80,11 +80,18 @@ class _FusedNorm:
     """The forward both norms share: the kernels where they fit, torch's forward where not."""
 
     def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = isinstance(self, nn.RMSNorm)
+        if torch.compiler.is_compiling():
+            from perfloop.nn.compiled import graph_norm
+
+            bias = None if rms else self.bias
+            y = graph_norm("rms_norm" if rms else "layer_norm", x, self.normalized_shape, self.weight, bias,
+                           self.eps, rms)  # fmt: skip
+            return super().forward(x) if y is None else y
         why = _why_no_kernel(self, x)
         if why:
             _fallback(self, why)
             return super().forward(x)
-        rms = isinstance(self, nn.RMSNorm)
         eps = self.eps if self.eps is not None else torch.finfo(_autocast_fp32(x).dtype).eps
         return _norm(self, x, None if rms else self.bias, eps, rms=rms)
 
@@ -127,6 +134,12 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
         from perfloop.ops.cross_entropy.triton_impl import CrossEntropyFunction, supported
 
         logits = input
+        if torch.compiler.is_compiling():
+            from perfloop.nn.compiled import graph_cross_entropy
+
+            loss = graph_cross_entropy(logits, target, self.weight, self.ignore_index, self.reduction,
+                                       self.label_smoothing)  # fmt: skip
+            return super().forward(logits, target) if loss is None else loss
         key = (logits.device, logits.dtype, logits.ndim, target.dtype)
         why = _cached_why(self, key, lambda: supported(logits, target), logits)
         if why:
@@ -180,6 +193,12 @@ class LinearCrossEntropy(nn.Module):
         if torch.is_autocast_enabled(dev):
             dtype = torch.get_autocast_dtype(dev)
             h, w = h.to(dtype), w.to(dtype)
+        if torch.compiler.is_compiling():
+            from perfloop.nn.compiled import graph_linear_cross_entropy
+
+            loss = graph_linear_cross_entropy(h, w, t, self.ignore_index)
+            if loss is not None:
+                return loss
         why = "compiling" if torch.compiler.is_compiling() else _kernel_here(h)
         if not why and t.dtype != torch.int64:
             why = f"targets of dtype {t.dtype} (class indices in int64 only)"

@@ -110,35 +110,49 @@ def assert_targets(ok: torch.Tensor) -> None:
         torch._assert_async(ok[0], "cross entropy: a target is out of bounds")
 
 
+def forward_parts(logits, target, ignore_index: int):
+    """(mean loss in fp32, each row's log-sum-exp, the number of rows counted) of (N, C) logits."""
+    m, v = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    target = target.contiguous()
+    ok = check_targets(target, v, ignore_index)
+    lse = torch.empty(m, dtype=torch.float32, device=logits.device)
+    loss = torch.empty(m, dtype=torch.float32, device=logits.device)
+    if m:
+        ce_fwd_kernel[(m,)](logits, target, lse, loss, ok, logits.stride(0), v, ignore_index,
+                            BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)  # fmt: skip
+        assert_targets(ok)
+    n_valid = (target != ignore_index).sum()
+    return loss.sum() / n_valid, lse, n_valid  # nan with no row counted, as torch
+
+
+def backward_parts(logits, target, lse, n_valid, dloss, ignore_index: int) -> torch.Tensor:
+    """d(mean loss)/d(logits) scaled by dloss, in the logits' dtype."""
+    m, v = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    target = target.contiguous()
+    dlogits = torch.empty((m, v), dtype=logits.dtype, device=logits.device)
+    if m:
+        ce_bwd_kernel[(m,)](logits, target, lse, dlogits, dloss.contiguous(), n_valid, logits.stride(0),
+                            dlogits.stride(0), v, ignore_index,
+                            BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)  # fmt: skip
+    return dlogits
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, ignore_index):
-        m, v = logits.shape
-        if logits.stride(-1) != 1:
-            logits = logits.contiguous()
-        target = target.contiguous()
-        ok = check_targets(target, v, ignore_index)
-        lse = torch.empty(m, dtype=torch.float32, device=logits.device)
-        loss = torch.empty(m, dtype=torch.float32, device=logits.device)
-        if m:
-            ce_fwd_kernel[(m,)](logits, target, lse, loss, ok, logits.stride(0), v, ignore_index,
-                                BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)  # fmt: skip
-            assert_targets(ok)
-        n_valid = (target != ignore_index).sum()
+        loss, lse, n_valid = forward_parts(logits, target, ignore_index)
         ctx.save_for_backward(logits, target, lse, n_valid)
         ctx.ignore_index = ignore_index
-        return loss.sum() / n_valid  # fp32, whatever the logits' dtype; nan with no row counted, as torch
+        return loss  # fp32, whatever the logits' dtype
 
     @staticmethod
     def backward(ctx, dloss):
         logits, target, lse, n_valid = ctx.saved_tensors
-        m, v = logits.shape
-        dlogits = torch.empty_like(logits)
-        if m:
-            ce_bwd_kernel[(m,)](logits, target, lse, dlogits, dloss.contiguous(), n_valid, logits.stride(0),
-                                dlogits.stride(0), v, ctx.ignore_index,
-                                BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)  # fmt: skip
-        return dlogits, None, None
+        return backward_parts(logits, target, lse, n_valid, dloss, ctx.ignore_index), None, None
 
 
 def supported(logits: torch.Tensor, target: torch.Tensor, **kwargs) -> str | None:

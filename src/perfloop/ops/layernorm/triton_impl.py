@@ -100,46 +100,60 @@ def _bwd_config(n_rows: int, block: int, itemsize: int, device: torch.device) ->
     return max(1, min(n_rows, per_sm * _sms(device))), rows, warps
 
 
+def forward_parts(x, weight, bias, eps: float, rms: bool):
+    """(y, stats): the norm of x over its last dimension, and each row's mean and 1/std (fp32)."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    y = torch.empty_like(x2)
+    stats = torch.empty((2, m), dtype=torch.float32, device=x.device)  # mean, 1/std
+    block = triton.next_power_of_2(n)
+    if m:
+        norm_fwd_kernel[(m,)](x2, weight, bias if bias is not None else weight, y, stats[0], stats[1],
+                              x2.stride(0), y.stride(0), n, eps, RMS=rms, HAS_B=bias is not None,
+                              BLOCK=block, num_warps=_warps(block))  # fmt: skip
+    return y.view(x.shape), stats
+
+
+def backward_parts(dy, x, weight, stats, has_bias: bool, rms: bool):
+    """(dx, dweight, dbias or None) of the norm, from its input and the forward's stats."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    dy2 = dy.reshape(-1, n)
+    if dy2.stride(-1) != 1:
+        dy2 = dy2.contiguous()
+    dx = torch.empty_like(x2)
+    block = triton.next_power_of_2(n)
+    g, rows, warps = _bwd_config(m, block, x2.element_size(), x2.device)
+    partial = torch.empty((2, g, n), dtype=torch.float32, device=x2.device)
+    if m:
+        norm_bwd_kernel[(g,)](x2, weight, dy2, dx, stats[0], stats[1], partial[0], partial[1],
+                              x2.stride(0), dy2.stride(0), dx.stride(0), m, n, triton.cdiv(m, g),
+                              RMS=rms, HAS_B=has_bias, ROWS=rows, BLOCK=block, num_warps=warps)  # fmt: skip
+    else:
+        partial.zero_()
+    sums = (partial if has_bias else partial[:1]).sum(1).to(weight.dtype)  # one reduction launch
+    return dx.view(x.shape), sums[0], (sums[1] if has_bias else None)
+
+
 class NormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, rms):
-        n = x.shape[-1]
-        x2 = x.reshape(-1, n)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
-        m = x2.shape[0]
-        y = torch.empty_like(x2)
-        stats = torch.empty((2, m), dtype=torch.float32, device=x.device)  # mean, 1/std
-        block = triton.next_power_of_2(n)
-        if m:
-            norm_fwd_kernel[(m,)](x2, weight, bias if bias is not None else weight, y, stats[0], stats[1],
-                                  x2.stride(0), y.stride(0), n, eps, RMS=rms, HAS_B=bias is not None,
-                                  BLOCK=block, num_warps=_warps(block))  # fmt: skip
-        ctx.save_for_backward(x2, weight, stats)
-        ctx.has_bias, ctx.rms, ctx.shape = bias is not None, rms, x.shape
-        return y.view(x.shape)
+        y, stats = forward_parts(x, weight, bias, eps, rms)
+        ctx.save_for_backward(x, weight, stats)
+        ctx.has_bias, ctx.rms = bias is not None, rms
+        return y
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight, stats = ctx.saved_tensors
-        m, n = x2.shape
-        dy2 = dy.reshape(-1, n)
-        if dy2.stride(-1) != 1:
-            dy2 = dy2.contiguous()
-        dx = torch.empty_like(x2)
-        block = triton.next_power_of_2(n)
-        g, rows, warps = _bwd_config(m, block, x2.element_size(), x2.device)
-        partial = torch.empty((2, g, n), dtype=torch.float32, device=x2.device)
-        if m:
-            norm_bwd_kernel[(g,)](x2, weight, dy2, dx, stats[0], stats[1], partial[0], partial[1],
-                                  x2.stride(0), dy2.stride(0), dx.stride(0), m, n, triton.cdiv(m, g),
-                                  RMS=ctx.rms, HAS_B=ctx.has_bias, ROWS=rows, BLOCK=block,
-                                  num_warps=warps)  # fmt: skip
-        else:
-            partial.zero_()
-        sums = (partial if ctx.has_bias else partial[:1]).sum(1).to(weight.dtype)  # one reduction launch
-        dw, db = sums[0], (sums[1] if ctx.has_bias else None)
-        return dx.view(ctx.shape), dw, db, None, None
+        x, weight, stats = ctx.saved_tensors
+        dx, dw, db = backward_parts(dy, x, weight, stats, ctx.has_bias, ctx.rms)
+        return dx, dw, db, None, None
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor) -> str | None:

@@ -23,33 +23,40 @@ def chunk_rows(n: int, v: int, itemsize: int) -> int:
     return max(1, min(n, rows // 128 * 128 or rows))
 
 
+def forward_parts(h, weight, target, ignore_index: int, chunk: int):
+    """(mean loss in fp32, its gradient for h, for weight) of (N, H) hidden states: the gradients
+    for an upstream gradient of 1."""
+    n, _ = h.shape
+    v = weight.shape[0]
+    h = h if h.is_contiguous() else h.contiguous()
+    target = target.contiguous()
+    ok = check_targets(target, v, ignore_index)
+    n_valid = (target != ignore_index).sum()
+    dh = torch.empty_like(h)
+    dw = torch.zeros_like(weight)
+    losses = torch.empty(n, dtype=torch.float32, device=h.device)
+    block = min(BLOCK, triton.next_power_of_2(v))
+    buf = torch.empty((min(chunk, n), v), dtype=h.dtype, device=h.device)  # one chunk's logits, reused
+    for s in range(0, n, chunk):
+        hc, tc = h[s : s + chunk], target[s : s + chunk]
+        logits = torch.mm(hc, weight.t(), out=buf[: hc.shape[0]])
+        # each row's loss, then its gradient written over it (the logits are ours alone)
+        ce_loss_grad_kernel[(logits.shape[0],)](logits, tc, losses[s:], n_valid, ok, logits.stride(0), v,
+                                                ignore_index, BLOCK=block, num_warps=8)  # fmt: skip
+        torch.mm(logits, weight, out=dh[s : s + chunk])
+        dw.addmm_(logits.t(), hc)  # in the matmul's epilogue, in the weight's dtype
+    if n:
+        assert_targets(ok)
+    return losses.sum() / n_valid, dh, dw  # nan with no row counted, as torch
+
+
 class LinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, target, ignore_index, chunk):
-        n, _ = h.shape
-        v = weight.shape[0]
-        h = h if h.is_contiguous() else h.contiguous()
-        target = target.contiguous()
-        ok = check_targets(target, v, ignore_index)
-        n_valid = (target != ignore_index).sum()
-        dh = torch.empty_like(h)
-        dw = torch.zeros_like(weight)
-        losses = torch.empty(n, dtype=torch.float32, device=h.device)
-        block = min(BLOCK, triton.next_power_of_2(v))
-        buf = torch.empty((min(chunk, n), v), dtype=h.dtype, device=h.device)  # one chunk's logits, reused
-        for s in range(0, n, chunk):
-            hc, tc = h[s : s + chunk], target[s : s + chunk]
-            logits = torch.mm(hc, weight.t(), out=buf[: hc.shape[0]])
-            # each row's loss, then its gradient written over it (the logits are ours alone)
-            ce_loss_grad_kernel[(logits.shape[0],)](logits, tc, losses[s:], n_valid, ok, logits.stride(0), v,
-                                                    ignore_index, BLOCK=block, num_warps=8)  # fmt: skip
-            torch.mm(logits, weight, out=dh[s : s + chunk])
-            dw.addmm_(logits.t(), hc)  # in the matmul's epilogue, in the weight's dtype
-        if n:
-            assert_targets(ok)
+        loss, dh, dw = forward_parts(h, weight, target, ignore_index, chunk)
         # kept on ctx, not saved: the backward scales them in place and hands them out once
         ctx.grads = dh, dw
-        return losses.sum() / n_valid  # nan with no row counted, as torch
+        return loss
 
     @staticmethod
     def backward(ctx, dloss):

@@ -1,0 +1,158 @@
+"""torch.compile keeps the fused kernels of a patched model (issue 23): the fused cross entropy
+is one node of the compiled graph (a torch.library custom op, no graph break), forward and
+backward equal to the unpatched model's; what compiled.IN_GRAPH leaves out runs torch's code."""
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import perfloop as pl
+
+pytest.importorskip("triton")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def nanogpt():
+    spec = importlib.util.spec_from_file_location("nanogpt_model", EXAMPLES / "nanogpt_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["nanogpt_model"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(autouse=True)
+def _interpreted(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _gpt(nanogpt):
+    torch.manual_seed(0)
+    cfg = nanogpt.GPTConfig(block_size=16, vocab_size=128, n_layer=1, n_head=2, n_embd=32, bias=True)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 128, (2, 16), generator=g), torch.randint(0, 128, (2, 16), generator=g)
+    y[0, :3] = -1
+    return nanogpt.GPT(cfg), (x, y)
+
+
+def _step(model, batch):
+    loss = model(*batch)[1]
+    loss.backward()
+    params = getattr(model, "_orig_mod", model).named_parameters()
+    return loss.detach(), {n: p.grad.clone() for n, p in params if p.grad is not None}
+
+
+def _graph_targets(model, batch, backend="eager"):
+    """(the call_function targets of every graph torch.compile made of the step, the step)."""
+    graphs = []
+
+    def capture(gm, inputs):
+        if backend == "eager":  # dynamo's graph
+            graphs.append(gm)
+            return gm.forward
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def keep(g, _inputs):  # AOT autograd's forward and backward graphs
+            graphs.append(g)
+            return make_boxed_func(g.forward)
+
+        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, inputs)
+
+    compiled = torch.compile(model, backend=capture, fullgraph=True)  # fullgraph: a break fails here
+    out = _step(compiled, batch)
+    return [n.target for g in graphs for n in g.graph.nodes if n.op == "call_function"], out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot"])
+def test_the_fused_loss_is_one_node_of_the_compiled_graph_and_equal(nanogpt, backend):
+    model, batch = _gpt(nanogpt)
+    want_loss, want_grads = _step(copy.deepcopy(model), batch)
+    report = pl.patch(model, batch, loss_fn=lambda m, b: m(*b)[1])
+    assert "GPT: F.cross_entropy" in " ".join(report.replaced)
+    targets, (loss, grads) = _graph_targets(model, batch, backend)
+    ops = {str(t) for t in targets}
+    assert "perfloop.cross_entropy.default" in ops
+    if backend == "aot":  # autograd traced through the op's rule: the backward is perfloop's op too
+        assert "perfloop.cross_entropy_backward.default" in ops
+    assert not any("perfloop.norm" in o for o in ops)  # the norms: torch's, for Inductor to fuse
+    torch.testing.assert_close(loss, want_loss, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == want_grads.keys()
+    for n in grads:
+        torch.testing.assert_close(grads[n], want_grads[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_norms_go_into_the_graph_when_in_graph_names_them(nanogpt, monkeypatch):
+    from perfloop.nn import compiled as pc
+
+    monkeypatch.setattr(pc, "IN_GRAPH", pc.IN_GRAPH | {"layer_norm"})
+    model, batch = _gpt(nanogpt)
+    want_loss, want_grads = _step(copy.deepcopy(model), batch)
+    pl.patch(model, batch, loss_fn=lambda m, b: m(*b)[1])
+    targets, (loss, grads) = _graph_targets(model, batch, "aot")
+    ops = [str(t) for t in targets]
+    assert ops.count("perfloop.norm.default") == 3  # ln_1, ln_2, ln_f
+    assert ops.count("perfloop.norm_backward.default") == 3
+    torch.testing.assert_close(loss, want_loss, atol=1e-5, rtol=1e-5)
+    for n in grads:
+        torch.testing.assert_close(grads[n], want_grads[n], atol=1e-4, rtol=1e-4, msg=n)
+
+
+def test_a_line_left_unverified_keeps_torchs_function_under_compile():
+    """A forward calling F.layer_norm on two lines, one refused: under compile (no per-line
+    routing) neither goes to the fused op."""
+    class TwoNorms(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(16))
+
+        def forward(self, x):
+            a = F.layer_norm(x, (16,), self.w)
+            b = F.layer_norm(x.double(), (16,), self.w.double())  # float64: no kernel takes it
+            return a.sum() + b.sum().float()
+
+    from perfloop.nn import compiled as pc
+
+    m = TwoNorms()
+    x = torch.randn(4, 16)
+    report = pl.patch(m, (x,))
+    assert len(report.replaced) == 1 and len(report.refused) == 1
+    old = pc.IN_GRAPH
+    pc.IN_GRAPH = old | {"layer_norm"}
+    try:
+        graphs = []
+        compiled = torch.compile(m, backend=lambda gm, i: graphs.append(gm) or gm.forward, fullgraph=True)
+        torch.testing.assert_close(compiled(x), m(x))
+    finally:
+        pc.IN_GRAPH = old
+    ops = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert not any("perfloop" in o for o in ops)
+
+
+def test_the_loss_module_goes_into_the_graph_too():
+    """perfloop.nn.CrossEntropyLoss (what pl.patch swaps in for nn.CrossEntropyLoss) under compile."""
+    x = torch.randn(6, 40, requires_grad=True)
+    t = torch.randint(0, 40, (6,))
+    graphs = []
+    loss_fn = pl.nn.CrossEntropyLoss(ignore_index=3)
+    compiled = torch.compile(loss_fn, backend=lambda gm, i: graphs.append(gm) or gm.forward, fullgraph=True)
+    got = compiled(x, t)
+    got.backward()
+    gx = x.grad.clone()
+    x.grad = None
+    want = torch.nn.functional.cross_entropy(x, t, ignore_index=3)
+    want.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(gx, x.grad)
+    ops = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert "perfloop.cross_entropy.default" in ops
