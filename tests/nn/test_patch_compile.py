@@ -111,6 +111,7 @@ def test_norms_go_into_the_graph_when_in_graph_names_them(nanogpt, monkeypatch):
 def test_a_line_left_unverified_keeps_torchs_function_under_compile():
     """A forward calling F.layer_norm on two lines, one refused: under compile (no per-line
     routing) neither goes to the fused op."""
+
     class TwoNorms(nn.Module):
         def __init__(self):
             super().__init__()

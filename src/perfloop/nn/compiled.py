@@ -33,7 +33,8 @@ def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int) -> tuple[T
 @_cross_entropy.register_fake
 def _(logits, target, ignore_index):
     f32 = torch.float32
-    return logits.new_empty((), dtype=f32), logits.new_empty(logits.shape[:1], dtype=f32), target.new_empty(())
+    loss, lse = logits.new_empty((), dtype=f32), logits.new_empty(logits.shape[:1], dtype=f32)
+    return loss, lse, target.new_empty(())
 
 
 @torch.library.custom_op("perfloop::cross_entropy_backward", mutates_args=())
@@ -120,7 +121,8 @@ def _norm_backward(dy: Tensor, x: Tensor, weight: Tensor, stats: Tensor, has_bia
 
 @_norm_backward.register_fake
 def _(dy, x, weight, stats, has_bias, rms):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape if has_bias else 0)
+    db = weight.new_empty(weight.shape if has_bias else 0)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), db
 
 
 def _norm_setup(ctx, inputs, output):

@@ -103,6 +103,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         loss = _graph().graph_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
         if loss is not None:
             return loss
+
     def why():
         if size_average is not None or reduce is not None or not isinstance(target, torch.Tensor):
             return "torch's own"
@@ -221,12 +222,6 @@ class _Globals(dict):
     def __missing__(self, key):
         return self.base[key]  # KeyError: Python goes on to the builtins
 
-    def __contains__(self, key):
-        return dict.__contains__(self, key) or key in self.base
-
-    def get(self, key, default=None):
-        return self[key] if key in self else default
-
 
 def _loads(fn, name: str) -> set[int]:
     """The source lines where fn's code loads `name` (as a global or an attribute)."""
@@ -274,7 +269,7 @@ class Rerouted:
         self.record = None
         proxy = _Proxy(self._route)
         aliases = functional_aliases(fn)
-        self._eager = _function(fn, {a: proxy if what == "F" else self._bare(what) for a, what in aliases.items()})
+        self._eager = _function(fn, {a: proxy if w == "F" else self._bare(w) for a, w in aliases.items()})
         whole = {n for n, lines in sites.items() if lines and _loads(fn, n) <= lines}
         bound = {}
         for alias, what in aliases.items():
