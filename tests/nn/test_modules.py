@@ -41,7 +41,7 @@ def test_the_loss_matches_torch_with_ignored_targets():
     la, lb = pnn.CrossEntropyLoss()(logits, target), nn.CrossEntropyLoss()(logits, target)
     torch.testing.assert_close(la, lb, atol=1e-6, rtol=1e-6)
     ga, gb = (torch.autograd.grad(loss * 3.0, logits)[0] for loss in (la, lb))  # upstream gradient 3
-    torch.testing.assert_close(ga, gb, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ga, gb, atol=1e-5, rtol=1e-5)
     assert ga[::5].abs().max() == 0  # ignored rows get no gradient
 
 
@@ -120,16 +120,19 @@ def test_linear_cross_entropy_in_chunks_is_the_same_as_in_one():
         torch.autograd.grad(twice, [h, w])
 
 
-def test_gelu_is_torchs_tanh_gelu_forward_and_backward_and_the_exact_form_is_refused():
+@pytest.mark.parametrize("form", ["tanh", "none"])
+def test_gelu_is_torchs_gelu_in_either_form_forward_and_backward(form):
     torch.manual_seed(0)
     x = (3 * torch.randn(7, 131)).requires_grad_()
     dy = torch.randn(7, 131)
-    ours, theirs = pnn.GELU("tanh"), nn.GELU("tanh")
+    ours, theirs = pnn.GELU(form), nn.GELU(form)
     ya, yb = ours(x), theirs(x)
     torch.testing.assert_close(ya, yb, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(torch.autograd.grad(ya, x, dy)[0], torch.autograd.grad(yb, x, dy)[0],
-                               atol=1e-5, rtol=1e-5)  # fmt: skip
-    assert pnn.fused_like(nn.GELU("tanh")).approximate == "tanh"
+    ga, gb = torch.autograd.grad(ya, x, dy)[0], torch.autograd.grad(yb, x, dy)[0]
+    torch.testing.assert_close(ga, gb, atol=1e-5, rtol=1e-5)
+    other = "none" if form == "tanh" else "tanh"  # the forms differ by more than the tolerance
+    assert (ya - nn.GELU(other)(x)).abs().max() > 1e-4
+    assert pnn.fused_like(nn.GELU(form)).approximate == form
     from perfloop.nn.modules import why_not
 
-    assert "tanh form" in why_not(nn.GELU())  # erf GELU: patch leaves it alone, saying why
+    assert why_not(nn.GELU(form)) is None

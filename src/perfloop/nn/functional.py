@@ -1,5 +1,5 @@
 """Fused versions of the functional calls a model's own `forward` makes (`F.layer_norm`,
-`F.rms_norm`, `F.cross_entropy`, `F.gelu(approximate="tanh")`), and the rerouting that sends
+`F.rms_norm`, `F.cross_entropy`, `F.gelu` in both forms), and the rerouting that sends
 chosen call sites to them without a change to the model's code.
 
 A module whose forward was checked by `pl.patch` gets, as its instance's `forward`, a `Rerouted`
@@ -123,11 +123,12 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 
 def gelu(input, approximate="none"):  # noqa: A002
     ok = (torch.float32, torch.float16, torch.bfloat16)
-    if approximate != "tanh" or not _takes(input) or input.dtype not in ok:
+    if approximate not in ("tanh", "none") or not _takes(input) or input.dtype not in ok:
         return F.gelu(input, approximate=approximate)
     from perfloop.ops.gelu.triton_impl import gelu as fused
 
-    return fused(input) if input.ndim else fused(input.reshape(1)).reshape(())
+    y = fused(input if input.ndim else input.reshape(1), approximate=approximate)
+    return y if input.ndim else y.reshape(())
 
 
 FUSED = {"layer_norm": layer_norm, "rms_norm": rms_norm, "cross_entropy": cross_entropy, "gelu": gelu}

@@ -111,8 +111,8 @@ class RMSNorm(_FusedNorm, nn.RMSNorm):
 
 
 class GELU(nn.GELU):
-    """nn.GELU(approximate="tanh") (GPT-2's): one fused kernel forward, one backward, the slope
-    recomputed from x; the exact (erf) form runs torch's."""
+    """nn.GELU, either form (exact erf, torch's default, or approximate="tanh", GPT-2's): one fused
+    kernel forward, one backward, the slope recomputed from x."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 -- torch's keyword
         from perfloop.ops.gelu.triton_impl import gelu
@@ -123,7 +123,8 @@ class GELU(nn.GELU):
         if why:
             _fallback(self, why)
             return super().forward(x)
-        return gelu(x) if x.ndim else gelu(x.reshape(1)).reshape(())
+        y = gelu(x if x.ndim else x.reshape(1), approximate=self.approximate)
+        return y if x.ndim else y.reshape(())
 
 
 class CrossEntropyLoss(nn.CrossEntropyLoss):
@@ -227,8 +228,8 @@ def why_not_loss_options(weight, label_smoothing, reduction) -> str | None:
 
 
 def why_not_gelu_options(approximate: str) -> str | None:
-    if approximate != "tanh":
-        return f"approximate={approximate!r} (the kernel computes the tanh form)"
+    if approximate not in ("tanh", "none"):
+        return f"approximate={approximate!r} (torch's forms are 'none' and 'tanh')"
     return None
 
 

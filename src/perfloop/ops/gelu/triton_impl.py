@@ -40,23 +40,41 @@ def gelu_tanh_grad(x):
     return s + 2.0 * x * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)
 
 
+INV_SQRT_2 = tl.constexpr(0.7071067811865476)
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
+
+
 @triton.jit
-def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def gelu_erf(x):
+    """The exact form, 0.5 x (1 + erf(x / sqrt 2)), in fp32."""
+    return 0.5 * x * (1.0 + tl.math.erf(x * INV_SQRT_2))
+
+
+@triton.jit
+def gelu_erf_grad(x):
+    """d/dx of gelu_erf: Phi(x) + x phi(x)."""
+    return 0.5 * (1.0 + tl.math.erf(x * INV_SQRT_2)) + x * INV_SQRT_2PI * tl.exp(-0.5 * x * x)
+
+
+@triton.jit
+def gelu_kernel(x_ptr, y_ptr, n, EXACT: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(y_ptr + offs, gelu_tanh(x).to(y_ptr.dtype.element_ty), mask=mask)
+    y = gelu_erf(x) if EXACT else gelu_tanh(x)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def gelu_bwd_kernel(x_ptr, dy_ptr, dx_ptr, n, BLOCK: tl.constexpr):
+def gelu_bwd_kernel(x_ptr, dy_ptr, dx_ptr, n, EXACT: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     dy = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(dx_ptr + offs, (dy * gelu_tanh_grad(x)).to(dx_ptr.dtype.element_ty), mask=mask)
+    slope = gelu_erf_grad(x) if EXACT else gelu_tanh_grad(x)
+    tl.store(dx_ptr + offs, (dy * slope).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def _config(x: torch.Tensor, block: int | None, num_warps: int | None) -> tuple[int, int]:
@@ -65,20 +83,21 @@ def _config(x: torch.Tensor, block: int | None, num_warps: int | None) -> tuple[
     return block or tuned_block, num_warps or tuned_warps
 
 
-def _forward(x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: int | None) -> torch.Tensor:
+def _forward(x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: int | None, exact: bool = False
+             ) -> torch.Tensor:  # fmt: skip
     n = x.numel()
     if n:
         block, num_warps = _config(x, block, num_warps)
-        gelu_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=num_warps)
+        gelu_kernel[(triton.cdiv(n, block),)](x, out, n, EXACT=exact, BLOCK=block, num_warps=num_warps)
     return out
 
 
 class GeluFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, block, num_warps):
+    def forward(ctx, x, block, num_warps, exact=False):
         ctx.save_for_backward(x)
-        ctx.config = block, num_warps
-        return _forward(x, torch.empty_like(x), block, num_warps)
+        ctx.config, ctx.exact = (block, num_warps), exact
+        return _forward(x, torch.empty_like(x), block, num_warps, exact)
 
     @staticmethod
     def backward(ctx, dy):
@@ -88,8 +107,9 @@ class GeluFunction(torch.autograd.Function):
         n = x.numel()
         if n:
             block, num_warps = _config(x, *ctx.config)
-            gelu_bwd_kernel[(triton.cdiv(n, block),)](x, dy, dx, n, BLOCK=block, num_warps=num_warps)
-        return dx, None, None
+            gelu_bwd_kernel[(triton.cdiv(n, block),)](x, dy, dx, n, EXACT=ctx.exact, BLOCK=block,
+                                                      num_warps=num_warps)  # fmt: skip
+        return dx, None, None, None
 
 
 def gelu(
@@ -98,12 +118,17 @@ def gelu(
     *,
     block: int | None = None,
     num_warps: int | None = None,
+    approximate: str = "tanh",
 ) -> torch.Tensor:
+    """GELU of x: the tanh form (GPT-2's, the default) or approximate="none", the exact erf form."""
     check_tensor("x", x)
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"approximate: {approximate!r} is neither 'tanh' nor 'none' (torch's two forms)")
+    exact = approximate == "none"
     x = x.contiguous()
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous()):
         raise ValueError(f"out: need a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     if torch.is_grad_enabled() and x.requires_grad:
-        y = GeluFunction.apply(x, block, num_warps)
+        y = GeluFunction.apply(x, block, num_warps, exact)
         return y if out is None else out.copy_(y)
-    return _forward(x, torch.empty_like(x) if out is None else out, block, num_warps)
+    return _forward(x, torch.empty_like(x) if out is None else out, block, num_warps, exact)
