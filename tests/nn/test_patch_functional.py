@@ -132,7 +132,7 @@ def test_a_patched_model_compiles_to_torchs_own_code(nanogpt):
     torch.testing.assert_close(_loss(compiled, batch), want, atol=1e-5, rtol=1e-5)
 
 
-def test_a_llama_style_model_gets_its_norm_classes_and_its_loss_call_fused():
+def test_a_llama_style_model_gets_its_norm_classes_its_swiglu_and_its_loss_call_fused(monkeypatch):
     spec = importlib.util.spec_from_file_location("llama_model", EXAMPLES / "llama_model.py")
     llama = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(llama)
@@ -150,7 +150,21 @@ def test_a_llama_style_model_gets_its_norm_classes_and_its_loss_call_fused():
     report = pl.patch(model, batch, loss_fn=loss_fn)
     kinds = [s.kind for s in report.swaps if s.replaced]
     assert kinds.count("RMSNorm") == 2 * 2 + 1 and kinds.count("F.cross_entropy") == 1, str(report)
-    torch.testing.assert_close(loss_fn(model, batch), loss_fn(ref, batch), atol=1e-5, rtol=1e-5)
+    assert kinds.count("F.silu(a) * b") == 2, str(report)  # SwiGLU, written out in FeedForward.forward
+    line = next(i for i, t in enumerate((EXAMPLES / "llama_model.py").read_text().splitlines(), 1)
+                if "return self.w2(F.silu(self.w1(x)) * self.w3(x))" in t)  # fmt: skip
+    assert f"layers.0.feed_forward: F.silu(a) * b (llama_model.py:{line})" in report.replaced
+    from perfloop.ops.swiglu import triton_impl as sw
+
+    used = []
+    monkeypatch.setattr(sw.GatedFunction, "apply", _spy(sw.GatedFunction.apply, "gate", used))
+    got, want = loss_fn(model, batch), loss_fn(ref, batch)
+    assert used == ["gate", "gate"]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    got.backward()
+    want.backward()
+    for (n, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=n)
 
 
 def test_a_patched_call_site_refuses_what_torch_refuses_with_torchs_error(nanogpt):

@@ -131,7 +131,42 @@ def gelu(input, approximate="none"):  # noqa: A002
     return y if input.ndim else y.reshape(())
 
 
-FUSED = {"layer_norm": layer_norm, "rms_norm": rms_norm, "cross_entropy": cross_entropy, "gelu": gelu}
+def _gate_why(a, b, approximate="none") -> str | None:
+    if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+        return "operands of different shapes or dtypes (a broadcast)"
+    if a.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"dtype {a.dtype}"
+    return why_not_gelu_options(approximate)
+
+
+def silu_gate(a, b):
+    """F.silu(a) * b in one kernel each way (SwiGLU)."""
+    if not _takes(a) or _gate_why(a, b):
+        return F.silu(a) * b
+    from perfloop.ops.swiglu.triton_impl import swiglu
+
+    return swiglu(a, b)
+
+
+def gelu_gate(a, b, approximate="none"):
+    """F.gelu(a, approximate=...) * b in one kernel each way (GeGLU)."""
+    if not _takes(a) or _gate_why(a, b, approximate):
+        return F.gelu(a, approximate=approximate) * b
+    from perfloop.ops.swiglu.triton_impl import geglu
+
+    return geglu(a, b, approximate=approximate)
+
+
+FUSED = {"layer_norm": layer_norm, "rms_norm": rms_norm, "cross_entropy": cross_entropy, "gelu": gelu,
+         "silu_gate": silu_gate, "gelu_gate": gelu_gate}  # fmt: skip
+TORCH = {"silu_gate": lambda a, b: F.silu(a) * b,
+         "gelu_gate": lambda a, b, approximate="none": F.gelu(a, approximate=approximate) * b}  # fmt: skip
+GATES = {"silu": "silu_gate", "gelu": "gelu_gate"}  # an activation times a gate, written out
+
+
+def torch_function(name: str):
+    """Torch's own version of a fused function (a gate: the activation times b)."""
+    return TORCH.get(name) or getattr(F, name)
 
 
 def why_not_call(name: str, args: tuple, kwargs: dict) -> str | None:
@@ -143,6 +178,11 @@ def why_not_call(name: str, args: tuple, kwargs: dict) -> str | None:
     except TypeError as exc:
         return f"arguments torch's signature takes but these do not ({exc})"
     a = bound.arguments
+    if name in TORCH:
+        x = a["a"]
+        if not isinstance(x, torch.Tensor):
+            return "no tensor input"
+        return _kernel_here(x) or _gate_why(x, a["b"], a.get("approximate", "none"))
     x = a.get("input")
     if not isinstance(x, torch.Tensor):
         return "no tensor input"
@@ -177,7 +217,7 @@ def functional_aliases(fn) -> dict[str, str]:
         if v is F:
             out[name] = "F"
         else:
-            for fused in FUSED_NAMES:
+            for fused in (*FUSED_NAMES, *GATES):
                 if v is getattr(F, fused):
                     out[name] = fused
     return out
@@ -194,7 +234,7 @@ def site_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
         aliases = functional_aliases(fn)
         names = set(fn.__code__.co_names)
         if any(v != "F" for v in aliases.values()) or (
-            any(v == "F" for v in aliases.values()) and names & set(FUSED_NAMES)
+            any(v == "F" for v in aliases.values()) and names & {*FUSED_NAMES, *GATES}
         ):
             out.append((name, m))
     return out
@@ -210,6 +250,70 @@ class _Proxy:
         if name in FUSED:
             return self._route(name, sys._getframe(1).f_lineno)
         return getattr(F, name)
+
+
+GATE_CALL = "__perfloop_gate__"
+
+
+def gated_code(fn, aliases: dict[str, str]):
+    """fn's code with each activation-times-gate it writes out (`F.silu(a) * b`, `b * F.gelu(a)`,
+    ...) made one call, `__perfloop_gate__(activation, line, gated_first, left, right, **kw)`,
+    its operands evaluated in their written order; the source lines kept. None where fn writes
+    none, or its source or closure cannot be had again."""
+    import ast
+    import inspect
+    import textwrap
+
+    if fn.__code__.co_freevars:
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    f_names = {a for a, what in aliases.items() if what == "F"}
+    bare = {a: what for a, what in aliases.items() if what in GATES}
+
+    def activation(node) -> str | None:
+        if not (isinstance(node, ast.Call) and len(node.args) == 1
+                and not any(isinstance(a, ast.Starred) for a in node.args)):  # fmt: skip
+            return None
+        f = node.func
+        on_f = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in f_names
+        act = f.attr if on_f else bare.get(f.id) if isinstance(f, ast.Name) else None
+        allowed = {"approximate"} if act == "gelu" else set()
+        return act if act in GATES and {k.arg for k in node.keywords} <= allowed else None
+
+    class Gates(ast.NodeTransformer):
+        found = 0
+
+        def visit_BinOp(self, node):
+            self.generic_visit(node)
+            if not isinstance(node.op, ast.Mult):
+                return node
+            for first, call in ((True, node.left), (False, node.right)):
+                act = activation(call)
+                if act:
+                    self.found += 1
+                    operands = [call.args[0], node.right] if first else [node.left, call.args[0]]
+                    args = [ast.Constant(act), ast.Constant(call.lineno), ast.Constant(first), *operands]
+                    return ast.copy_location(
+                        ast.Call(ast.Name(GATE_CALL, ast.Load()), args, call.keywords), node
+                    )
+            return node
+
+    fdef = tree.body[0]
+    if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    first = min([fdef.lineno, *(d.lineno for d in fdef.decorator_list)])
+    ast.increment_lineno(tree, fn.__code__.co_firstlineno - first)  # the file's lines, as the code's
+    fdef.decorator_list = []
+    gates = Gates()
+    gates.visit(tree)
+    if not gates.found:
+        return None
+    ast.fix_missing_locations(tree)
+    module = compile(tree, fn.__code__.co_filename, "exec")
+    return next(c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == fn.__name__)
 
 
 class _Globals(dict):
@@ -232,9 +336,9 @@ def _loads(fn, name: str) -> set[int]:
     return {i.positions.lineno for i in dis.get_instructions(fn) if i.opname in ops and i.argval == name}
 
 
-def _function(fn, bound: dict):
-    out = types.FunctionType(fn.__code__, _Globals(fn.__globals__, bound), fn.__name__, fn.__defaults__,
-                             fn.__closure__)  # fmt: skip
+def _function(fn, bound: dict, code=None):
+    out = types.FunctionType(code or fn.__code__, _Globals(fn.__globals__, bound), fn.__name__,
+                             fn.__defaults__, fn.__closure__)  # fmt: skip
     out.__kwdefaults__ = fn.__kwdefaults__
     return out
 
@@ -270,7 +374,8 @@ class Rerouted:
         self.record = None
         proxy = _Proxy(self._route)
         aliases = functional_aliases(fn)
-        self._eager = _function(fn, {a: proxy if w == "F" else self._bare(w) for a, w in aliases.items()})
+        bound = {a: proxy if w == "F" else self._bare(w) for a, w in aliases.items()}
+        self._eager = _function(fn, bound | {GATE_CALL: self._gate}, gated_code(fn, aliases))
         whole = {n for n, lines in sites.items() if lines and _loads(fn, n) <= lines}
         bound = {}
         for alias, what in aliases.items():
@@ -283,9 +388,18 @@ class Rerouted:
         self._graph = _graph_function(fn, bound, self)
 
     def _route(self, name: str, line: int):
+        if name not in FUSED:
+            return getattr(F, name)
         if self.record is not None:
             return lambda *a, **k: self.record(name, line, a, k)
         return FUSED[name] if line in self.sites.get(name, ()) else getattr(F, name)
+
+    def _gate(self, act: str, line: int, gated_first: bool, left, right, **kw):
+        name = GATES[act]
+        a, b = (left, right) if gated_first else (right, left)
+        if self.record is not None:
+            return self.record(name, line, (a, b), kw)
+        return (FUSED[name] if line in self.sites.get(name, ()) else TORCH[name])(a, b, **kw)
 
     def _bare(self, what: str):
         def call(*a, **k):  # `layer_norm(...)` imported bare: routed by its caller's line

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from perfloop.nn import functional as _functional
 from perfloop.nn import modules as _modules
@@ -115,6 +114,9 @@ def _preserved(model: nn.Module):
         p.grad = None
     buffers = [(b, b.detach().clone()) for b in {id(b): b for b in model.buffers()}.values()]
     modes = [(m, m.training) for m in model.modules()]
+    plain = lambda k: not k.startswith("_") and k not in ("forward", "training")  # noqa: E731
+    # what forward may set on a module (a last loss)
+    attrs = [(m, {k: v for k, v in vars(m).items() if plain(k)}) for m in model.modules()]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
@@ -127,6 +129,8 @@ def _preserved(model: nn.Module):
                 b.copy_(saved)
         for m, training in modes:
             m.training = training
+        for m, saved in attrs:
+            m.__dict__.update(saved)
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
@@ -163,7 +167,7 @@ def _capture(model, batch, loss_fn, modules: dict, sites: list) -> tuple[dict, d
         def record(fname, line, args, kwargs, name=name):
             if (name, fname, line) not in calls:
                 calls[(name, fname, line)] = _recorded(args, kwargs)
-            return getattr(F, fname)(*args, **kwargs)
+            return _functional.torch_function(fname)(*args, **kwargs)
 
         _functional.reroute(m, {}).record = record
         routed.append(m)
@@ -176,6 +180,14 @@ def _capture(model, batch, loss_fn, modules: dict, sites: list) -> tuple[dict, d
         for m in routed:
             _functional.restore(m)
     return seen, calls, out
+
+
+def _copy(model: nn.Module) -> nn.Module:
+    """A deep copy of the model; a tensor with a graph that a module keeps (a last loss) copied
+    without its graph (deepcopy refuses those)."""
+    memo = {id(v): v.detach().clone() for m in model.modules() for v in vars(m).values()
+            if isinstance(v, torch.Tensor) and not v.is_leaf}  # fmt: skip
+    return copy.deepcopy(model, memo)
 
 
 def _run(model, batch, loss_fn):
@@ -247,7 +259,7 @@ def _check(name: str, original: nn.Module, fused: nn.Module, args, kwargs, autoc
     kind = kind or type(original).__name__
     op = ops.get(op_name or OPS.get(kind, "rmsnorm"))
     original = _hookless(original)
-    ref = copy.deepcopy(original).double()
+    ref = _copy(original).double()
     dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
     want_y, want_g = _forward_backward(ref, [dbl(a) for a in args], {k: dbl(v) for k, v in kwargs.items()},
                                        None, seed=0)  # fmt: skip
@@ -299,22 +311,27 @@ _CALL_OPS = {
     "rms_norm": "rmsnorm",
     "cross_entropy": "cross_entropy",
     "gelu": "gelu",
+    "silu_gate": "swiglu",
+    "gelu_gate": "geglu",
 }
+
+
+_CALL_SHOWN = {"silu_gate": "F.silu(a) * b", "gelu_gate": "F.gelu(a) * b"}
 
 
 def _site_label(module_name: str, module: nn.Module, fname: str, line: int) -> str:
     fn = getattr(type(module).forward, "__func__", type(module).forward)
     where = f"{fn.__code__.co_filename.rsplit('/', 1)[-1]}:{line}"
-    return f"{module_name or type(module).__name__}: F.{fname} ({where})"
+    return f"{module_name or type(module).__name__}: {_CALL_SHOWN.get(fname, 'F.' + fname)} ({where})"
 
 
 def _check_call(label: str, fname: str, args, kwargs, autocast_dtype) -> Swap:
     why = _functional.why_not_call(fname, args, kwargs)
     if why:
-        return Swap(label, f"F.{fname}", False, why)
-    torch_fn, fused = _Call(getattr(F, fname)), _Call(_functional.FUSED[fname])
-    return _check(label, torch_fn, fused, args, kwargs, autocast_dtype, kind=f"F.{fname}",
-                  op_name=_CALL_OPS[fname])  # fmt: skip
+        return Swap(label, _CALL_SHOWN.get(fname, f"F.{fname}"), False, why)
+    torch_fn, fused = _Call(_functional.torch_function(fname)), _Call(_functional.FUSED[fname])
+    kind = _CALL_SHOWN.get(fname, f"F.{fname}")
+    return _check(label, torch_fn, fused, args, kwargs, autocast_dtype, kind=kind, op_name=_CALL_OPS[fname])
 
 
 def _route_sites(model: nn.Module, swaps) -> list:
@@ -369,7 +386,7 @@ def patch(model: nn.Module, example_batch, loss_fn=None, *, measure: bool = Fals
 
 
 def _patch(model, cands, sites, names, example_batch, loss_fn, measure, budget_s, swapped) -> PatchReport:
-    before = copy.deepcopy(model) if measure else None
+    before = _copy(model) if measure else None
     seen, calls, out = _capture(model, example_batch, loss_fn, {n: m for n, m, _ in cands}, sites)
     if measure and not (isinstance(out, torch.Tensor) and out.is_floating_point()):
         raise ValueError(f"loss_fn: measure=True times forward and backward of the step, which must give a "
@@ -449,7 +466,7 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
 
 def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
     """A copy of the unpatched model with the checked swaps of these kinds made."""
-    m = copy.deepcopy(before)
+    m = _copy(before)
     for s in report.swaps:
         if s.replaced and s.kind in kinds and s.site is None:
             fused = fused_like(m.get_submodule(s.name))

@@ -1,4 +1,4 @@
-"""Gated activations act(a) * b -- SwiGLU (act = silu) and GeGLU (act = GELU, tanh form) --
+"""Gated activations act(a) * b -- SwiGLU (act = silu) and GeGLU (act = GELU, tanh or exact form) --
 forward and backward in Triton: one elementwise kernel each way.
 
 Forward reads a and b and writes y (3 passes); backward reads a, b and dy and writes da and db
@@ -12,34 +12,40 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.base import check_tensor
-from perfloop.ops.gelu.triton_impl import gelu_tanh, gelu_tanh_grad
+from perfloop.ops.gelu.triton_impl import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
 
 BLOCK = 2048
+SILU, GELU_TANH, GELU_ERF = 0, 1, 2  # the activations, for the kernels' ACT
 
 
 @triton.jit
-def gated_fwd_kernel(A, B, Y, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
+def gated_fwd_kernel(A, B, Y, n, ACT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-    if GELU:
+    if ACT == 1:
         act = gelu_tanh(a)
+    elif ACT == 2:
+        act = gelu_erf(a)
     else:
         act = a * tl.sigmoid(a)
     tl.store(Y + offs, (act * b).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def gated_bwd_kernel(A, B, DY, DA, DB, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
+def gated_bwd_kernel(A, B, DY, DA, DB, n, ACT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-    if GELU:
+    if ACT == 1:
         act = gelu_tanh(a)
         dact = gelu_tanh_grad(a)
+    elif ACT == 2:
+        act = gelu_erf(a)
+        dact = gelu_erf_grad(a)
     else:
         s = tl.sigmoid(a)
         act = a * s
@@ -54,14 +60,14 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 class GatedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, gelu):
+    def forward(ctx, a, b, act):
         a, b = _flat(a), _flat(b)
         y = torch.empty_like(a)
         n = a.numel()
         if n:
-            gated_fwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, y, n, GELU=gelu, BLOCK=BLOCK, num_warps=8)
+            gated_fwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, y, n, ACT=act, BLOCK=BLOCK, num_warps=8)
         ctx.save_for_backward(a, b)
-        ctx.gelu = gelu
+        ctx.act = act
         return y
 
     @staticmethod
@@ -71,23 +77,25 @@ class GatedFunction(torch.autograd.Function):
         da, db = torch.empty_like(a), torch.empty_like(b)
         n = a.numel()
         if n:
-            gated_bwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, dy, da, db, n, GELU=ctx.gelu, BLOCK=BLOCK,
+            gated_bwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, dy, da, db, n, ACT=ctx.act, BLOCK=BLOCK,
                                                        num_warps=8)  # fmt: skip
         return da, db, None
 
 
-def _gated(a, b, gelu: bool):
+def _gated(a, b, act: int):
     check_tensor("a", a)
     check_tensor("b", b)
     if a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError(f"a, b: need the same shape and dtype, got {tuple(a.shape)} {a.dtype} and "
                          f"{tuple(b.shape)} {b.dtype}")  # fmt: skip
-    return GatedFunction.apply(a, b, gelu)
+    return GatedFunction.apply(a, b, act)
 
 
 def swiglu(a, b, out=None):
-    return _gated(a, b, gelu=False)
+    return _gated(a, b, SILU)
 
 
-def geglu(a, b, out=None):
-    return _gated(a, b, gelu=True)
+def geglu(a, b, out=None, approximate: str = "tanh"):
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"approximate: {approximate!r} is neither 'tanh' nor 'none' (torch's two forms)")
+    return _gated(a, b, GELU_TANH if approximate == "tanh" else GELU_ERF)
