@@ -1,9 +1,14 @@
-"""pl.patch on GPT-2 small written as popular training code writes it (examples/nanogpt_model.py:
-F.layer_norm in a LayerNorm class, F.cross_entropy(ignore_index=-1) in forward, nn.GELU() exact):
+"""pl.patch on models written as popular training code writes them (examples/nanogpt_model.py:
+GPT-2 with F.layer_norm in a LayerNorm class, F.cross_entropy(ignore_index=-1) in forward, nn.GELU()
+exact; examples/llama_model.py: an fp32 RMSNorm class, SwiGLU written out, the loss in forward):
 which call sites it reaches, the step before and after (measure=True: each kind alone, interleaved),
-and what the rerouting itself costs the host per call.
+the step's device time both ways, what the rerouting itself costs the host per call; with
+--compiled, torch.compile of the model against torch.compile of the patched model (the losses in
+the graph as perfloop's ops; and with every fused op in the graph); with --curves N, N training
+steps (bf16 autocast, fused AdamW) patched and not, from the same weights on the same batches.
 
-    PYTHONPATH=src python3 benchmarks/functional_patch.py --out DIR [--small]
+    PYTHONPATH=src python3 benchmarks/functional_patch.py --out DIR [--model gpt2|llama] [--small]
+        [--compiled] [--curves N] [--no-measure]
 """
 
 from __future__ import annotations
@@ -50,27 +55,20 @@ def mechanism_cost() -> dict:
     return {"plain_us": p, "rerouted_us": r, "overhead_us": r - p}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--small", action="store_true", help="a tiny model (to test the script on a CPU)")
-    ap.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
-    a = ap.parse_args()
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+def build(name: str, small: bool, dev: str):
+    """(model, batch size, sequence length, vocabulary) of the named model, seeded."""
     torch.manual_seed(0)
-    if a.model == "gpt2":  # GPT-2 small, batch 12 x 1024
+    if name == "gpt2":  # GPT-2 small, batch 12 x 1024
         cfg = (nanogpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
-               if a.small else nanogpt_model.GPTConfig())  # fmt: skip
-        batch, seq, vocab = (2, 64, cfg.vocab_size) if a.small else (12, 1024, cfg.vocab_size)
-        model = nanogpt_model.GPT(cfg).to(dev)
-    else:  # 8 layers, d 1024, 16 heads, vocab 32000, batch 8 x 1024
-        tiny = dict(dim=64, n_layers=2, n_heads=2, vocab_size=512, multiple_of=32, max_seq_len=64)
-        cfg = llama_model.ModelArgs(**tiny) if a.small else llama_model.ModelArgs()
-        batch, seq, vocab = (2, 64, cfg.vocab_size) if a.small else (8, 1024, cfg.vocab_size)
-        model = llama_model.Transformer(cfg).to(dev)
-    g = torch.Generator(device=dev).manual_seed(1)
-    x = torch.randint(0, vocab, (batch, seq), device=dev, generator=g)
-    y = torch.randint(0, vocab, (batch, seq), device=dev, generator=g)
+               if small else nanogpt_model.GPTConfig())  # fmt: skip
+        return nanogpt_model.GPT(cfg).to(dev), cfg, *((2, 64) if small else (12, 1024)), cfg.vocab_size
+    # 8 layers, d 1024, 16 heads, vocab 32000, batch 8 x 1024
+    tiny = dict(dim=64, n_layers=2, n_heads=2, vocab_size=512, multiple_of=32, max_seq_len=64)
+    cfg = llama_model.ModelArgs(**tiny) if small else llama_model.ModelArgs()
+    return llama_model.Transformer(cfg).to(dev), cfg, *((2, 64) if small else (8, 1024)), cfg.vocab_size
+
+
+def make_loss_fn(dev: str):
     amp = torch.autocast(dev, dtype=torch.bfloat16) if dev == "cuda" else torch.autocast(dev, enabled=False)
 
     def loss_fn(m, b):
@@ -78,23 +76,166 @@ def main() -> None:
             out = m(*b)
         return out[1] if isinstance(out, tuple) else m.last_loss
 
-    out: dict = {"device": env_fingerprint(), "model": a.model, "config": cfg.__dict__, "batch": [batch, seq]}
-    t0 = time.perf_counter()
-    report = pl.patch(model, (x, y), loss_fn=loss_fn, measure=True, budget_s=4.0 if dev == "cuda" else 1.0)
-    out["patch_s"] = time.perf_counter() - t0
-    out["report"] = str(report)
-    out["replaced"] = report.replaced
-    out["timing"] = report.timing
-    out["mechanism"] = mechanism_cost()
-    sites = sum(1 for s in report.swaps if s.site and s.replaced)
-    step_ms = (report.timing or {}).get("after_ms")
-    if step_ms:  # rerouted calls a step: each site's module runs once a step forward
-        out["mechanism"]["share_of_step"] = sites * out["mechanism"]["overhead_us"] / (step_ms * 1e3)
-    print(report, flush=True)
-    print(json.dumps(out["mechanism"]), flush=True)
+    return loss_fn
+
+
+def device_ms(model, batch, loss_fn, steps: int = 3) -> dict:
+    """The step's GPU kernel time (summed, per step) and its wall time, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def step():
+        loss_fn(model, batch).backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps * 1e3
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.device_time for e in kernels) / steps / 1e3
+    return {"kernel_ms": total, "kernels": len(kernels) // steps, "wall_ms_profiled": wall}
+
+
+def compiled_comparison(name: str, small: bool, dev: str, budget_s: float) -> dict:
+    """torch.compile(model) against torch.compile(patched model): the losses in the graph as
+    perfloop's ops (compiled.IN_GRAPH as shipped), then every fused op in the graph."""
+    from perfloop.harness.timing import compare
+    from perfloop.nn import compiled as pc
+
+    loss_fn = make_loss_fn(dev)
+    out = {}
+    shipped = set(pc.IN_GRAPH)
+    every = shipped | {"layer_norm", "rms_norm"}
+    for label, in_graph in (("losses in graph", shipped), ("all in graph", every)):
+        pc.IN_GRAPH = in_graph
+        torch._dynamo.reset()
+        base, bsz, seq, vocab = build(name, small, dev)[0], *build(name, small, dev)[2:]
+        g = torch.Generator(device=dev).manual_seed(1)
+        batch = tuple(torch.randint(0, vocab, (bsz, seq), device=dev, generator=g) for _ in range(2))
+        patched = __import__("copy").deepcopy(base)
+        report = pl.patch(patched, batch, loss_fn=loss_fn)
+        models = {"compiled": torch.compile(base), "patched+compiled": torch.compile(patched)}
+
+        def step(m, batch=batch):
+            def run():
+                loss_fn(m, batch).backward()
+
+            return run
+
+        t0 = time.perf_counter()
+        for m in models.values():  # compile outside the timing
+            for _ in range(2):
+                step(m)()
+        compile_s = time.perf_counter() - t0
+        c = compare({k: step(m) for k, m in models.items()}, baseline="compiled", budget_s=budget_s)
+        s = c.speedups["patched+compiled"]
+        out[label] = {"in_graph": sorted(in_graph), "replaced": report.replaced, "compile_s": compile_s,
+                      "compiled_ms": c.measurements["compiled"].median_ms,
+                      "patched_compiled_ms": c.measurements["patched+compiled"].median_ms,
+                      "speedup": s.speedup, "ci": s.ci, "significant": s.significant}  # fmt: skip
+        print(f"{name} {label}: compiled {out[label]['compiled_ms']:.2f} ms, patched+compiled "
+              f"{out[label]['patched_compiled_ms']:.2f} ms, {s.speedup:.3f}x [{s.ci[0]:.3f}, {s.ci[1]:.3f}]"
+              f" (compiles {compile_s:.0f} s)", flush=True)  # fmt: skip
+    pc.IN_GRAPH = shipped
+    return out
+
+
+def curves(name: str, small: bool, dev: str, steps: int) -> dict:
+    """`steps` training steps from the same weights on the same batches, torch's code and the
+    patched model (every verified swap kept): each step's loss both ways."""
+    loss_fn = make_loss_fn(dev)
+    model, _, bsz, seq, vocab = build(name, small, dev)
+    g = torch.Generator().manual_seed(3)
+    # a corpus with structure to learn: each token followed by one of 4 likely successors
+    succ = torch.randint(0, vocab, (vocab, 4), generator=g)
+    toks = [int(torch.randint(0, vocab, (1,), generator=g))]
+    picks = torch.randint(0, 4, (200_000,), generator=g)
+    for p in picks.tolist():
+        toks.append(int(succ[toks[-1], p]))
+    corpus = torch.tensor(toks)
+    starts = torch.randint(0, len(corpus) - seq - 1, (steps, bsz), generator=g)
+    window = lambda row, k: torch.stack([corpus[s + k : s + k + seq] for s in row]).to(dev)  # noqa: E731
+    batches = [(window(row, 0), window(row, 1)) for row in starts]
+    patched = __import__("copy").deepcopy(model)
+    report = pl.patch(patched, batches[0], loss_fn=loss_fn)
+    out = {"replaced": report.replaced}
+    for label, m in (("torch", model), ("patched", patched)):
+        opt = torch.optim.AdamW(m.parameters(), lr=6e-4, fused=dev == "cuda")
+        losses = []
+        for b in batches:
+            loss = loss_fn(m, b)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+        out[label] = losses
+    diffs = [abs(a - b) for a, b in zip(out["torch"], out["patched"], strict=True)]
+    out["max_abs_diff"] = max(diffs)
+    out["first_last"] = {"torch": [out["torch"][0], out["torch"][-1]],
+                         "patched": [out["patched"][0], out["patched"][-1]]}  # fmt: skip
+    t, p = out["torch"], out["patched"]
+    print(f"{name} curves over {steps} steps: loss {t[0]:.3f} -> {t[-1]:.3f} (torch), -> {p[-1]:.3f} (patched); "
+          f"largest gap {out['max_abs_diff']:.4f}", flush=True)  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--small", action="store_true", help="a tiny model (to test the script on a CPU)")
+    ap.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
+    ap.add_argument("--no-measure", action="store_true", help="skip pl.patch(measure=True)")
+    ap.add_argument("--compiled", action="store_true", help="compiled against patched+compiled")
+    ap.add_argument("--curves", type=int, default=0, help="training steps for the loss curves")
+    a = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    budget = 4.0 if dev == "cuda" else 1.0
+    out: dict = {"device": env_fingerprint(), "model": a.model}
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, f"functional_patch_{a.model}.json"), "w") as f:
-        json.dump(out, f, indent=1, default=str)
+    path = os.path.join(a.out, f"functional_patch_{a.model}{'_compiled' if a.compiled else ''}.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
+    if not a.no_measure:
+        model, cfg, batch, seq, vocab = build(a.model, a.small, dev)
+        out.update(config=cfg.__dict__, batch=[batch, seq])
+        g = torch.Generator(device=dev).manual_seed(1)
+        xy = tuple(torch.randint(0, vocab, (batch, seq), device=dev, generator=g) for _ in range(2))
+        loss_fn = make_loss_fn(dev)
+        before = __import__("copy").deepcopy(model) if dev == "cuda" else None
+        t0 = time.perf_counter()
+        report = pl.patch(model, xy, loss_fn=loss_fn, measure=True, budget_s=budget)
+        out["patch_s"] = time.perf_counter() - t0
+        out["report"] = str(report)
+        out["replaced"] = report.replaced
+        out["timing"] = report.timing
+        out["mechanism"] = mechanism_cost()
+        sites = sum(1 for s in report.swaps if s.site and s.replaced)
+        step_ms = (report.timing or {}).get("after_ms")
+        if step_ms:  # rerouted calls a step: each site's module runs once a step forward
+            out["mechanism"]["share_of_step"] = sites * out["mechanism"]["overhead_us"] / (step_ms * 1e3)
+        if before is not None:  # every verified swap, kept or not: where the device time went
+            every = __import__("copy").deepcopy(before)
+            pl.patch(every, xy, loss_fn=loss_fn)
+            out["device_time"] = {"torch": device_ms(before, xy, loss_fn),
+                                  "patched": device_ms(every, xy, loss_fn)}  # fmt: skip
+            print(json.dumps(out["device_time"]), flush=True)
+        print(report, flush=True)
+        print(json.dumps(out["mechanism"]), flush=True)
+        save()
+    if a.compiled:
+        out["compiled"] = compiled_comparison(a.model, a.small, dev, budget)
+        save()
+    if a.curves:
+        out["curves"] = curves(a.model, a.small, dev, a.curves)
+        save()
 
 
 if __name__ == "__main__":
