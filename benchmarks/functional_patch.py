@@ -179,8 +179,8 @@ def curves(name: str, small: bool, dev: str, steps: int) -> dict:
     out["first_last"] = {"torch": [out["torch"][0], out["torch"][-1]],
                          "patched": [out["patched"][0], out["patched"][-1]]}  # fmt: skip
     t, p = out["torch"], out["patched"]
-    print(f"{name} curves over {steps} steps: loss {t[0]:.3f} -> {t[-1]:.3f} (torch), -> {p[-1]:.3f} (patched); "
-          f"largest gap {out['max_abs_diff']:.4f}", flush=True)  # fmt: skip
+    print(f"{name} curves over {steps} steps: loss {t[0]:.3f} -> {t[-1]:.3f} (torch), -> {p[-1]:.3f} "
+          f"(patched); largest gap {out['max_abs_diff']:.4f}", flush=True)  # fmt: skip
     return out
 
 
