@@ -1,6 +1,7 @@
-"""torch.compile keeps the fused kernels of a patched model (issue 23): the fused cross entropy
-is one node of the compiled graph (a torch.library custom op, no graph break), forward and
-backward equal to the unpatched model's; what compiled.IN_GRAPH leaves out runs torch's code."""
+"""torch.compile can keep the fused kernels of a patched model (issue 23): with the cross entropy
+in compiled.IN_GRAPH it is one node of the compiled graph (a torch.library custom op, no graph
+break), forward and backward equal to the unpatched model's; what IN_GRAPH leaves out (as
+shipped: everything) runs torch's code."""
 
 import copy
 import importlib.util
@@ -31,6 +32,9 @@ def nanogpt():
 @pytest.fixture(autouse=True)
 def _interpreted(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from perfloop.nn import compiled as pc
+
+    monkeypatch.setattr(pc, "IN_GRAPH", {"cross_entropy", "linear_cross_entropy"})  # as a user may set it
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -157,3 +161,15 @@ def test_the_loss_module_goes_into_the_graph_too():
     torch.testing.assert_close(gx, x.grad)
     ops = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
     assert "perfloop.cross_entropy.default" in ops
+
+
+def test_as_shipped_a_patched_model_compiles_to_the_graph_of_its_own_code(nanogpt, monkeypatch):
+    from perfloop.nn import compiled as pc
+
+    monkeypatch.setattr(pc, "IN_GRAPH", set())
+    model, batch = _gpt(nanogpt)
+    plain_targets, _ = _graph_targets(copy.deepcopy(model), batch)
+    torch._dynamo.reset()
+    pl.patch(model, batch, loss_fn=lambda m, b: m(*b)[1])
+    targets, _ = _graph_targets(model, batch)
+    assert [str(t) for t in targets] == [str(t) for t in plain_targets]
