@@ -141,3 +141,45 @@ def test_a_window_the_scripts_profiler_overlaps_is_refused_with_what_to_do(tmp_p
     p = profile_script(BENCH, args, skip=2, steps=2)  # the counted step falls in its warm-up
     _clean()
     assert any("had started by the one after" in w for w in p.warnings)
+
+
+def test_the_ranking_names_the_call_sites_and_the_patch_pl_patch_would_make(tmp_path, capsys):
+    """Each fusable chain names its call site (file:line, module) and says whether pl.patch
+    reaches it; the text output lists what pl.patch would check."""
+    line = next(i for i, t in enumerate((BENCH.parent / "nanogpt_model.py").read_text().splitlines(), 1)
+                if "loss = F.cross_entropy(" in t)  # fmt: skip
+    db = str(tmp_path / "r.db")
+    assert main(["profile", "--db", db, "--json", "--skip", "1", "--script", str(BENCH), *TINY]) == 0
+    out = capsys.readouterr().out
+    payload = json.loads(out[out.index("\n{") + 1 :])
+    sites = payload["patch_sites"]
+    assert sites["GPT"]["cross_entropy"].startswith(f"F.cross_entropy at nanogpt_model.py:{line} (GPT.forward)")
+    assert "pl.patch reaches it" in sites["transformer.h.0.ln_1"]["normalization"]
+    for o in payload["diagnosis"]["opportunities"]:
+        if "fused cross-entropy" in o["advice"]:
+            assert f"nanogpt_model.py:{line}" in o["where"], o
+    assert main(["profile", "--db", db, "--skip", "1", "--script", str(BENCH), *TINY]) == 0
+    text = capsys.readouterr().out
+    assert "pl.patch(model, batch) would check" in text
+    assert f"F.cross_entropy at nanogpt_model.py:{line} (GPT.forward): pl.patch reaches it" in text
+    assert "(x3 modules)" in text  # ln_1, ln_2, ln_f: one call site in LayerNorm.forward
+
+
+def test_a_chain_whose_code_pl_patch_cannot_see_is_said_so():
+    import torch.nn as nn
+
+    from perfloop.analysis.opportunities import _where
+    from perfloop.nn.patch import plan
+
+    class Head(nn.Module):  # the loss is computed by the caller, outside forward
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    sites = plan(Head())
+    assert "no cross entropy call pl.patch can reach in Head" in _where("Head", "cross_entropy", sites)
+    gpt_sites = {"transformer.h.0.ln_1": {"normalization": "N"}, "transformer.h.1.ln_1": {"normalization": "N"}}
+    assert _where("transformer.h.*.ln_1", "normalization", gpt_sites) == "N (x2 modules)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import torch
 from torch._C._profiler import _RecordFunctionFast
@@ -21,6 +22,7 @@ class _Tracker:
     def __init__(self, quiet=None):
         self.quiet = quiet  # a callable: True while no range should be recorded
         self.names: dict[int, str] = {}  # id(module) -> qualified name
+        self.roots: dict[str, weakref.ref] = {}  # root name -> the module
         self._local = threading.local()  # per thread: one range per module call in flight
 
     @property
@@ -34,6 +36,8 @@ class _Tracker:
         name = self.names.get(id(module))
         if name is None:  # a root: name it and everything under it
             root = type(getattr(module, "_orig_mod", module)).__name__  # torch.compile's wrapper: the model's
+            with contextlib.suppress(TypeError):
+                self.roots.setdefault(root, weakref.ref(getattr(module, "_orig_mod", module)))
             for qual, sub in module.named_modules():
                 self.names.setdefault(id(sub), qual or root)
             name = self.names[id(module)]

@@ -50,10 +50,12 @@ class Opportunity:
     bound: str  # "memory", "compute", "launch", "latency", "host", "precision"
     evidence: str
     advice: str
+    where: str = ""  # the call site in the user's code, and whether pl.patch reaches it
 
     def __str__(self) -> str:
         saves = f"saves up to {fmt_ms(self.saves_ms)} per call ({self.share:.0%} of the step)"
-        return "\n    ".join([self.title, f"{saves}, {self.bound}-bound", f"evidence: {self.evidence}",
+        where = [f"where: {self.where}"] if self.where else []
+        return "\n    ".join([self.title, f"{saves}, {self.bound}-bound", f"evidence: {self.evidence}", *where,
                                 f"next: {self.advice}"])  # fmt: skip
 
 
@@ -168,14 +170,38 @@ def _merged(chains: list[dict]) -> list[dict]:
 
 
 def _chain_advice(ops: list[str]) -> str:
-    if any("nll_loss" in o or "log_softmax" in o for o in ops):
+    kind = _chain_kind(ops)
+    if kind == "cross_entropy":
         return ("a fused cross-entropy: the loss from one read of the logits, their gradient from "
                 "one more, in the logits' dtype: pl.patch(model, batch) swaps it in for an "
                 "nn.CrossEntropyLoss or an F.cross_entropy call in forward where it checks equal; or "
                 "torch.compile")  # fmt: skip
-    if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in ops):
+    if kind == "normalization":
         return ADVICE["normalization"]
     return "torch.compile on the module, or one Triton kernel for the run"
+
+
+def _chain_kind(ops: list[str]) -> str | None:
+    if any("nll_loss" in o or "log_softmax" in o for o in ops):
+        return "cross_entropy"
+    if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in ops):
+        return "normalization"
+    return None
+
+
+def _where(pattern: str, kind: str | None, sites: dict | None) -> str:
+    """The call sites of this kind in the modules a chain's pattern names (from nn.patch.plan,
+    run where the model was at hand), or why pl.patch does not reach the chain."""
+    if sites is None or kind is None:
+        return ""
+    rx = re.compile("^" + re.escape(pattern).replace(r"\.\*", r"\.\d+") + "$")
+    found = [sites[m][kind] for m in sites if rx.match(m) and kind in sites[m]]
+    if not found:
+        what = {"cross_entropy": "cross entropy call", "normalization": "norm"}[kind]
+        return (f"no {what} pl.patch can reach in {pattern}: no fusable module there and no F call in its "
+                "forward's own code (computed elsewhere?)")  # fmt: skip
+    first = found[0]
+    return first + (f" (x{len(found)} modules)" if len(found) > 1 else "")
 
 
 def _ops_list(ops: list[str]) -> str:
@@ -184,19 +210,20 @@ def _ops_list(ops: list[str]) -> str:
 
 
 def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_ms: float,
-         l2_bytes: int = 0) -> StepDiagnosis:  # fmt: skip
+         l2_bytes: int = 0, sites: dict | None = None) -> StepDiagnosis:  # fmt: skip
     """The ranked opportunities of a profile: `items` and `work` from the timed calls (`calls`
     of them), `records` and `b_items` from the counted call, `idle` from timeline.idle; times
-    per call."""
+    per call. `sites` (nn.patch.plan's, by module name) names the call site of each fusable
+    chain."""
     device_ms = sum(i.ms for i in items) / calls
     step_ms = max(wall_ms, device_ms) or 1e-12
     copy = ceilings.get("copy_gbps") or 0.0
     found: list[Opportunity] = []
     covered: set = set()
 
-    def add(title, saves, bound, evidence, advice):
+    def add(title, saves, bound, evidence, advice, where=""):
         if saves / step_ms >= MIN_SHARE:
-            found.append(Opportunity(title, saves, saves / step_ms, bound, evidence, advice))
+            found.append(Opportunity(title, saves, saves / step_ms, bound, evidence, advice, where))
 
     a_ms: dict = defaultdict(float)
     for i in items:
@@ -224,6 +251,7 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             f"{_ops_list(c['ops'])}: {c['bytes'] / 1e6:.1f} MB moved where {c['ideal_bytes'] / 1e6:.1f} MB "
             f"(its inputs and outputs) would do, {passes:.1f}x; {fmt_ms(c['ms'])} -> ~{fmt_ms(ideal)} fused",
             _chain_advice(c["ops"]),
+            _where(c["module"], _chain_kind(c["ops"]), sites),
         )
 
     kept = [i for i in items if (i.module, i.phase, i.op) not in covered and i.phase != "optimizer"]

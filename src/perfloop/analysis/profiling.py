@@ -166,6 +166,7 @@ class Profile:
     _windows: Any = field(default=None, repr=False)  # host intervals the profile is limited to
     step: str | None = None  # what one call is, in a script's profile: a range's name or optimizer.step
     _given_work: Any = field(default=None, repr=False)  # (module, phase, op) -> work, from a trace
+    sites: dict | None = None  # module name -> {kind: call site and pl.patch's reach} (nn.patch.plan)
 
     @property
     def gpu_busy_fraction(self) -> float:
@@ -265,7 +266,7 @@ class Profile:
         records, counted_items, _ = self._counted or (None, None, 1)
         l2 = _device.l2_bytes() if self.kind == "cuda" else 0
         return rank(self.items(), self._work(), records, counted_items, self.idle(), ceilings, self.calls,
-                    self.wall_ms_per_call, l2)  # fmt: skip
+                    self.wall_ms_per_call, l2, sites=self.sites)  # fmt: skip
 
     def to_dict(self) -> dict:
         return {

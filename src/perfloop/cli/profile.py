@@ -238,7 +238,7 @@ def run_step_profile(args) -> int:
     payload = p.to_dict() | {
         "script": source, "script_args": args.script_args, "window": what,
         "modules": [row_dict(r) for r in modules], "ops": [row_dict(r) for r in ops],
-        "idle": idle.__dict__ if idle else None, "diagnosis": d.to_dict(),
+        "idle": idle.__dict__ if idle else None, "diagnosis": d.to_dict(), "patch_sites": p.sites,
         "ceilings": measured_ceilings(measure=False),
     }  # fmt: skip
     run_id = start_run(store)
@@ -256,6 +256,13 @@ def run_step_profile(args) -> int:
         causes = ", ".join(f"{c} {v / p.calls:.3f} ms" for c, v in idle.by_cause.items() if v)
         out.print(f"GPU idle {idle.idle_share:.0%} of the window ({causes or 'none'})")
     out.print(str(d), markup=False, highlight=False)
+    if p.sites:
+        from perfloop.workflows.script import patch_summary
+
+        out.print("pl.patch(model, batch) would check, each against float64 on your batch before swapping:",
+                  markup=False, highlight=False)  # fmt: skip
+        for line in patch_summary(p.sites):
+            out.print(f"  {line}", markup=False, highlight=False)
     for w in p.warnings:
         out.print(w, style="yellow")
     out.print(f"stored as run {run_id} ({name}); compare two runs op by op: perfloop compare RUN_A RUN_B")

@@ -240,6 +240,18 @@ def site_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return out
 
 
+def call_lines(fn, names) -> dict[str, list[int]]:
+    """{function: the source lines of fn where it is called} for these torch.nn.functional
+    names, by F (any alias) or imported bare; read from fn's code, nothing run."""
+    out: dict = {}
+    for alias, what in functional_aliases(fn).items():
+        for name in names if what == "F" else [what] if what in names else []:
+            lines = _loads(fn, name if what == "F" else alias)
+            if lines:
+                out.setdefault(name, set()).update(lines)
+    return {k: sorted(v) for k, v in out.items()}
+
+
 class _Proxy:
     """torch.nn.functional as the rerouted forward sees it: `calls` decides per source line."""
 

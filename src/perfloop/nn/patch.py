@@ -510,3 +510,36 @@ def step_peak(model: nn.Module, run) -> int:
     peak = torch.cuda.max_memory_allocated() - base + params
     model.zero_grad(set_to_none=True)
     return peak
+
+
+KINDS = {"cross_entropy": ("cross_entropy",), "normalization": ("layer_norm", "rms_norm"), "gelu": ("gelu",)}
+_KIND_OF = {"CrossEntropyLoss": "cross_entropy", "LayerNorm": "normalization", "RMSNorm": "normalization",
+            "GELU": "gelu"}  # fmt: skip
+
+
+def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
+    """What pl.patch would check in this model, read from its modules and code (nothing run):
+    {module name (as module ranges name them, the root by `root` or its class): {kind
+    ("cross_entropy", "normalization", "gelu"): where, and whether pl.patch reaches it}}: a
+    module of a kind pl.patch swaps, or a functional call in a module's own forward (file:line).
+    Code pl.patch cannot see (a loss computed outside forward) is absent."""
+    out: dict = {}
+    root = root or type(model).__name__
+    prefix = lambda n: root if n in ("", root) else n  # noqa: E731 -- the names module ranges use
+    for name, m, _fused in _candidates(model):
+        kind = _KIND_OF.get(type(m).__name__ if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GELU,
+                                                                 nn.CrossEntropyLoss)) else "RMSNorm")  # fmt: skip
+        why = why_not(m)
+        label = f"{type(m).__name__} module" + (f": not reached ({why})" if why else ": pl.patch swaps it")
+        out.setdefault(prefix(name), {})[kind] = label
+    for name, m in _functional.site_modules(model):
+        fn = getattr(type(m).forward, "__func__", type(m).forward)
+        where = fn.__code__.co_filename.rsplit("/", 1)[-1]
+        for kind, names in KINDS.items():
+            lines = _functional.call_lines(fn, names)
+            if lines:
+                calls = ", ".join(f"F.{n} at {where}:{','.join(map(str, ls))}" for n, ls in lines.items())
+                out.setdefault(prefix(name), {}).setdefault(
+                    kind, f"{calls} ({type(m).__name__}.forward): pl.patch reaches it"
+                )
+    return out

@@ -315,7 +315,7 @@ def profile_script(
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
     try:
         with (
-            module_ranges(quiet=lambda: w.theirs_ran),
+            module_ranges(quiet=lambda: w.theirs_ran) as tracker,
             w.sharing_the_profiler(),
             _exit_in_main_thread(),
             _step_sources(w),
@@ -339,7 +339,33 @@ def profile_script(
         profiling.RANGE_WATCHERS.remove(w)
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
-    return _result(w)
+    p = _result(w)
+    p.sites = _sites(tracker.roots, p.warnings)
+    return p
+
+
+def _sites(roots: dict, warnings: list) -> dict:
+    """What pl.patch would check in the script's models (nn.patch.plan), by module name."""
+    from perfloop.nn.patch import plan
+
+    out: dict = {}
+    for root, ref in roots.items():
+        model = ref()
+        if model is None:
+            continue
+        try:
+            out.update(plan(model, root))
+        except Exception as exc:  # noqa: BLE001 -- a model plan cannot read costs its call sites only
+            warnings.append(f"call sites of {root} not read: {type(exc).__name__}: {exc}")
+    return out
+
+
+def patch_summary(sites: dict) -> list[str]:
+    """The plan as lines: each distinct site once, with how many modules it serves."""
+    from collections import Counter
+
+    counts = Counter(where for kinds in sites.values() for where in kinds.values())
+    return [f"{where}" + (f" (x{n} modules)" if n > 1 else "") for where, n in counts.items()]
 
 
 @contextlib.contextmanager
