@@ -153,7 +153,8 @@ def test_the_ranking_names_the_call_sites_and_the_patch_pl_patch_would_make(tmp_
     out = capsys.readouterr().out
     payload = json.loads(out[out.index("\n{") + 1 :])
     sites = payload["patch_sites"]
-    assert sites["GPT"]["cross_entropy"].startswith(f"F.cross_entropy at nanogpt_model.py:{line} (GPT.forward)")
+    want = f"F.cross_entropy at nanogpt_model.py:{line} (GPT.forward)"
+    assert sites["GPT"]["cross_entropy"].startswith(want)
     assert "pl.patch reaches it" in sites["transformer.h.0.ln_1"]["normalization"]
     for o in payload["diagnosis"]["opportunities"]:
         if "fused cross-entropy" in o["advice"]:
@@ -181,5 +182,5 @@ def test_a_chain_whose_code_pl_patch_cannot_see_is_said_so():
 
     sites = plan(Head())
     assert "no cross entropy call pl.patch can reach in Head" in _where("Head", "cross_entropy", sites)
-    gpt_sites = {"transformer.h.0.ln_1": {"normalization": "N"}, "transformer.h.1.ln_1": {"normalization": "N"}}
+    gpt_sites = {f"transformer.h.{i}.ln_1": {"normalization": "N"} for i in (0, 1)}
     assert _where("transformer.h.*.ln_1", "normalization", gpt_sites) == "N (x2 modules)"

@@ -55,8 +55,8 @@ class Opportunity:
     def __str__(self) -> str:
         saves = f"saves up to {fmt_ms(self.saves_ms)} per call ({self.share:.0%} of the step)"
         where = [f"where: {self.where}"] if self.where else []
-        return "\n    ".join([self.title, f"{saves}, {self.bound}-bound", f"evidence: {self.evidence}", *where,
-                                f"next: {self.advice}"])  # fmt: skip
+        lines = [self.title, f"{saves}, {self.bound}-bound", f"evidence: {self.evidence}", *where]
+        return "\n    ".join([*lines, f"next: {self.advice}"])
 
 
 @dataclass

@@ -527,8 +527,8 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
     root = root or type(model).__name__
     prefix = lambda n: root if n in ("", root) else n  # noqa: E731 -- the names module ranges use
     for name, m, _fused in _candidates(model):
-        kind = _KIND_OF.get(type(m).__name__ if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GELU,
-                                                                 nn.CrossEntropyLoss)) else "RMSNorm")  # fmt: skip
+        torchs = isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GELU, nn.CrossEntropyLoss))
+        kind = _KIND_OF[type(m).__name__ if torchs else "RMSNorm"]  # else: a Llama-style RMSNorm class
         why = why_not(m)
         label = f"{type(m).__name__} module" + (f": not reached ({why})" if why else ": pl.patch swaps it")
         out.setdefault(prefix(name), {})[kind] = label

@@ -12,7 +12,7 @@ def asm_specs(ty: str) -> list[dict]:
         {
             "kernel": gelu_kernel,
             "signature": {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "n": "i32"},
-            "constexprs": {"BLOCK": block},
+            "constexprs": {"EXACT": False, "BLOCK": block},
             "aligned": [0, 1, 2],
             "num_warps": 4,
             "elements_per_thread": block // 128,
