@@ -4,8 +4,6 @@ break), forward and backward equal to the unpatched model's; what IN_GRAPH leave
 shipped: everything) runs torch's code."""
 
 import copy
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +16,6 @@ import perfloop as pl
 pytest.importorskip("triton")
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture(scope="module")
-def nanogpt():
-    spec = importlib.util.spec_from_file_location("nanogpt_model", EXAMPLES / "nanogpt_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["nanogpt_model"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(autouse=True)

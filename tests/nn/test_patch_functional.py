@@ -5,7 +5,6 @@ F.layer_norm and F.cross_entropy calls fused, each verified at its call site."""
 import copy
 import importlib.util
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,6 @@ from perfloop.nn.functional import Rerouted
 pytest.importorskip("triton")
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture(scope="module")
-def nanogpt():
-    spec = importlib.util.spec_from_file_location("nanogpt_model", EXAMPLES / "nanogpt_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["nanogpt_model"] = mod  # importable by name: a patched model pickles by reference
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _gpt(nanogpt, bias=True):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from perfloop.nn.modules import _autocast_fp32
+from perfloop.ops.base import autocast_fp32 as _autocast_fp32
 from perfloop.ops.cross_entropy import triton_impl as _ce
 from perfloop.ops.layernorm import triton_impl as _norm
 from perfloop.ops.linear_cross_entropy import triton_impl as _lce

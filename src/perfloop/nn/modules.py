@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from perfloop.ops.base import autocast_fp32 as _autocast_fp32
 from perfloop.ops.base import interpreting
 
 _WARNED: set = set()
@@ -40,13 +41,6 @@ def _kernel_here(x: torch.Tensor) -> str | None:
             return "Triton is not installed"
         return None
     return f"a {x.device.type} tensor (the kernels run on a GPU, or on the CPU with TRITON_INTERPRET=1)"
-
-
-def _autocast_fp32(x: torch.Tensor) -> torch.Tensor:
-    """Under autocast torch computes norms and the loss in fp32 and returns fp32: so do these."""
-    if torch.is_autocast_enabled(x.device.type) and x.dtype != torch.float32:
-        return x.float()
-    return x
 
 
 def _why_no_kernel(module: nn.Module, x: torch.Tensor) -> str | None:

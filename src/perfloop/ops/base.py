@@ -146,6 +146,13 @@ def free_memory(device: str) -> int | None:
         return None
 
 
+def autocast_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Under autocast torch computes norms and the loss in fp32 and returns fp32: x so cast."""
+    if torch.is_autocast_enabled(x.device.type) and x.dtype != torch.float32:
+        return x.float()
+    return x
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
