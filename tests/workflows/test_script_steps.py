@@ -184,3 +184,15 @@ def test_a_chain_whose_code_pl_patch_cannot_see_is_said_so():
     assert "no cross entropy call pl.patch can reach in Head" in _where("Head", "cross_entropy", sites)
     gpt_sites = {f"transformer.h.{i}.ln_1": {"normalization": "N"} for i in (0, 1)}
     assert _where("transformer.h.*.ln_1", "normalization", gpt_sites) == "N (x2 modules)"
+
+
+def test_an_ops_row_names_every_call_site_of_its_kind():
+    from perfloop.analysis.opportunities import _where_any
+
+    sites = {"a.ln": {"normalization": "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"},
+             "b.ln": {"normalization": "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"},
+             "head": {"normalization": "RMSNorm module: pl.patch swaps it"}}  # fmt: skip
+    ln = "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"
+    assert _where_any("normalization", sites) == f"{ln} (x2 modules); RMSNorm module: pl.patch swaps it"
+    assert "no norm pl.patch can reach in the model" in _where_any("normalization", {"head": {}})
+    assert _where_any(None, sites) == "" and _where_any("normalization", None) == ""

@@ -204,6 +204,19 @@ def _where(pattern: str, kind: str | None, sites: dict | None) -> str:
     return first + (f" (x{len(found)} modules)" if len(found) > 1 else "")
 
 
+def _where_any(kind: str | None, sites: dict | None) -> str:
+    """The call sites of this kind anywhere in the model (an op's row spans its modules)."""
+    if sites is None or kind is None:
+        return ""
+    counts: dict = {}
+    for kinds in sites.values():
+        if kind in kinds:
+            counts[kinds[kind]] = counts.get(kinds[kind], 0) + 1
+    if not counts:
+        return _where("the model", kind, {})
+    return "; ".join(w + (f" (x{n} modules)" if n > 1 else "") for w, n in counts.items())
+
+
 def _ops_list(ops: list[str]) -> str:
     head = ", ".join(ops[:6])
     return head + (f", ... ({len(ops)} ops)" if len(ops) > 6 else "")
@@ -297,7 +310,8 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             ev += f", mean {row.device_ms * 1e3 / row.calls:.1f} us: too short to fill the GPU"
         add(f"{row.name} below its ceiling", row.headroom_ms / calls, row.bound, ev,
             ADVICE.get(cat, ADVICE["other"]) if row.bound != "latency"
-            else "fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs")  # fmt: skip
+            else "fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs",
+            _where_any(_chain_kind([op]), sites))  # fmt: skip
 
     if casts:
         n = sum(1 for i in kept if attr.category(i.op or i.kernel) == "dtype cast/copy") // calls
