@@ -52,5 +52,60 @@ def test_the_breakdown_scales_to_the_wall_time_without_the_profiler():
     plain = r.scaled_to(0.8)  # the same calls took 800 us unprofiled: 200 us idle, shared 1:2
     assert plain.busy_ms == pytest.approx(0.6) and plain.idle_ms == pytest.approx(0.2) and plain.scaled
     assert plain.by_cause["before the first kernel"] == pytest.approx(0.2 / 3)
-    assert plain.by_cause["host launch overhead"] == pytest.approx(0.4 / 3)
+    assert plain.by_cause["host work outside torch"] == pytest.approx(0.4 / 3)  # 200 us, no op running
     assert r.scaled_to(0.5).idle_ms == 0  # faster than the busy time: no idle, never negative
+
+
+def test_a_stretch_inside_a_named_host_range_is_charged_to_it():
+    step = ev("step", 0, 2000)
+    opt = ev("Optimizer.step#AdamW.step", 1000, 1900, step)
+    loader = ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 400, step)
+    ops = [ev("aten::add_", t, t + 40, opt) for t in range(1000, 1900, 50)]  # the host is launching
+    kernels = [(500, 1000)] + [(t + 45, t + 50) for t in range(1000, 1900, 50)]
+    r = idle([step, opt, loader, *ops], kernels)
+    assert r.by_cause["the optimizer's host loop"] == pytest.approx(0.045 * 17 + 0.045, rel=0.05)
+    assert r.by_cause["host launch overhead"] == 0
+    # before the first kernel stays so, whatever range it falls in
+    assert r.by_cause["before the first kernel"] == pytest.approx(0.5)
+
+
+def test_allocator_calls_and_pageable_copies_are_named():
+    step = ev("step", 0, 1000)
+    malloc = ev("cudaMalloc", 210, 390, step)
+    copy = ev("aten::copy_", 500, 900, step)
+    memcpy = ev("cudaMemcpyAsync", 505, 895, copy)
+    kernels = [(0, 200), (400, 500), (900, 1000)]
+    r = idle([step, malloc, copy, memcpy], kernels, pageable=[(880, 900)])
+    assert r.by_cause["the caching allocator"] == pytest.approx(0.2)
+    assert r.by_cause["pageable host-to-device copy"] == pytest.approx(0.4)
+
+
+def test_the_stretches_after_a_sync_while_the_host_is_behind_belong_to_the_sync():
+    step = ev("step", 0, 2000)
+    item = ev("aten::_local_scalar_dense", 90, 210, step)
+    sync = ev("cudaStreamSynchronize", 95, 203, item)  # returns just after the device drained
+    later = [ev("aten::mul", t, t + 30, step) for t in (210, 300, 400, 500, 520)]
+    later.append(ev("aten::mul", 805, 890, step))  # the host launching, 800 -> 900
+    # after the sync: three kernels each launched after the last ended (the host behind), then
+    # two launched back to back while the device was busy (the host ahead again)
+    kernels = [(0, 200), (250, 260), (340, 350), (440, 450), (560, 700), (700, 800), (900, 950)]
+    launched = [0, 240, 330, 430, 510, 530, 850]
+    r = idle([step, item, sync, *later], kernels, launched_at=launched)
+    assert r.by_cause["synchronizing calls"] == pytest.approx((50 + 80 + 90 + 110) / 1e3)
+    assert r.by_cause["host launch overhead"] == pytest.approx(0.1)  # 800 -> 900: the host was ahead
+    [(op, calls, ms, _)] = r.syncs
+    assert op == "aten::_local_scalar_dense" and ms == pytest.approx(0.33)
+
+
+def test_host_work_outside_torch_is_charged_to_the_sampled_line():
+    from perfloop.analysis.stacks import Sample
+
+    step = ev("step", 0, 3000)
+    mm = ev("aten::mm", 0, 20, step)
+    kernels = [(10, 500), (2500, 3000)]
+    samples = [Sample(t, "train.py:42 (step)", frozenset({"numpy"})) for t in range(600, 2400, 100)]
+    samples += [Sample(2450, "train.py:50 (step)", frozenset())]
+    r = idle([step, mm], kernels, samples=samples)
+    assert r.by_cause["host work outside torch"] == pytest.approx(2.0)
+    assert r.places[0] == ("host work outside torch", "train.py:42 (step) (in NumPy)", pytest.approx(2.0))
+    assert r.sampled

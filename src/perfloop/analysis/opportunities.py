@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from perfloop.analysis import attribution as attr
-from perfloop.analysis import roofline
+from perfloop.analysis import roofline, timeline
 from perfloop.harness.measurement import fmt_ms, matmul_ceiling
 
 MIN_SHARE = 0.01  # opportunities saving less of the step are not listed
@@ -26,6 +26,30 @@ CHAIN_MIN = 3
 SHOWN = 10
 FUSE_PASSES = 1.5  # a run that moves at least this many times the bytes it needs fused
 NOT_FUSABLE = {"matmul", "attention", "optimizer", "communication", "memcpy/memset"}
+HOST = {  # timeline's cause -> (what the host was doing, what removes it)
+    timeline.SYNC: ("synchronizing calls, and the emptied queue after them",
+                    "remove the synchronization from the step: keep values on the GPU (no .item(), "
+                    ".cpu(), print of a tensor, or data-dependent shapes) or read them every N steps"),
+    timeline.LAUNCH: ("the host launches work slower than the device runs it",
+                      "fewer launches: torch.compile, or CUDA graphs "
+                      "(torch.compile(mode='reduce-overhead')); keep the host ahead (no Python work between "
+                      "kernels)"),
+    timeline.PAGEABLE: ("a host-to-device copy from pageable memory",
+                        "pin the host tensor (tensor.pin_memory(), DataLoader(pin_memory=True)) and copy "
+                        "with .to(device, non_blocking=True), or keep the data on the GPU"),
+    timeline.ALLOCATOR: ("the caching allocator asks the driver for memory (cudaMalloc/cudaFree)",
+                         "no torch.cuda.empty_cache() in the step; steady shapes; "
+                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+    timeline.DATA: ("data loading in the step's thread (the DataLoader's iterator)",
+                    "DataLoader(num_workers=N, pin_memory=True, persistent_workers=True): collate in "
+                    "worker processes, ahead of the step"),
+    timeline.OPTIMIZER: ("the optimizer's per-parameter host loop",
+                         "a fused or foreach optimizer: torch.optim.AdamW(..., fused=True) (a few launches "
+                         "per step instead of several per parameter)"),
+    timeline.OUTSIDE: ("host work outside torch (Python, NumPy) in the step",
+                       "move it out of the step (precompute it, or into DataLoader workers), or do it in "
+                       "torch on the device"),
+}  # fmt: skip
 ADVICE = {
     "normalization": "a fused norm kernel (x and dy read once, dx written once, the weight "
     "gradients reduced in the same pass): pl.patch(model, batch) swaps in perfloop.nn's for "
@@ -269,13 +293,19 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
 
     kept = [i for i in items if (i.module, i.phase, i.op) not in covered and i.phase != "optimizer"]
     opt = [i for i in items if i.phase == "optimizer"]
+    loop_ms = idle.by_cause[timeline.OPTIMIZER] / calls if idle is not None and opt else 0.0
     if opt:
         opt_ms = sum(i.ms for i in opt) / calls
         nbytes = sum(w[1] for k, w in (work or {}).items() if k[1] == "optimizer") / calls
         ideal = nbytes / (copy * 1e9) * 1e3 if copy else 0.0
-        add(f"optimizer: {len(opt) // calls} kernels per step", opt_ms - ideal, "memory",
+        waits = "the GPU" if idle is None or idle.device == "GPU" else "the CPU's ops"
+        loop = f"; {waits} idle {fmt_ms(loop_ms)} per call in its host loop between them" if loop_ms else ""
+        kind = "kernels" if idle is None or idle.device == "GPU" else "ops"
+        add(f"optimizer: {len(opt) // calls} {kind} per step", opt_ms - ideal + loop_ms,
+            "host" if loop_ms > opt_ms - ideal else "memory",
             f"{fmt_ms(opt_ms)} per call" + (f" for {nbytes / 1e6:.1f} MB of parameters, gradients and "
-            f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / copy:.0%} of copy" if nbytes and copy else ""),
+            f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / copy:.0%} of copy" if nbytes and copy else "")
+            + loop,
             ADVICE["optimizer"] + " (one pass over the parameters, its state and gradients)")  # fmt: skip
     casts = 0.0
     for row in attr.group(kept, "op/phase", work=work, ceilings=ceilings, l2_bytes=l2_bytes):
@@ -321,19 +351,28 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             "torch.compile, which folds the casts into the kernels that use them")  # fmt: skip
 
     if idle is not None:
-        sync = idle.by_cause["synchronizing calls"] / calls
-        host = (idle.by_cause["host launch overhead"] + idle.by_cause["before the first kernel"]) / calls
-        if idle.syncs:
-            sites = "; ".join(f"{op.split('::')[-1]} x{n // calls}" + (f" at {', '.join(s[:3])}" if s else "")
-                              for op, n, _, s in idle.syncs[:3])  # fmt: skip
-            add("the GPU waits on the host after synchronizing calls", sync, "host",
-                f"idle {fmt_ms(sync)} per call after {sites}",
-                "remove the synchronization from the step: keep values on the GPU (no .item(), .cpu(), "
-                "print of a tensor, or data-dependent shapes) or read them every N steps")  # fmt: skip
-        add("the GPU waits while the host launches work", host, "launch",
-            f"idle {fmt_ms(host)} per call between kernels; busy {idle.busy_ms / idle.wall_ms:.0%}",
-            "fewer launches: torch.compile, or CUDA graphs (torch.compile(mode='reduce-overhead')); "
-            "keep the host ahead (no Python work between kernels)")  # fmt: skip
+        for cause, ms in idle.by_cause.items():
+            if cause == timeline.FIRST or not ms or (cause == timeline.OPTIMIZER and loop_ms):
+                continue  # the optimizer's loop is in the optimizer's opportunity
+            ms = (ms + (idle.by_cause[timeline.FIRST] if cause == timeline.LAUNCH else 0.0)) / calls
+            title, advice = HOST[cause]
+            evidence = f"idle {fmt_ms(ms)} per call" + (f"; busy {idle.busy_ms / idle.wall_ms:.0%}"
+                                                        if cause == timeline.LAUNCH else "")  # fmt: skip
+            if cause == timeline.SYNC and idle.syncs:
+                evidence += " after " + "; ".join(
+                    f"{op.split('::')[-1]} x{n // calls}" + (f" at {', '.join(s[:3])}" if s else "")
+                    for op, n, _, s in idle.syncs[:3])  # fmt: skip
+            places = [(p, v / calls) for c, p, v in idle.places if c == cause and p][:3]
+            where = "; ".join(f"{p} {fmt_ms(v)}" for p, v in places)
+            waits = "the GPU waits" if idle.device == "GPU" else "the CPU runs no torch op"
+            add(
+                f"{waits}: {title}",
+                ms,
+                "launch" if cause == timeline.LAUNCH else "host",
+                evidence,
+                advice,
+                where,
+            )
     found.sort(key=lambda o: -o.saves_ms)
     busy = idle.busy_ms / idle.wall_ms if idle is not None and idle.wall_ms else min(1.0, device_ms / step_ms)
     return StepDiagnosis(found, step_ms, device_ms, busy)

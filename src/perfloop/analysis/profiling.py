@@ -167,6 +167,7 @@ class Profile:
     step: str | None = None  # what one call is, in a script's profile: a range's name or optimizer.step
     _given_work: Any = field(default=None, repr=False)  # (module, phase, op) -> work, from a trace
     sites: dict | None = None  # module name -> {kind: call site and pl.patch's reach} (nn.patch.plan)
+    _samples: Any = field(default=None, repr=False)  # the launching thread's stack (stacks.Sample)
 
     @property
     def gpu_busy_fraction(self) -> float:
@@ -212,16 +213,23 @@ class Profile:
         )
 
     def idle(self):
-        """When and why the GPU sat idle (timeline.Idle), None on a CPU."""
+        """When and why the device sat idle (timeline.Idle): on a CPU, the time between the
+        step's ops."""
         from perfloop.analysis.timeline import idle
 
-        if self.kind != "cuda" or self._prof is None:
+        if self._prof is None:
             return None
         sites: dict = {}
         for r in self._counted[0] if self._counted else []:
             if r is not None and r.site:
                 sites.setdefault(r.op, set()).add(r.site)
-        r = idle(self._prof.events(), [(i.start_us, i.end_us) for i in self.items()], sites, self._windows)
+        its = self.items()
+        pageable = [(i.start_us, i.end_us) for i in its if "Pageable" in i.kernel]
+        r = idle(self._prof.events(), [(i.start_us, i.end_us) for i in its], sites, self._windows,
+                 launched_at=[i.launch_us for i in its] if self.kind == "cuda" else None, pageable=pageable,
+                 samples=self._samples)  # fmt: skip
+        if r is not None:
+            r.device = "GPU" if self.kind == "cuda" else "CPU"
         if r is not None and self.profiled_wall_ms_per_call:
             r = r.scaled_to(self.wall_ms_per_call * self.calls)
         return r
@@ -452,11 +460,13 @@ def profile(
     warnings: list[str] = []
     plain_ms = _plain_wall_ms(call, calls, sync)
     with module_ranges():
-        prof, wall_ms, host = _timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
+        prof, wall_ms, host, samples = _timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
         work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
 
-    return build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work,
-                         plain_wall_ms=plain_ms)  # fmt: skip
+    p = build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work,
+                      plain_wall_ms=plain_ms)  # fmt: skip
+    p._samples = samples
+    return p
 
 
 def _plain_wall_ms(call, calls: int, sync) -> float:
@@ -523,25 +533,29 @@ def counted(prof, records: list, on_cuda: bool):
 
 def _timed_calls(call, calls: int, on_cuda: bool, cuda_profiler_range: bool, warnings: list[str]):
     """(profiler, wall ms, host s) of `calls` calls under the profiler."""
+    from perfloop.analysis.stacks import Sampler
+
     sync = torch.cuda.synchronize if on_cuda else (lambda: None)
     prof = start_profiler(on_cuda, warnings)
     try:
         nsys = on_cuda and cuda_profiler_range
         if nsys:
             torch.cuda.profiler.start()
-        t0 = time.perf_counter()
-        host = 0.0
-        for _ in range(calls):
-            h0 = time.perf_counter()
-            call()
-            host += time.perf_counter() - h0
-        sync()
+        with Sampler() as sampler:
+            marked = sampler.mark()
+            t0 = time.perf_counter()
+            host = 0.0
+            for _ in range(calls):
+                h0 = time.perf_counter()
+                call()
+                host += time.perf_counter() - h0
+            sync()
         if nsys:
             torch.cuda.profiler.stop()
         wall_ms = (time.perf_counter() - t0) * 1e3
     finally:
         stop_profiler(prof)  # stopped cleanly even when fn raised
-    return prof, wall_ms, host
+    return prof, wall_ms, host, sampler.align(prof.events(), marked)
 
 
 def _counted_call(call, on_cuda: bool, warnings: list[str]):

@@ -1,10 +1,15 @@
-"""When the GPU sat idle during a profile, and why, as far as the trace tells it.
+"""When the device sat idle during a profile, and why: each stretch with no device activity is
+charged to one cause and, where samples of the launching thread's stack say it, one place in the
+user's code (file:line).
 
-Every gap between device activity is charged to one cause: before the first kernel (the host
-had not launched anything yet), after a synchronizing call (the host waited for the device to
-drain -- .item(), a copy to the host, an explicit synchronize -- then had to issue the next work
-while the device waited), or host launch overhead (the device ran out of queued work while the
-host was still issuing it: Python, the dispatcher, many small launches).
+The causes, first match wins: before the first kernel; a synchronizing call (.item(), a copy to
+the host, an explicit synchronize), together with the stretches after it while the host, behind
+the emptied queue, launches each kernel only after the last one ended; a pageable host-to-device
+copy; the caching allocator asking the driver for memory (cudaMalloc, cudaFree); data loading (a
+DataLoader's iterator); the optimizer's host loop (inside optimizer.step()); host work outside
+torch (no op running: Python, NumPy, logging); and host launch overhead (the host issuing ops
+slower than the device runs them). On a CPU the same question is asked of the time between the
+step's ops.
 """
 
 from __future__ import annotations
@@ -16,7 +21,19 @@ from torch.autograd import DeviceType
 
 SYNC_APIS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
              "cuStreamSynchronize", "cuCtxSynchronize")  # fmt: skip
-CAUSES = ("synchronizing calls", "host launch overhead", "before the first kernel")
+SYNC = "synchronizing calls"
+LAUNCH = "host launch overhead"
+FIRST = "before the first kernel"
+PAGEABLE = "pageable host-to-device copy"
+ALLOCATOR = "the caching allocator"
+DATA = "data loading"
+OPTIMIZER = "the optimizer's host loop"
+OUTSIDE = "host work outside torch"
+CAUSES = (SYNC, LAUNCH, FIRST, PAGEABLE, ALLOCATOR, DATA, OPTIMIZER, OUTSIDE)
+ALLOC_APIS = ("cudaMalloc", "cudaFree", "cuMemAlloc", "cuMemFree", "cudaHostAlloc", "cuMemCreate",
+              "cuMemMap", "cuMemUnmap", "cuMemRelease", "cuMemAddressReserve")  # fmt: skip
+OUTSIDE_US = 100.0  # a stretch this long with no torch op running is host work, not launch overhead
+RANGES = {"enumerate(DataLoader)": DATA, "Optimizer.step#": OPTIMIZER, "Optimizer.zero_grad#": OPTIMIZER}
 
 
 @dataclass
@@ -25,6 +42,9 @@ class Idle:
     busy_ms: float
     by_cause: dict  # cause -> idle ms, all calls
     syncs: list = field(default_factory=list)  # (op, calls, idle ms after them, sites)
+    places: list = field(default_factory=list)  # (cause, place, idle ms), largest first
+    sampled: bool = False  # the places come from samples of the launching thread's stack
+    device: str = "GPU"  # what waited: "GPU", or "CPU" where the host is the device
 
     scaled: bool = False  # causes scaled to the time without the profiler
 
@@ -36,7 +56,9 @@ class Idle:
         k = idle_ms / self.idle_ms if self.idle_ms else 0.0
         return Idle(wall_ms=max(wall_ms, self.busy_ms), busy_ms=self.busy_ms,
                     by_cause={c: v * k for c, v in self.by_cause.items()},
-                    syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs], scaled=True)  # fmt: skip
+                    syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
+                    places=[(c, p, ms * k) for c, p, ms in self.places], sampled=self.sampled,
+                    device=self.device, scaled=True)  # fmt: skip
 
     @property
     def idle_ms(self) -> float:
@@ -83,11 +105,61 @@ def _clip(holes, spans):
     return out
 
 
+def _overlap(s: float, e: float, spans) -> float:
+    return sum(max(0.0, min(e, b) - max(s, a)) for a, b in spans)
+
+
+def _runtime(events, names) -> list[tuple[float, float]]:
+    return [(e.time_range.start, e.time_range.end) for e in events
+            if e.device_type == DeviceType.CPU and e.name.startswith(names)]  # fmt: skip
+
+
+def _ranges(events) -> list[tuple[float, float, str]]:
+    """(start, end, cause) of the host ranges that name a cause (the DataLoader's iterator,
+    optimizer.step())."""
+    out = []
+    for e in events:
+        for prefix, cause in RANGES.items():
+            if e.name.startswith(prefix):
+                out.append((e.time_range.start, e.time_range.end, cause))
+    return out
+
+
+def _place(s: float, e: float, samples) -> str:
+    """The user's line most samples in [s, e] were at (with NumPy said), '' with none."""
+    votes: Counter = Counter()
+    for x in samples:
+        if s <= x.t <= e and x.place:
+            votes[x.place + (" (in NumPy)" if "numpy" in x.tags else "")] += 1
+    return votes.most_common(1)[0][0] if votes else ""
+
+
+def _drained(device_intervals, launched_at) -> list[tuple[float, float, bool]]:
+    """The device's busy blocks (start, end, whether the host was behind: every kernel in it
+    launched only after the one before had ended)."""
+    order = sorted(range(len(device_intervals)), key=lambda i: device_intervals[i][0])
+    blocks: list = []
+    prev_end = None
+    for i in order:
+        s, e = device_intervals[i]
+        behind = launched_at is not None and (prev_end is None or launched_at[i] >= prev_end)
+        if blocks and s <= blocks[-1][1]:
+            blocks[-1] = (blocks[-1][0], max(blocks[-1][1], e), blocks[-1][2] and behind)
+        else:
+            blocks.append((s, e, behind))
+        prev_end = e if prev_end is None else max(prev_end, e)
+    return blocks
+
+
 def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None,
-         spans: list[tuple[float, float]] | None = None) -> Idle | None:  # fmt: skip
-    """The idle breakdown of a GPU profile (None when nothing ran on the device). `sites`: op ->
+         spans: list[tuple[float, float]] | None = None, *, launched_at: list[float] | None = None,
+         pageable: list[tuple[float, float]] | None = None, samples=None) -> Idle | None:  # fmt: skip
+    """The idle breakdown of a profile (None when nothing ran on the device). `sites`: op ->
     source lines that made that synchronizing call (from the WorkCounter); `spans`: the host
-    intervals the profile is limited to (the occurrences of a range), idle counted inside them."""
+    intervals the profile is limited to (the occurrences of a range), idle counted inside them;
+    `launched_at`: when the host launched each interval's work; `pageable`: the device's
+    pageable host-to-device copies; `samples`: the launching thread's stack samples
+    (stacks.Sample on this timeline)."""
     if not device_intervals:
         return None
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
@@ -99,23 +171,51 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         holes = _clip(gaps(device_intervals, start, end), spans)
     first = min(s for s, _ in device_intervals)
     syncs = _sync_calls(events)
+    allocs = _runtime(cpu, ALLOC_APIS)
+    copies = _runtime(cpu, ("cudaMemcpy",)) if pageable else []
+    ranges = _ranges(cpu)
+    ops = [(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name]
+    blocks = _drained(device_intervals, launched_at)
+    samples = samples or []
     by_cause = dict.fromkeys(CAUSES, 0.0)
     after: Counter = Counter()
     calls: Counter = Counter()
+    places: Counter = Counter()
     for *_, op in syncs:
         calls[op] += 1
+    ended = {round(be, 3): behind for _, be, behind in blocks}
+    last_sync = None  # the synchronizing op whose emptied queue the host is still behind
     for s, e in holes:
         ms = (e - s) / 1e3
-        if e <= first:
-            by_cause["before the first kernel"] += ms
-            continue
+        if last_sync is not None and not ended.get(round(s, 3), True):
+            last_sync = None  # the block before this hole had queued work: the host caught up
         blocking = [op for cs, ce, op in syncs if cs < e and ce > s]
-        if blocking:
-            by_cause["synchronizing calls"] += ms
-            after[blocking[-1]] += ms
+        half = (e - s) / 2
+        inside = [(c, a, b) for a, b, c in ranges if a <= s and b >= e]
+        if e <= first:
+            cause = FIRST
+        elif blocking:
+            cause, last_sync = SYNC, blocking[-1]
+        elif pageable and _overlap(s, e, copies) > half:
+            cause = PAGEABLE
+        elif _overlap(s, e, allocs) > half:
+            cause = ALLOCATOR
+        elif inside:
+            cause = inside[-1][0]
+        elif e - s >= OUTSIDE_US and _overlap(s, e, ops) < half:
+            cause = OUTSIDE
         else:
-            by_cause["host launch overhead"] += ms
+            cause = SYNC if last_sync is not None else LAUNCH
+        if cause == SYNC:
+            after[blocking[-1] if blocking else last_sync] += ms
+        by_cause[cause] += ms
+        # a named range's stretches: where its samples were, all along the range
+        at = (inside[-1][1], inside[-1][2]) if inside and cause == inside[-1][0] else (s, e)
+        places[(cause, _place(*at, samples))] += ms
     wall = sum(e - s for s, e in spans) / 1e3 if spans else (end - start) / 1e3
     busy = wall - sum((e - s) / 1e3 for s, e in holes)
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
-    return Idle(wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows)
+    ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
+    return Idle(
+        wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows, places=ranked, sampled=bool(samples)
+    )

@@ -1,0 +1,107 @@
+"""What the launching thread was doing, sampled: a thread that reads the Python stack of the
+profiled thread every millisecond (`sys._current_frames()`), so idle device time can be charged
+to the line of the user's code that made the device wait. Each sample keeps the innermost frame
+of the user's own code (not torch's, perfloop's, the standard library's or an installed
+package's) and which libraries were on the stack below it (NumPy, the optimizer, the DataLoader).
+
+The samples' clock is `time.perf_counter_ns`; `Sampler.align` maps them onto a profiler's
+timeline through a range recorded at a known instant.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+CLOCK_RANGE = "perfloop: clock"
+_LIBS = {  # a path fragment on the stack -> the tag it gives the sample
+    f"{os.sep}numpy{os.sep}": "numpy",
+    f"{os.sep}torch{os.sep}optim{os.sep}": "optimizer",
+    f"{os.sep}torch{os.sep}utils{os.sep}data{os.sep}": "dataloader",
+}
+
+
+def _library_roots() -> tuple[str, ...]:
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths.add(os.path.dirname(torch.__file__))
+    paths.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # perfloop itself
+    return tuple(sorted(p for p in paths if p))
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # perf_counter_ns, or profiler microseconds once aligned
+    place: str  # "file.py:LINE (function)" of the innermost user frame, "" when none
+    tags: frozenset  # libraries on the stack: "numpy", "optimizer", "dataloader"
+
+
+class Sampler:
+    """Samples thread `tid`'s Python stack every `interval_s` while running (a context manager).
+    While it runs the interpreter switches threads every `interval_s` too, so a thread busy in
+    Python is sampled at that pace."""
+
+    def __init__(self, tid: int | None = None, interval_s: float = 1e-3):
+        self.tid = tid if tid is not None else threading.get_ident()
+        self.interval_s = interval_s
+        self.samples: list[Sample] = []
+        self.unreadable = 0  # samples with no Python frame of the thread (in C the whole time)
+        self._stop = threading.Event()
+        self._roots = _library_roots()
+        self._places: dict = {}  # code object, line -> place (a step repeats its lines)
+
+    def _read(self, frame) -> Sample:
+        tags = set()
+        place = ""
+        f = frame
+        while f is not None:
+            name = f.f_code.co_filename
+            for frag, tag in _LIBS.items():
+                if frag in name:
+                    tags.add(tag)
+            if not place and not name.startswith(self._roots) and not name.startswith("<"):
+                key = (f.f_code, f.f_lineno)
+                place = self._places.get(key)
+                if place is None:
+                    place = self._places[key] = f"{os.path.basename(name)}:{f.f_lineno} ({f.f_code.co_name})"
+            f = f.f_back
+        return Sample(time.perf_counter_ns(), place, frozenset(tags))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            frame = sys._current_frames().get(self.tid)
+            if frame is None:
+                self.unreadable += 1
+                continue
+            self.samples.append(self._read(frame))
+
+    def __enter__(self) -> Sampler:
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(self.interval_s)
+        self._thread = threading.Thread(target=self._run, name="perfloop-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        sys.setswitchinterval(self._switch)
+
+    @staticmethod
+    def mark() -> int:
+        """Record the clock range in the running profiler; the perf_counter_ns it began at."""
+        with torch.profiler.record_function(CLOCK_RANGE):
+            return time.perf_counter_ns()
+
+    def align(self, events, marked_ns: int) -> list[Sample]:
+        """The samples on the profiler's timeline (microseconds), through the clock range."""
+        starts = [e.time_range.start for e in events if e.name == CLOCK_RANGE]
+        if not starts:
+            return []
+        offset = starts[0] - marked_ns / 1e3
+        return [Sample(s.t / 1e3 + offset, s.place, s.tags) for s in self.samples]
