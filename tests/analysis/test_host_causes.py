@@ -81,3 +81,21 @@ def test_a_step_with_no_host_problem_ranks_no_host_cause_above_5_percent(control
     d = p.diagnose(ceilings={})
     host = [o for o in d.opportunities if o.bound in ("host", "launch")]
     assert all(o.share <= 0.05 for o in host), "\n".join(map(str, host))
+
+
+def test_one_call_at_its_ceiling_gets_one_verdict_with_or_without_its_work():
+    """The same call, diagnosed from the profile alone and with its Work given: compute-bound
+    both ways; at its ceiling there is nothing to gain and no harness gap is called the user's."""
+    n = 384
+    a = torch.randn(n, n)
+    work = pl.Work(flops=2 * n**3, bytes=3 * n * n * 4, dtype="fp32")
+    plain_p = pl.profile(lambda: a @ a, calls=5)
+    achieved = work.tflops(plain_p.device_ms_per_call)
+    ceilings = {"copy_gbps": 20.0, "matmul_fp32_tflops": achieved / 1.01}  # the call at 101% of it
+    plain = plain_p.diagnose(ceilings=ceilings)
+    given = pl.profile(lambda: a @ a, calls=5, work=work).diagnose(ceilings=ceilings)
+    assert given.bound == "compute", str(given)
+    assert plain.bound == "compute", str(plain)
+    assert not [o for o in plain.opportunities if o.bound in ("launch", "host")], str(plain)
+    if not plain.opportunities:
+        assert "nothing to gain" in plain.advice

@@ -65,7 +65,7 @@ def test_a_stretch_inside_a_named_host_range_is_charged_to_it():
     r = idle([step, opt, loader, *ops], kernels)
     assert r.by_cause["the optimizer's host loop"] == pytest.approx(0.045 * 17 + 0.045, rel=0.05)
     assert r.by_cause["host launch overhead"] == 0
-    # before the first kernel stays so, whatever range it falls in
+    # before the first kernel: a stretch only partly inside a range is not the range's
     assert r.by_cause["before the first kernel"] == pytest.approx(0.5)
 
 

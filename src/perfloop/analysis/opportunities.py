@@ -90,13 +90,24 @@ class StepDiagnosis:
     device_ms: float
     busy_share: float
 
+    at_ceiling: str = ""  # with nothing to gain: the op that takes the step, at its ceiling
+    ceiling_bound: str = ""  # and which ceiling ("compute", "memory")
+
     @property
     def bound(self) -> str:
-        return self.opportunities[0].bound if self.opportunities else "none"
+        if self.opportunities:
+            return self.opportunities[0].bound
+        return self.ceiling_bound or "none"
 
     @property
     def advice(self) -> str:
-        return self.opportunities[0].advice if self.opportunities else "nothing ranks above 1% of the step"
+        if self.opportunities:
+            return self.opportunities[0].advice
+        if self.at_ceiling:
+            return (
+                f"{self.at_ceiling}: nothing to gain in this code; only less work (a lower precision) helps"
+            )
+        return "nothing ranks above 1% of the step"
 
     @property
     def evidence(self) -> dict:
@@ -109,11 +120,13 @@ class StepDiagnosis:
         lines = [head] + [f"{i}. {o}" for i, o in enumerate(self.opportunities[:SHOWN], 1)]
         if len(self.opportunities) > SHOWN:
             lines.append(f"... and {len(self.opportunities) - SHOWN} smaller ones (.opportunities)")
+        if not self.opportunities:
+            lines.append(f"{self.bound}-bound: {self.advice}" if self.at_ceiling else self.advice)
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"bound": self.bound, "wall_ms": self.wall_ms, "device_ms": self.device_ms,
-                "opportunities": [o.__dict__ for o in self.opportunities]}  # fmt: skip
+                "advice": self.advice, "opportunities": [o.__dict__ for o in self.opportunities]}  # fmt: skip
 
 
 def _chains(records, b_items, a_ms: dict) -> list[dict]:
@@ -308,10 +321,13 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             + loop,
             ADVICE["optimizer"] + " (one pass over the parameters, its state and gradients)")  # fmt: skip
     casts = 0.0
+    top_row = None
     for row in attr.group(kept, "op/phase", work=work, ceilings=ceilings, l2_bytes=l2_bytes):
         op = row.name.rsplit(" (", 1)[0]
         cat = attr.category(op)
         ms = row.device_ms / calls
+        if top_row is None or row.device_ms > top_row.device_ms:
+            top_row = row
         if cat == "dtype cast/copy":
             casts += ms
             continue
@@ -364,7 +380,9 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
                     for op, n, _, s in idle.syncs[:3])  # fmt: skip
             places = [(p, v / calls) for c, p, v in idle.places if c == cause and p][:3]
             where = "; ".join(f"{p} {fmt_ms(v)}" for p, v in places)
-            waits = "the GPU waits" if idle.device == "GPU" else "the CPU runs no torch op"
+            if idle.device == "CPU" and cause == timeline.LAUNCH:
+                title = "Python and dispatch between small ops"
+            waits = "the GPU waits" if idle.device == "GPU" else "between the step's ops"
             add(
                 f"{waits}: {title}",
                 ms,
@@ -375,4 +393,11 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             )
     found.sort(key=lambda o: -o.saves_ms)
     busy = idle.busy_ms / idle.wall_ms if idle is not None and idle.wall_ms else min(1.0, device_ms / step_ms)
-    return StepDiagnosis(found, step_ms, device_ms, busy)
+    out = StepDiagnosis(found, step_ms, device_ms, busy)
+    if not found and top_row is not None and top_row.bound in ("compute", "memory"):
+        of = top_row.of_matmul if top_row.bound == "compute" else top_row.of_copy
+        if of is not None:
+            ceiling = "matmul" if top_row.bound == "compute" else "copy"
+            out.at_ceiling = f"{top_row.name} runs at {of:.0%} of the measured {ceiling} ceiling"
+            out.ceiling_bound = top_row.bound
+    return out

@@ -2,14 +2,14 @@
 charged to one cause and, where samples of the launching thread's stack say it, one place in the
 user's code (file:line).
 
-The causes, first match wins: before the first kernel; a synchronizing call (.item(), a copy to
-the host, an explicit synchronize), together with the stretches after it while the host, behind
-the emptied queue, launches each kernel only after the last one ended; a pageable host-to-device
-copy; the caching allocator asking the driver for memory (cudaMalloc, cudaFree); data loading (a
-DataLoader's iterator); the optimizer's host loop (inside optimizer.step()); host work outside
-torch (no op running: Python, NumPy, logging); and host launch overhead (the host issuing ops
-slower than the device runs them). On a CPU the same question is asked of the time between the
-step's ops.
+The causes, first match wins: a synchronizing call (.item(), a copy to the host, an explicit
+synchronize); a pageable host-to-device copy; the caching allocator asking the driver for memory
+(cudaMalloc, cudaFree); data loading (a DataLoader's iterator); the optimizer's host loop (inside
+optimizer.step()); before the first kernel; host work outside torch (no op running for 100 us or
+more: Python, NumPy, logging); the stretches after a synchronizing call while the host, behind
+the emptied queue, launches each kernel only after the last one ended (charged to that call);
+and host launch overhead (the host issuing ops slower than the device runs them). On a CPU the
+same question is asked of the time between the step's ops.
 """
 
 from __future__ import annotations
@@ -192,9 +192,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         blocking = [op for cs, ce, op in syncs if cs < e and ce > s]
         half = (e - s) / 2
         inside = [(c, a, b) for a, b, c in ranges if a <= s and b >= e]
-        if e <= first:
-            cause = FIRST
-        elif blocking:
+        if blocking:
             cause, last_sync = SYNC, blocking[-1]
         elif pageable and _overlap(s, e, copies) > half:
             cause = PAGEABLE
@@ -202,6 +200,8 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
             cause = ALLOCATOR
         elif inside:
             cause = inside[-1][0]
+        elif e <= first:
+            cause = FIRST
         elif e - s >= OUTSIDE_US and _overlap(s, e, ops) < half:
             cause = OUTSIDE
         else:

@@ -1,0 +1,177 @@
+"""Planted host-side problems (issue 24): for each, the step with the problem is profiled and
+ranked; the opportunity for the planted cause gives a predicted saving; the advice is applied
+(the problem removed) and both steps are timed interleaved, unprofiled: the realized saving.
+Controls (one large matmul; empty_cache per layer) must rank no host cause above 5%.
+
+    PYTHONPATH=src python3 benchmarks/host_causes.py --out DIR [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+import perfloop as pl
+from perfloop.device import env_fingerprint
+from perfloop.harness.timing import compare
+
+
+def mlp(width: int, layers: int, dev: str) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(dev)
+
+
+def cases(small: bool, dev: str) -> dict:
+    """name -> (expected title fragment, problem step, fixed step, is a control)."""
+    w, n_layers, batch = (64, 4, 8) if small else (2048, 12, 256)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    out = {}
+
+    model = mlp(w, n_layers, dev)
+    x = torch.randn(batch, w, device=dev)
+    rng = np.random.default_rng(0)
+    pre = torch.from_numpy(np.sort(rng.standard_normal(200_000 if small else 3_000_000)).astype(np.float32))
+    pre = pre[: batch * w].reshape(batch, w).to(dev)
+
+    def numpy_problem():
+        noise = np.sort(rng.standard_normal(200_000 if small else 3_000_000)).astype(np.float32)
+        noise_t = torch.from_numpy(noise[: batch * w]).reshape(batch, w).to(dev, non_blocking=True)
+        model(x + noise_t).sum().backward()
+
+    def numpy_fixed():
+        model(x + pre).sum().backward()
+
+    out["numpy in the step"] = ("host work outside torch", numpy_problem, numpy_fixed, False)
+
+    params = [nn.Parameter(torch.randn(64, 64, device=dev)) for _ in range(40 if small else 400)]
+    slow = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+    fast = torch.optim.AdamW(params, lr=1e-4, fused=dev == "cuda", foreach=None if dev == "cuda" else True)
+    for p in params:
+        p.grad = torch.randn_like(p)
+
+    out["AdamW foreach=False, 400 params"] = ("optimizer:", slow.step, fast.step, False)
+
+    host = torch.randn(2 if small else 64, 1024, 1024)  # 256 MiB pageable
+    pinned = host.pin_memory() if dev == "cuda" else host
+
+    def pageable_problem():
+        model(x + host.to(dev).mean()).sum().backward()
+
+    def pageable_fixed():
+        model(x + pinned.to(dev, non_blocking=True).mean()).sum().backward()
+
+    out["pageable host-to-device copy"] = ("pageable" if dev == "cuda" else "outside", pageable_problem,
+                                           pageable_fixed, False)  # fmt: skip
+
+    def item_problem():
+        h = x
+        for layer in model:
+            h = torch.relu(layer(h))
+            if h.abs().max().item() > 1e9:  # the planted sync: a check on the host
+                raise RuntimeError("diverged")
+        h.sum().backward()
+
+    def item_fixed():
+        h = x
+        for layer in model:
+            h = torch.relu(layer(h))
+        h.sum().backward()
+
+    out[".item() per layer"] = ("synchronizing", item_problem, item_fixed, False)
+
+    def sync_problem():
+        h = x
+        for layer in model:
+            h = torch.relu(layer(h))
+            sync()
+        h.sum().backward()
+
+    out["torch.cuda.synchronize() per layer"] = ("synchronizing", sync_problem, item_fixed, False)
+
+    def collate(items):
+        rows = []
+        for t in items:  # Python over every element: the planted work
+            rows.append(torch.tensor([v * 0.5 for v in t.tolist()]))
+        return torch.stack(rows)
+
+    data = [torch.arange(w, dtype=torch.float32) for _ in range(batch)]
+    loader = torch.utils.data.DataLoader(data, batch_size=batch // 4, collate_fn=collate)
+    ready = [collate(b) for b in torch.utils.data.DataLoader(data, batch_size=batch // 4, collate_fn=list)]
+
+    def data_problem():
+        for b in loader:
+            model(b.to(dev)).sum().backward()
+
+    def data_fixed():
+        for b in ready:
+            model(b.to(dev)).sum().backward()
+
+    out["DataLoader with slow collation"] = ("data loading", data_problem, data_fixed, False)
+
+    a = torch.randn(1024 if small else 8192, 1024 if small else 8192, device=dev,
+                    dtype=torch.bfloat16 if dev == "cuda" else torch.float32)  # fmt: skip
+    out["control: one large matmul"] = ("", lambda: a @ a, lambda: a @ a, True)
+
+    def cache_problem():
+        h = x
+        for layer in model:
+            h = torch.relu(layer(h))
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+        h.sum().backward()
+
+    out["control: empty_cache per layer"] = ("", cache_problem, item_fixed, True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--small", action="store_true")
+    a = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for name, (want, problem, fixed, control) in cases(a.small, dev).items():
+        t0 = time.perf_counter()
+        p = pl.profile(problem, calls=3, count_work=False)
+        d = p.diagnose()
+        opps = d.opportunities
+        hit = next((i for i, o in enumerate(opps) if want and want in o.title), None)
+        c = compare(
+            {"problem": problem, "fixed": fixed}, baseline="problem", budget_s=2.0 if dev == "cuda" else 0.5
+        )
+        realized = c.measurements["problem"].median_ms - c.measurements["fixed"].median_ms
+        row = {"case": name, "expected": want, "top": opps[0].title if opps else "",
+               "top_share": opps[0].share if opps else 0.0, "rank": None if hit is None else hit + 1,
+               "predicted_ms": opps[hit].saves_ms if hit is not None else None, "realized_ms": realized,
+               "where": opps[hit].where if hit is not None else "", "control": control,
+               "host_above_5pct": [o.title for o in opps if o.bound in ("host", "launch") and o.share > 0.05],
+               "step_ms": c.measurements["problem"].median_ms,
+               "analysis_s": time.perf_counter() - t0}  # fmt: skip
+        if row["predicted_ms"]:
+            row["predicted_over_realized"] = row["predicted_ms"] / realized if realized > 0 else None
+        rows.append(row)
+        print(json.dumps({k: row[k] for k in ("case", "rank", "predicted_ms", "realized_ms", "top", "where",
+                                              "host_above_5pct")}, default=str), flush=True)  # fmt: skip
+    if dev == "cuda":  # one verdict for one call, with and without its Work
+        n = 8192
+        m = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        plain = pl.profile(lambda: m @ m, calls=3).diagnose()
+        work = pl.profile(lambda: m @ m, calls=3, work=pl.Work(flops=2 * n**3, bytes=3 * n * n * 2,
+                                                                dtype="bf16")).diagnose()  # fmt: skip
+        rows.append({"case": "one verdict: bf16 8192 matmul", "without_work": plain.bound,
+                     "with_work": work.bound, "advice_without": plain.advice})  # fmt: skip
+        print(rows[-1], flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "host_causes.json"), "w") as f:
+        json.dump({"device": env_fingerprint(), "rows": rows}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
