@@ -130,6 +130,50 @@ def cases(small: bool, dev: str) -> dict:
     return out
 
 
+def sampling_overhead(dev: str, rounds: int = 5, steps: int = 10) -> dict:
+    """A GPT-2 small training step's wall time with the stack sampler running and without,
+    in alternating blocks of `steps` steps."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import nanogpt_model
+
+    from perfloop.analysis.stacks import Sampler
+
+    torch.manual_seed(0)
+    model = nanogpt_model.GPT(nanogpt_model.GPTConfig()).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    x = torch.randint(0, 50304, (12, 1024), device=dev)
+
+    def step():
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            _, loss = model(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def block() -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps * 1e3
+
+    for _ in range(3):
+        step()
+    plain, sampled, n = [], [], 0
+    for _ in range(rounds):
+        plain.append(block())
+        with Sampler() as s:
+            sampled.append(block())
+        n += len(s.samples)
+    p, q = sorted(plain)[rounds // 2], sorted(sampled)[rounds // 2]
+    return {"case": "sampling overhead, GPT-2 small step", "plain_ms": p, "sampled_ms": q,
+            "overhead": q / p - 1, "samples_per_step": n / (rounds * steps)}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
@@ -167,6 +211,9 @@ def main() -> None:
                                                                 dtype="bf16")).diagnose()  # fmt: skip
         rows.append({"case": "one verdict: bf16 8192 matmul", "without_work": plain.bound,
                      "with_work": work.bound, "advice_without": plain.advice})  # fmt: skip
+        print(rows[-1], flush=True)
+    if dev == "cuda":
+        rows.append(sampling_overhead(dev))
         print(rows[-1], flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "host_causes.json"), "w") as f:
