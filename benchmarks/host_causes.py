@@ -118,15 +118,23 @@ def cases(small: bool, dev: str) -> dict:
                     dtype=torch.bfloat16 if dev == "cuda" else torch.float32)  # fmt: skip
     out["control: one large matmul"] = ("", lambda: a @ a, lambda: a @ a, True)
 
+    xb = torch.randn(batch * 32, w, device=dev)  # a batch that keeps the device busy: no launch-bound base
+
     def cache_problem():
-        h = x
+        h = xb
         for layer in model:
             h = torch.relu(layer(h))
             if dev == "cuda":
                 torch.cuda.empty_cache()
         h.sum().backward()
 
-    out["control: empty_cache per layer"] = ("", cache_problem, item_fixed, True)
+    def cache_fixed():
+        h = xb
+        for layer in model:
+            h = torch.relu(layer(h))
+        h.sum().backward()
+
+    out["control: empty_cache per layer"] = ("", cache_problem, cache_fixed, True)
     return out
 
 

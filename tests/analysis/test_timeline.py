@@ -59,13 +59,13 @@ def test_the_breakdown_scales_to_the_wall_time_without_the_profiler():
 def test_a_stretch_inside_a_named_host_range_is_charged_to_it():
     step = ev("step", 0, 2000)
     opt = ev("Optimizer.step#AdamW.step", 1000, 1900, step)
-    loader = ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 400, step)
+    loader = ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 200, step)
     ops = [ev("aten::add_", t, t + 40, opt) for t in range(1000, 1900, 50)]  # the host is launching
     kernels = [(500, 1000)] + [(t + 45, t + 50) for t in range(1000, 1900, 50)]
     r = idle([step, opt, loader, *ops], kernels)
     assert r.by_cause["the optimizer's host loop"] == pytest.approx(0.045 * 17 + 0.045, rel=0.05)
     assert r.by_cause["host launch overhead"] == 0
-    # before the first kernel: a stretch only partly inside a range is not the range's
+    # before the first kernel: a stretch less than half inside a range is not the range's
     assert r.by_cause["before the first kernel"] == pytest.approx(0.5)
 
 
@@ -109,3 +109,11 @@ def test_host_work_outside_torch_is_charged_to_the_sampled_line():
     assert r.by_cause["host work outside torch"] == pytest.approx(2.0)
     assert r.places[0] == ("host work outside torch", "train.py:42 (step) (in NumPy)", pytest.approx(2.0))
     assert r.sampled
+
+
+def test_a_stretch_mostly_inside_the_dataloaders_iterator_is_data_loading():
+    step = ev("step", 0, 2000)
+    nxt = ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 150, 1800, step)
+    kernels = [(0, 100), (1900, 2000)]  # the hole 100 -> 1900 spills past the iterator at both ends
+    r = idle([step, nxt], kernels)
+    assert r.by_cause["data loading"] == pytest.approx(1.8)

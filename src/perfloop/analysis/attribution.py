@@ -207,10 +207,22 @@ def items(events, kind: str) -> list[Item]:
             op, module, phase, marks = _context(launch, seq_module)
         else:
             op, module, phase, marks = "", NO_MODULE, "forward", ()
-        at = launch.time_range.start if launch else d.time_range.start
+        at = _launched(launch, d.time_range.start) if launch else d.time_range.start
         out.append(Item(d.name, op, module, phase, d.time_range.elapsed_us() / 1e3, d.time_range.start,
                         d.time_range.end, marks, at))  # fmt: skip
     return out
+
+
+LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
+               "cudaMemcpyAsync", "cudaMemsetAsync")  # fmt: skip
+
+
+def _launched(op, kernel_start: float) -> float:
+    """When the host launched a kernel of `op`: the last launch call under the op that began
+    before the kernel did (the op's start where none is recorded)."""
+    starts = [c.time_range.start for c in _descendants(op)
+              if c.name.startswith(LAUNCH_APIS) and c.time_range.start <= kernel_start]  # fmt: skip
+    return max(starts) if starts else op.time_range.start
 
 
 def _descendants(e):

@@ -305,6 +305,16 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         )
 
     kept = [i for i in items if (i.module, i.phase, i.op) not in covered and i.phase != "optimizer"]
+    pageable = [i for i in kept if "Pageable" in i.kernel]  # copies from unpinned host memory
+    if pageable:
+        kept = [i for i in kept if "Pageable" not in i.kernel]
+        dev_ms = sum(i.ms for i in pageable) / calls
+        staging = idle.by_cause[timeline.PAGEABLE] / calls if idle is not None else 0.0
+        title, advice = HOST[timeline.PAGEABLE]
+        add(f"{len(pageable) // calls} {title}(s) per call", dev_ms + staging, "host",
+            f"{fmt_ms(dev_ms)} per call of device copies from pageable memory (staged by the host, at a "
+            f"fraction of the link's speed)" + (f"; the GPU idle {fmt_ms(staging)} while the host staged it"
+                                                if staging else ""), advice)  # fmt: skip
     opt = [i for i in items if i.phase == "optimizer"]
     loop_ms = idle.by_cause[timeline.OPTIMIZER] / calls if idle is not None and opt else 0.0
     if opt:
@@ -370,6 +380,8 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         for cause, ms in idle.by_cause.items():
             if cause == timeline.FIRST or not ms or (cause == timeline.OPTIMIZER and loop_ms):
                 continue  # the optimizer's loop is in the optimizer's opportunity
+            if cause == timeline.PAGEABLE and pageable:
+                continue  # in the pageable copies' opportunity
             ms = (ms + (idle.by_cause[timeline.FIRST] if cause == timeline.LAUNCH else 0.0)) / calls
             title, advice = HOST[cause]
             evidence = f"idle {fmt_ms(ms)} per call" + (f"; busy {idle.busy_ms / idle.wall_ms:.0%}"

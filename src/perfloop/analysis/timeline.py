@@ -191,7 +191,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
             last_sync = None  # the block before this hole had queued work: the host caught up
         blocking = [op for cs, ce, op in syncs if cs < e and ce > s]
         half = (e - s) / 2
-        inside = [(c, a, b) for a, b, c in ranges if a <= s and b >= e]
+        inside = [(c, a, b) for a, b, c in ranges if _overlap(s, e, [(a, b)]) > half]
         if blocking:
             cause, last_sync = SYNC, blocking[-1]
         elif pageable and _overlap(s, e, copies) > half:
