@@ -29,7 +29,7 @@ def test_each_gap_is_charged_to_its_cause():
     events = [step, item, sync, ev("aten::mm", 50, 60, step)]
     kernels = [(100, 300), (300, 400), (500, 600), (640, 1000)]
     r = idle(events, kernels, sites={"aten::_local_scalar_dense": {"train.py:88"}})
-    assert r.by_cause["before the first kernel"] == pytest.approx(0.1)  # 0 -> 100 us
+    assert r.by_cause["host work outside torch"] == pytest.approx(0.1)  # 0 -> 100 us: no op running
     assert r.by_cause["synchronizing calls"] == pytest.approx(0.1)  # 400 -> 500: waited, then launched
     assert r.by_cause["host launch overhead"] == pytest.approx(0.04)  # 600 -> 640
     assert r.wall_ms == pytest.approx(1.0) and r.busy_ms == pytest.approx(0.76)
@@ -51,8 +51,8 @@ def test_the_breakdown_scales_to_the_wall_time_without_the_profiler():
     assert r.wall_ms == pytest.approx(0.9) and r.idle_ms == pytest.approx(0.3)
     plain = r.scaled_to(0.8)  # the same calls took 800 us unprofiled: 200 us idle, shared 1:2
     assert plain.busy_ms == pytest.approx(0.6) and plain.idle_ms == pytest.approx(0.2) and plain.scaled
-    assert plain.by_cause["before the first kernel"] == pytest.approx(0.2 / 3)
-    assert plain.by_cause["host work outside torch"] == pytest.approx(0.4 / 3)  # 200 us, no op running
+    assert plain.by_cause["host work outside torch"] == pytest.approx(0.2 / 3 + 0.4 / 3)
+    # both stretches (100 and 200 us) ran no torch op: host work
     assert r.scaled_to(0.5).idle_ms == 0  # faster than the busy time: no idle, never negative
 
 
@@ -65,8 +65,8 @@ def test_a_stretch_inside_a_named_host_range_is_charged_to_it():
     r = idle([step, opt, loader, *ops], kernels)
     assert r.by_cause["the optimizer's host loop"] == pytest.approx(0.045 * 17 + 0.045, rel=0.05)
     assert r.by_cause["host launch overhead"] == 0
-    # before the first kernel: a stretch less than half inside a range is not the range's
-    assert r.by_cause["before the first kernel"] == pytest.approx(0.5)
+    # a stretch less than half inside a range is not the range's: 500 us with no op is host work
+    assert r.by_cause["host work outside torch"] == pytest.approx(0.5)
 
 
 def test_allocator_calls_and_pageable_copies_are_named():
@@ -117,3 +117,10 @@ def test_a_stretch_mostly_inside_the_dataloaders_iterator_is_data_loading():
     kernels = [(0, 100), (1900, 2000)]  # the hole 100 -> 1900 spills past the iterator at both ends
     r = idle([step, nxt], kernels)
     assert r.by_cause["data loading"] == pytest.approx(1.8)
+
+
+def test_a_short_wait_for_the_first_kernel_is_its_own_cause():
+    step = ev("step", 0, 1000)
+    launch = ev("aten::mm", 10, 60, step)  # the host dispatching the first op
+    r = idle([step, launch], [(60, 1000)])
+    assert r.by_cause["before the first kernel"] == pytest.approx(0.06)

@@ -168,6 +168,7 @@ class Profile:
     _given_work: Any = field(default=None, repr=False)  # (module, phase, op) -> work, from a trace
     sites: dict | None = None  # module name -> {kind: call site and pl.patch's reach} (nn.patch.plan)
     _samples: Any = field(default=None, repr=False)  # the launching thread's stack (stacks.Sample)
+    _call_spans: Any = field(default=None, repr=False)  # pl.profile's calls on the profiler's timeline
 
     @property
     def gpu_busy_fraction(self) -> float:
@@ -225,7 +226,8 @@ class Profile:
                 sites.setdefault(r.op, set()).add(r.site)
         its = self.items()
         pageable = [(i.start_us, i.end_us) for i in its if "Pageable" in i.kernel]
-        r = idle(self._prof.events(), [(i.start_us, i.end_us) for i in its], sites, self._windows,
+        r = idle(self._prof.events(), [(i.start_us, i.end_us) for i in its], sites,
+                 self._windows or self._call_spans,
                  launched_at=[i.launch_us for i in its] if self.kind == "cuda" else None, pageable=pageable,
                  samples=self._samples)  # fmt: skip
         if r is not None:
@@ -464,12 +466,14 @@ def profile(
     warnings: list[str] = []
     plain_ms = _plain_wall_ms(call, calls, sync)
     with module_ranges():
-        prof, wall_ms, host, samples = _timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
+        prof, wall_ms, host, samples, spans = _timed_calls(
+            call, calls, on_cuda, cuda_profiler_range, warnings
+        )
         work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
 
     p = build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work,
                       plain_wall_ms=plain_ms)  # fmt: skip
-    p._samples = samples
+    p._samples, p._call_spans = samples, spans
     return p
 
 
@@ -545,21 +549,28 @@ def _timed_calls(call, calls: int, on_cuda: bool, cuda_profiler_range: bool, war
         nsys = on_cuda and cuda_profiler_range
         if nsys:
             torch.cuda.profiler.start()
+        bounds = []  # each call's start and end, perf_counter_ns
         with Sampler() as sampler:
             marked = sampler.mark()
             t0 = time.perf_counter()
             host = 0.0
             for _ in range(calls):
-                h0 = time.perf_counter()
+                h0 = time.perf_counter_ns()
                 call()
-                host += time.perf_counter() - h0
+                bounds.append((h0, time.perf_counter_ns()))
+                host += (bounds[-1][1] - h0) / 1e9
             sync()
+            bounds[-1] = (bounds[-1][0], time.perf_counter_ns())  # the last call ends when its work does
         if nsys:
             torch.cuda.profiler.stop()
         wall_ms = (time.perf_counter() - t0) * 1e3
     finally:
         stop_profiler(prof)  # stopped cleanly even when fn raised
-    return prof, wall_ms, host, sampler.align(prof.events(), marked)
+    events = prof.events()
+    offset = Sampler.offset(events, marked)
+    # the calls on the profiler's timeline: the gaps between them are the harness's, not the user's
+    spans = None if offset is None else [(a / 1e3 + offset, b / 1e3 + offset) for a, b in bounds]
+    return prof, wall_ms, host, sampler.align(events, marked), spans
 
 
 def _counted_call(call, on_cuda: bool, warnings: list[str]):

@@ -98,10 +98,15 @@ class Sampler:
         with torch.profiler.record_function(CLOCK_RANGE):
             return time.perf_counter_ns()
 
+    @staticmethod
+    def offset(events, marked_ns: int) -> float | None:
+        """Profiler microseconds minus perf_counter microseconds, from the clock range."""
+        starts = [e.time_range.start for e in events if e.name == CLOCK_RANGE]
+        return starts[0] - marked_ns / 1e3 if starts else None
+
     def align(self, events, marked_ns: int) -> list[Sample]:
         """The samples on the profiler's timeline (microseconds), through the clock range."""
-        starts = [e.time_range.start for e in events if e.name == CLOCK_RANGE]
-        if not starts:
+        offset = self.offset(events, marked_ns)
+        if offset is None:
             return []
-        offset = starts[0] - marked_ns / 1e3
         return [Sample(s.t / 1e3 + offset, s.place, s.tags) for s in self.samples]

@@ -5,8 +5,8 @@ user's code (file:line).
 The causes, first match wins: a synchronizing call (.item(), a copy to the host, an explicit
 synchronize); a pageable host-to-device copy; the caching allocator asking the driver for memory
 (cudaMalloc, cudaFree); data loading (a DataLoader's iterator); the optimizer's host loop (inside
-optimizer.step()); before the first kernel; host work outside torch (no op running for 100 us or
-more: Python, NumPy, logging); the stretches after a synchronizing call while the host, behind
+optimizer.step()); host work outside torch (no op running for 100 us or more: Python, NumPy,
+logging); before the first kernel; the stretches after a synchronizing call while the host, behind
 the emptied queue, launches each kernel only after the last one ended (charged to that call);
 and host launch overhead (the host issuing ops slower than the device runs them). On a CPU the
 same question is asked of the time between the step's ops.
@@ -170,6 +170,9 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         start, end = spans[0][0], max(end, spans[-1][1])
         holes = _clip(gaps(device_intervals, start, end), spans)
     first = min(s for s, _ in device_intervals)
+    # the wait for the first kernel: of the profile, or of each span (each call, each step)
+    firsts = [(a, min((x for x, _ in device_intervals if a <= x <= b), default=b)) for a, b in spans or []]
+    before_first = lambda s, e: e <= first or any(a <= s and e <= f for a, f in firsts)  # noqa: E731
     syncs = _sync_calls(events)
     allocs = _runtime(cpu, ALLOC_APIS)
     copies = _runtime(cpu, ("cudaMemcpy",)) if pageable else []
@@ -200,10 +203,10 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
             cause = ALLOCATOR
         elif inside:
             cause = inside[-1][0]
-        elif e <= first:
-            cause = FIRST
         elif e - s >= OUTSIDE_US and _overlap(s, e, ops) < half:
             cause = OUTSIDE
+        elif before_first(s, e):
+            cause = FIRST
         else:
             cause = SYNC if last_sync is not None else LAUNCH
         if cause == SYNC:
