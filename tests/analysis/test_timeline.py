@@ -124,3 +124,28 @@ def test_a_short_wait_for_the_first_kernel_is_its_own_cause():
     launch = ev("aten::mm", 10, 60, step)  # the host dispatching the first op
     r = idle([step, launch], [(60, 1000)])
     assert r.by_cause["before the first kernel"] == pytest.approx(0.06)
+
+
+def test_where_the_host_would_run_ahead_but_for_the_syncs_every_launch_gap_is_theirs():
+    step = ev("step", 0, 1000)
+    evs, kernels, launched = [step], [], []
+    for t in range(0, 1000, 250):  # four layers: a long kernel, a sync, then three short ones
+        item = ev("aten::_local_scalar_dense", t + 10, t + 205, step)
+        evs += [
+            item,
+            ev("cudaStreamSynchronize", t + 12, t + 203, item),
+            ev("aten::mm", t + 205, t + 215, step),
+        ]
+        kernels += [(t + 20, t + 200), (t + 210, t + 215), (t + 215, t + 220), (t + 240, t + 245)]
+        launched += [t + 15, t + 205, t + 212, t + 235]  # the third launched ahead: a 20 us launch gap after
+    r = idle(evs, kernels, launched_at=launched)
+    # the host waits 764 us and works 236 of 1000, less than the device's 780 busy: no launch gap
+    # would show without the syncs
+    assert r.by_cause["host launch overhead"] == 0, r.by_cause
+    assert r.by_cause["synchronizing calls"] == pytest.approx(0.04 * 4 - 0.01 + 0.02 * 4, abs=0.03)
+    [(op, calls, ms, _)] = r.syncs
+    assert (
+        op == "aten::_local_scalar_dense"
+        and calls == 4
+        and ms == pytest.approx(r.by_cause["synchronizing calls"])
+    )

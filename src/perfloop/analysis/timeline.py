@@ -7,8 +7,9 @@ synchronize); a pageable host-to-device copy; the caching allocator asking the d
 (cudaMalloc, cudaFree); data loading (a DataLoader's iterator); the optimizer's host loop (inside
 optimizer.step()); host work outside torch (no op running for 100 us or more: Python, NumPy,
 logging); before the first kernel; the stretches after a synchronizing call while the host, behind
-the emptied queue, launches each kernel only after the last one ended (charged to that call);
-and host launch overhead (the host issuing ops slower than the device runs them). On a CPU the
+the emptied queue, launches each kernel only after the last one ended (charged to that call;
+and every launch gap, where the host's own time is less than the device's: without the syncs it
+would run ahead); and host launch overhead (the host issuing ops slower than the device runs them). On a CPU the
 same question is asked of the time between the step's ops.
 """
 
@@ -217,6 +218,18 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         places[(cause, _place(*at, samples))] += ms
     wall = sum(e - s for s, e in spans) / 1e3 if spans else (end - start) / 1e3
     busy = wall - sum((e - s) / 1e3 for s, e in holes)
+    waited = sum(ce - cs for cs, ce, _ in syncs) / 1e3
+    if after and by_cause[LAUNCH] and wall - waited < busy:
+        # the host's own time (all but its waits) is less than the device's: without the syncs it
+        # would run ahead and no launch gap would show -- every one is the emptied queue's
+        moved, total = by_cause[LAUNCH], sum(after.values())
+        by_cause[SYNC] += moved
+        by_cause[LAUNCH] = 0.0
+        for op in list(after):
+            after[op] += moved * after[op] / total
+        for (cause, place), ms in list(places.items()):
+            if cause == LAUNCH:
+                places[(SYNC, place)] += places.pop((cause, place))
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
     ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
     return Idle(
