@@ -9,8 +9,8 @@ optimizer.step()); host work outside torch (no op running for 100 us or more: Py
 logging); before the first kernel; the stretches after a synchronizing call while the host, behind
 the emptied queue, launches each kernel only after the last one ended (charged to that call;
 and every launch gap, where the host's own time is less than the device's: without the syncs it
-would run ahead); and host launch overhead (the host issuing ops slower than the device runs them). On a CPU the
-same question is asked of the time between the step's ops.
+would run ahead); and host launch overhead (the host issuing ops slower than the device runs
+them). On a CPU the same question is asked of the time between the step's ops.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         by_cause[LAUNCH] = 0.0
         for op in list(after):
             after[op] += moved * after[op] / total
-        for (cause, place), ms in list(places.items()):
+        for cause, place in list(places):
             if cause == LAUNCH:
                 places[(SYNC, place)] += places.pop((cause, place))
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
