@@ -149,3 +149,23 @@ def test_where_the_host_would_run_ahead_but_for_the_syncs_every_launch_gap_is_th
         and calls == 4
         and ms == pytest.approx(r.by_cause["synchronizing calls"])
     )
+
+
+def test_the_syncs_take_the_launch_gaps_judged_at_the_unprofiled_pace():
+    """Under the profiler the host is slow enough to look launch-bound; at the calls' wall time
+    without it, its own time is below the device's: the gaps are the syncs' after all."""
+    step = ev("step", 0, 1000)
+    item = ev("aten::_local_scalar_dense", 0, 205, step)
+    evs = [step, item, ev("cudaStreamSynchronize", 5, 203, item)]
+    evs += [ev("aten::mm", t, t + 40, step) for t in range(205, 1000, 100)]
+    kernels, launched = [(10, 200)], [5]
+    for t in range(205, 1000, 100):  # pairs, the second launched while the first runs: the host ahead
+        kernels += [(t + 45, t + 60), (t + 60, t + 100)]
+        launched += [t + 40, t + 50]
+    r = idle(evs, kernels, launched_at=launched)
+    assert r.by_cause["host launch overhead"] > 0  # profiled: the host's own 0.8 ms > the 0.63 ms busy
+    fast = r.scaled_to(0.75)  # unprofiled: 0.75 ms, of which 0.198 waiting: 0.55 < 0.63 busy
+    assert fast.by_cause["host launch overhead"] == 0
+    assert fast.by_cause["synchronizing calls"] == pytest.approx(
+        fast.idle_ms - fast.by_cause["before the first kernel"]
+    )

@@ -48,6 +48,23 @@ class Idle:
     device: str = "GPU"  # what waited: "GPU", or "CPU" where the host is the device
 
     scaled: bool = False  # causes scaled to the time without the profiler
+    waited_ms: float = 0.0  # the host's time inside synchronizing calls
+
+    def syncs_take_launch_gaps(self) -> Idle:
+        """Where the host's own time (all but its waits) is less than the device's, without the
+        syncs it would run ahead and no launch gap would show: every one is the emptied queue's,
+        charged to the syncs (in proportion to the idle right after each)."""
+        launch, total = self.by_cause[LAUNCH], sum(ms for _, _, ms, _ in self.syncs)
+        if not (launch and total and self.wall_ms - self.waited_ms < self.busy_ms):
+            return self
+        self.by_cause[SYNC] += launch
+        self.by_cause[LAUNCH] = 0.0
+        self.syncs = [(op, n, ms + launch * ms / total, s) for op, n, ms, s in self.syncs]
+        merged: Counter = Counter()
+        for c, p, ms in self.places:
+            merged[(SYNC if c == LAUNCH else c, p)] += ms
+        self.places = [(c, p, ms) for (c, p), ms in merged.most_common()]
+        return self
 
     def scaled_to(self, wall_ms: float) -> Idle:
         """The same breakdown for the calls' wall time without the profiler (whose per-op cost
@@ -55,11 +72,12 @@ class Idle:
         shared among the causes as the profiled gaps were."""
         idle_ms = max(0.0, wall_ms - self.busy_ms)
         k = idle_ms / self.idle_ms if self.idle_ms else 0.0
-        return Idle(wall_ms=max(wall_ms, self.busy_ms), busy_ms=self.busy_ms,
-                    by_cause={c: v * k for c, v in self.by_cause.items()},
-                    syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
-                    places=[(c, p, ms * k) for c, p, ms in self.places], sampled=self.sampled,
-                    device=self.device, scaled=True)  # fmt: skip
+        out = Idle(wall_ms=max(wall_ms, self.busy_ms), busy_ms=self.busy_ms,
+                   by_cause={c: v * k for c, v in self.by_cause.items()},
+                   syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
+                   places=[(c, p, ms * k) for c, p, ms in self.places], sampled=self.sampled,
+                   device=self.device, scaled=True, waited_ms=self.waited_ms)  # fmt: skip
+        return out.syncs_take_launch_gaps()
 
     @property
     def idle_ms(self) -> float:
@@ -219,19 +237,8 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     wall = sum(e - s for s, e in spans) / 1e3 if spans else (end - start) / 1e3
     busy = wall - sum((e - s) / 1e3 for s, e in holes)
     waited = sum(ce - cs for cs, ce, _ in syncs) / 1e3
-    if after and by_cause[LAUNCH] and wall - waited < busy:
-        # the host's own time (all but its waits) is less than the device's: without the syncs it
-        # would run ahead and no launch gap would show -- every one is the emptied queue's
-        moved, total = by_cause[LAUNCH], sum(after.values())
-        by_cause[SYNC] += moved
-        by_cause[LAUNCH] = 0.0
-        for op in list(after):
-            after[op] += moved * after[op] / total
-        for cause, place in list(places):
-            if cause == LAUNCH:
-                places[(SYNC, place)] += places.pop((cause, place))
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
     ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
-    return Idle(
-        wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows, places=ranked, sampled=bool(samples)
-    )
+    out = Idle(wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows, places=ranked,
+               sampled=bool(samples), waited_ms=waited)  # fmt: skip
+    return out.syncs_take_launch_gaps()
