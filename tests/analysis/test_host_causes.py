@@ -99,3 +99,22 @@ def test_one_call_at_its_ceiling_gets_one_verdict_with_or_without_its_work():
     assert not [o for o in plain.opportunities if o.bound in ("launch", "host")], str(plain)
     if not plain.opportunities:
         assert "nothing to gain" in plain.advice
+
+
+def test_work_on_a_thread_the_profiler_does_not_record_is_said_not_called_launch_bound():
+    import threading
+
+    a = torch.randn(128, 128)
+
+    def step():
+        def work():
+            for _ in range(50):
+                a @ a
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+
+    d = pl.profile(step, calls=2, count_work=False).diagnose(ceilings={})
+    assert d.bound == "none" and not d.opportunities, str(d)
+    assert "another thread" in d.advice

@@ -92,6 +92,7 @@ class StepDiagnosis:
 
     at_ceiling: str = ""  # with nothing to gain: the op that takes the step, at its ceiling
     ceiling_bound: str = ""  # and which ceiling ("compute", "memory")
+    note: str = ""  # why there is nothing to rank, where that is not "nothing above 1%"
 
     @property
     def bound(self) -> str:
@@ -107,7 +108,7 @@ class StepDiagnosis:
             return (
                 f"{self.at_ceiling}: nothing to gain in this code; only less work (a lower precision) helps"
             )
-        return "nothing ranks above 1% of the step"
+        return self.note or "nothing ranks above 1% of the step"
 
     @property
     def evidence(self) -> dict:

@@ -15,12 +15,14 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 
 from perfloop import device as _device
 from perfloop.analysis.attribution import annotations, cpu_ops, device_events
@@ -232,6 +234,9 @@ class Profile:
                  samples=self._samples)  # fmt: skip
         if r is not None:
             r.device = "GPU" if self.kind == "cuda" else "CPU"
+            why = _unsampled_launcher(self._prof.events()) if self._samples else None
+            if why and why not in self.warnings:
+                self.warnings.append(why)
         if r is not None and self.profiled_wall_ms_per_call:
             r = r.scaled_to(self.wall_ms_per_call * self.calls)
         return r
@@ -271,7 +276,14 @@ class Profile:
         from perfloop.analysis.opportunities import rank
         from perfloop.analysis.timeline import FIRST
 
-        if self.work is not None or not self.items():
+        if not self.items():
+            from perfloop.analysis.opportunities import StepDiagnosis
+
+            return StepDiagnosis([], self.wall_ms_per_call, 0.0, 0.0, note=(
+                f"the calls ran no torch op the profiler recorded ({fmt_ms(self.wall_ms_per_call)} of wall "
+                "time a call): their work ran on another thread (the profiler records the threads it runs "
+                "on: profile inside that thread), or they did no torch work"))  # fmt: skip
+        if self.work is not None:
             return diagnose(self, ceilings)
         ceilings = ceilings if ceilings is not None else measured_ceilings()
         records, counted_items, _ = self._counted or (None, None, 1)
@@ -354,6 +366,28 @@ def _peak_memory(call: Callable, memory_snapshot) -> int:
         torch.cuda.memory._dump_snapshot(str(memory_snapshot))
         torch.cuda.memory._record_memory_history(enabled=None)
     return peak
+
+
+def _unsampled_launcher(events) -> str | None:
+    """Why the sampled places may miss: a thread other than the sampled one (and other than
+    autograd's backward threads) issued a tenth or more of the work."""
+    from perfloop.analysis.stacks import CLOCK_RANGE
+
+    sampled = next((e.thread for e in events if e.name == CLOCK_RANGE), None)
+    if sampled is None:
+        return None
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    autograd = {e.thread for e in cpu if e.name.startswith("autograd::engine")}
+    launches = [e.thread for e in cpu if e.name.startswith(_LAUNCH_APIS)] or [
+        e.thread for e in cpu if "::" in e.name and e.cpu_parent is None
+    ]
+    others = Counter(t for t in launches if t != sampled and t not in autograd)
+    if not launches or not others or sum(others.values()) < 0.1 * len(launches):
+        return None
+    thread, n = others.most_common(1)[0]
+    return (f"thread {thread} issued {n} of the {len(launches)} launches: perfloop samples the Python "
+            "stack of the thread that called it, so the idle those launches left is charged by cause but "
+            "not to a line")  # fmt: skip
 
 
 def start_profiler(on_cuda: bool, warnings: list[str]):
