@@ -64,7 +64,8 @@ def test_the_planted_problem_ranks_first(body, rows, d, module, bound):
 
 def test_a_call_that_ran_work_is_never_unclear():
     d = pl.profile(lambda x: x @ x, torch.randn(256, 256)).diagnose()
-    assert isinstance(d, StepDiagnosis) and d.bound != "unclear" and d.opportunities
+    assert isinstance(d, StepDiagnosis) and d.bound != "unclear"
+    assert d.opportunities or d.at_ceiling, str(d)  # something to gain, or the ceiling it runs at
 
 
 @pytest.mark.gpu

@@ -39,6 +39,7 @@ def test_a_trace_with_shapes_gives_modules_steps_flops_and_bytes(tmp_path):
 def test_a_trace_without_shapes_still_gives_time_and_says_what_it_lacks(tmp_path):
     p = from_trace(_record(tmp_path / "t.json", record_shapes=False))
     assert any("record_shapes=True" in w for w in p.warnings)
+    assert any("under torch.profiler" in w and "upper bounds" in w for w in p.warnings)  # its gaps: profiled
     rows = p.breakdown("op")
     assert rows and all(r.flops is None for r in rows)
 

@@ -383,6 +383,12 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
                 continue  # the optimizer's loop is in the optimizer's opportunity
             if cause == timeline.PAGEABLE and pageable:
                 continue  # in the pageable copies' opportunity
+            if idle.device == "CPU" and cause == timeline.LAUNCH:
+                continue  # a CPU's time between ops mixes dispatch, the allocator and the profiler's cost
+            if idle.device == "CPU" and cause == timeline.OUTSIDE:  # only what a line of the user's explains
+                ms = sum(v for c, p, v in idle.places if c == cause and p)
+                if not ms:
+                    continue
             ms = (ms + (idle.by_cause[timeline.FIRST] if cause == timeline.LAUNCH else 0.0)) / calls
             title, advice = HOST[cause]
             evidence = f"idle {fmt_ms(ms)} per call" + (f"; busy {idle.busy_ms / idle.wall_ms:.0%}"

@@ -386,4 +386,9 @@ def from_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
         p._given_work = work_by_key(p._prof.events(), p.kind, p._windows)
         warnings.append("FLOPs and bytes from the trace's input shapes: matmul FLOPs, and the bytes of each "
                         "op's inputs (its outputs are not in the trace)")  # fmt: skip
+    warnings.append("idle and host time as the trace recorded them, under torch.profiler, whose cost per op "
+                    "slows the host and lengthens its gaps: the host causes' savings are upper bounds; "
+                    "`perfloop profile --script` times the steps unprofiled too")  # fmt: skip
+    if steps:
+        p.step = "ProfilerStep"  # each step's wait for its first kernel is the user's (data, Python)
     return p
