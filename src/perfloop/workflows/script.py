@@ -34,6 +34,7 @@ import torch
 from perfloop import device as _device
 from perfloop.analysis import profiling
 from perfloop.analysis.modules import module_ranges
+from perfloop.analysis.stacks import Sampler
 from perfloop.analysis.work import WorkCounter
 
 AUTO = "auto"  # the step: "step" ranges or optimizer.step() boundaries, whichever occurs first
@@ -73,6 +74,8 @@ class _Window:
     state: str = "before"  # before, timed, counting, done
     prof: object = None
     counted_prof: object = None
+    sampler: object = None  # the script thread's stack, sampled while the timed profiler runs
+    sampler_mark: int = 0
     counter: object = None
     t0: float = 0.0
     timed_at: float = 0.0
@@ -183,14 +186,21 @@ class _Window:
             return
         self._sync()
         self.prof = self._start(self.warnings)
+        self.sampler = Sampler().__enter__()
+        self.sampler_mark = self.sampler.mark()
         self.timed_at = time.perf_counter()
         self.state = "timed"
+
+    def _end_sampling(self) -> None:
+        if self.sampler is not None and self.sampler._thread.is_alive():
+            self.sampler.__exit__(None, None, None)
 
     def _give_way(self) -> None:
         """The script's own torch.profiler starts: perfloop's stops, and records no more in this
         process (benchmarks/NOTES.md says why)."""
         with self.lock:
             if self.state == "timed":
+                self._end_sampling()
                 profiling.stop_profiler(self.prof)
                 self.prof, self.calls, self.state = None, 0, "before"
                 self.blocked = True
@@ -245,6 +255,7 @@ class _Window:
         self._sync()
         self.wall_ms = ((self.due_at if self.stop_due else time.perf_counter()) - self.timed_at) * 1e3
         self.stop_due = None
+        self._end_sampling()
         profiling.stop_profiler(self.prof)
         self.state = "timed_done" if self.count_work and self.range_name else "done"
 
@@ -274,8 +285,10 @@ class _Window:
                 self.calls = 1
                 self._stop_timed(force=True)
             else:
+                self._end_sampling()
                 profiling.stop_profiler(self.prof)
                 self.state = "abandoned"
+        self._end_sampling()
 
 
 def profile_script(
@@ -519,6 +532,8 @@ def _result(w: _Window) -> profiling.Profile:
     traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
     p = profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings,
                                 counted, range_name=traced, plain_wall_ms=plain)  # fmt: skip
+    if w.sampler is not None:
+        p._samples = w.sampler.align(w.prof.events(), w.sampler_mark)
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
         raise ValueError(f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "
