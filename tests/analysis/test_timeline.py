@@ -188,3 +188,16 @@ def test_launches_from_a_thread_that_was_not_sampled_are_said():
     assert _unsampled_launcher([clock, *mine, *backward]) is None  # autograd's thread: the caller's backward
     why = _unsampled_launcher([clock, *mine, *backward, *worker])
     assert why.startswith("thread 7 issued 10 of the 30 launches")
+
+
+def test_the_saving_of_removing_the_syncs_is_the_timeline_replayed_without_their_waits():
+    from perfloop.analysis.timeline import without
+
+    # four layers: a 100 us kernel launched at +25, the host waiting in a sync from +40 until the
+    # kernel ends, then 30 us of its own before the next launch
+    kernels = [(t + 30, t + 130) for t in range(0, 520, 130)]
+    launched = [t + 25 for t in range(0, 520, 130)]
+    waits = [(t + 40, t + 131) for t in range(0, 520, 130)]
+    # without the waits the launches come early and the kernels run back to back: 30 + 400 us
+    assert without(kernels, launched, waits, host_end=520) == pytest.approx(90)
+    assert without(kernels, launched, [], host_end=520) == 0

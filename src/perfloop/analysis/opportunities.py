@@ -390,6 +390,8 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
                 if not ms:
                     continue
             ms = (ms + (idle.by_cause[timeline.FIRST] if cause == timeline.LAUNCH else 0.0)) / calls
+            if cause == timeline.SYNC and idle.sync_saving_ms:  # the timeline replayed without the waits
+                ms = max(ms, min(idle.sync_saving_ms / calls, idle.idle_ms / calls))
             title, advice = HOST[cause]
             evidence = f"idle {fmt_ms(ms)} per call" + (f"; busy {idle.busy_ms / idle.wall_ms:.0%}"
                                                         if cause == timeline.LAUNCH else "")  # fmt: skip

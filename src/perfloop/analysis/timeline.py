@@ -49,6 +49,7 @@ class Idle:
 
     scaled: bool = False  # causes scaled to the time without the profiler
     waited_ms: float = 0.0  # the host's time inside synchronizing calls
+    sync_saving_ms: float = 0.0  # how much sooner the work would end without the waits (timeline.without)
 
     def syncs_take_launch_gaps(self) -> Idle:
         """Where the host's own time (all but its waits) is less than the device's, without the
@@ -76,7 +77,8 @@ class Idle:
                    by_cause={c: v * k for c, v in self.by_cause.items()},
                    syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
                    places=[(c, p, ms * k) for c, p, ms in self.places], sampled=self.sampled,
-                   device=self.device, scaled=True, waited_ms=self.waited_ms)  # fmt: skip
+                   device=self.device, scaled=True, waited_ms=self.waited_ms,
+                   sync_saving_ms=self.sync_saving_ms * k)  # fmt: skip
         return out.syncs_take_launch_gaps()
 
     @property
@@ -170,6 +172,30 @@ def _drained(device_intervals, launched_at) -> list[tuple[float, float, bool]]:
     return blocks
 
 
+def without(
+    device_intervals, launched_at: list[float], removed: list[tuple[float, float]], host_end: float
+) -> float:
+    """How much sooner the work would end (us) had the host not spent the `removed` stretches:
+    the launches after each come that much earlier, every kernel starts at its (earlier) launch
+    plus the delay it had from launch (or a free device) to start, or when the one before it ends,
+    whichever is later, and runs as long as it did."""
+    cuts = sorted(removed)
+
+    def shifted(t: float) -> float:
+        return t - sum(max(0.0, min(t, b) - a) for a, b in cuts if a < t)
+
+    order = sorted(range(len(device_intervals)), key=lambda i: device_intervals[i][0])
+    end = prev = float("-inf")
+    for i in order:
+        s, e = device_intervals[i]
+        latency = max(0.0, s - max(launched_at[i], prev))  # launch to start, on a free device
+        end = max(shifted(launched_at[i]) + latency, end) + (e - s)
+        prev = max(prev, e)
+    old = max(host_end, max(e for _, e in device_intervals))
+    new = max(shifted(host_end), end)
+    return max(0.0, old - new)
+
+
 def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None,
          spans: list[tuple[float, float]] | None = None, *, launched_at: list[float] | None = None,
          pageable: list[tuple[float, float]] | None = None, samples=None) -> Idle | None:  # fmt: skip
@@ -237,8 +263,13 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     wall = sum(e - s for s, e in spans) / 1e3 if spans else (end - start) / 1e3
     busy = wall - sum((e - s) / 1e3 for s, e in holes)
     waited = sum(ce - cs for cs, ce, _ in syncs) / 1e3
+    waits = [(cs, ce) for cs, ce, _ in syncs]
+    if spans:
+        waits = _clip(waits, spans)
+    sync_saving = (without(device_intervals, launched_at, waits, end) / 1e3
+                   if waits and launched_at is not None else 0.0)  # fmt: skip
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
     ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
     out = Idle(wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows, places=ranked,
-               sampled=bool(samples), waited_ms=waited)  # fmt: skip
+               sampled=bool(samples), waited_ms=waited, sync_saving_ms=sync_saving)  # fmt: skip
     return out.syncs_take_launch_gaps()
