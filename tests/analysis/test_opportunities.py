@@ -97,3 +97,50 @@ def test_on_the_gpu_an_item_in_the_step_is_found_with_its_line():
     d = pl.profile(step, calls=3).diagnose()
     top = d.opportunities[0]
     assert top.bound == "host" and "test_opportunities.py:" in top.evidence, str(d)
+
+
+class WrittenOutAttention(nn.Module):
+    """Causal self-attention as nanoGPT writes it without flash: the T x T scores materialized."""
+
+    def __init__(self, d=64, heads=4, t=256):
+        super().__init__()
+        self.c_attn, self.c_proj, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
+        self.register_buffer("bias", torch.tril(torch.ones(t, t)).view(1, 1, t, t))
+
+    def forward(self, x):
+        import math
+
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = torch.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+def test_attention_written_out_is_one_opportunity_with_sdpa_advice_not_fusion_chains():
+    torch.manual_seed(0)
+    net = nn.Sequential(WrittenOutAttention())
+    x = torch.randn(8, 256, 64, requires_grad=True)
+    d = pl.profile(lambda: net(x).sum().backward(), calls=2).diagnose(ceilings={"copy_gbps": 20.0})
+    top = d.opportunities[0]
+    assert top.title == "attention written out in 0: the scores go through memory", str(d)
+    assert "scaled_dot_product_attention" in top.advice and "is_causal=True" in top.advice
+    assert not any("in a row in 0 " in o.title for o in d.opportunities), str(d)  # not as chains
+
+
+def test_attention_through_sdpa_is_not_called_written_out():
+    class Fused(WrittenOutAttention):
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.c_attn(x).split(c, dim=2)
+            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+    net = nn.Sequential(Fused())
+    x = torch.randn(8, 256, 64, requires_grad=True)
+    d = pl.profile(lambda: net(x).sum().backward(), calls=2).diagnose(ceilings={"copy_gbps": 20.0})
+    assert not any("attention written out" in o.title for o in d.opportunities), str(d)

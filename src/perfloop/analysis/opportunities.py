@@ -190,6 +190,36 @@ def _chains(records, b_items, a_ms: dict) -> list[dict]:
     return _merged(out)
 
 
+SOFTMAX_OPS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax")
+
+
+def _written_attention(items) -> dict:
+    """{module pattern: (modules, ms of their ops but the matmuls, distinct such ops)} for the
+    modules that compute attention by hand: in their own forward two or more matmuls and a
+    softmax, and no fused attention kernel."""
+    by_module: dict = defaultdict(list)
+    for i in items:
+        by_module[i.module].append(i)
+    found: dict = {}
+    for module, its in by_module.items():
+        forward = [i for i in its if i.phase == "forward"]
+        matmuls = sum(1 for i in forward if attr.category(i.op or i.kernel) == "matmul")
+        fused = any(attr.category(i.op or i.kernel) == "attention" for i in its)
+        if fused or matmuls < 2 or not any(i.op in SOFTMAX_OPS for i in forward):
+            continue
+        rest = [i for i in its if attr.category(i.op or i.kernel) != "matmul"]
+        pattern = re.sub(r"\.\d+(?=\.|$)", ".*", module)
+        mods, ms, ops = found.get(pattern, (set(), 0.0, set()))
+        ops |= {(i.phase, i.op) for i in rest}
+        found[pattern] = (mods | {module}, ms + sum(i.ms for i in rest), ops)
+    return {k: (mods, ms, len(ops)) for k, (mods, ms, ops) in found.items()}
+
+
+def _matches(pattern: str, modules: set) -> bool:
+    rx = re.compile("^" + re.escape(pattern).replace(r"\.\*", r"\.\d+") + "$")
+    return any(rx.match(m) or m == pattern for m in modules)
+
+
 def _merged(chains: list[dict]) -> list[dict]:
     """Chains of the same ops in modules that differ only in their layer numbers, as one."""
     out: dict = {}
@@ -279,7 +309,17 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
     a_ms: dict = defaultdict(float)
     for i in items:
         a_ms[(i.module, i.phase, i.op)] += i.ms / calls
+    attention = _written_attention(items)
+    for pattern, (mods, ms, n_ops) in attention.items():
+        add(f"attention written out in {pattern}: the scores go through memory", ms / calls, "memory",
+            f"{n_ops} ops on the T x T scores between its two matmuls, forward and backward, "
+            f"{fmt_ms(ms / calls)} per call" + (f" in {len(mods)} modules" if len(mods) > 1 else ""),
+            ADVICE["attention"] + ": one kernel, the scores never written (is_causal=True for a causal "
+            "mask, attn_mask= for another; dropout_p= for attention dropout)")  # fmt: skip
+        covered |= {(i.module, i.phase, i.op) for i in items if i.module in mods}
     for c in _chains(records or [], b_items or [], a_ms):
+        if any(_matches(c["module"], mods) for mods, _, _ in attention.values()):
+            continue  # its ops are the written-out attention's
         ideal = c["ideal_bytes"] / (copy * 1e9) * 1e3 if copy else 0.0
         mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
         where = f"{c['module']} ({c['phase']}{', x' + str(c['count']) if c['count'] > 1 else ''})"
