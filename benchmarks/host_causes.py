@@ -69,30 +69,26 @@ def cases(small: bool, dev: str) -> dict:
     out["pageable host-to-device copy"] = ("pageable" if dev == "cuda" else "outside", pageable_problem,
                                            pageable_fixed, False)  # fmt: skip
 
-    def item_problem():
-        h = x
-        for layer in model:
-            h = torch.relu(layer(h))
-            if h.abs().max().item() > 1e9:  # the planted sync: a check on the host
-                raise RuntimeError("diverged")
-        h.sum().backward()
+    def layers(inp, after_each=None):
+        """A step through the MLP, `after_each(h)` run after every layer (the planted problem)."""
 
-    def item_fixed():
-        h = x
-        for layer in model:
-            h = torch.relu(layer(h))
-        h.sum().backward()
+        def step():
+            h = inp
+            for layer in model:
+                h = torch.relu(layer(h))
+                if after_each is not None:
+                    after_each(h)
+            h.sum().backward()
 
-    out[".item() per layer"] = ("synchronizing", item_problem, item_fixed, False)
+        return step
 
-    def sync_problem():
-        h = x
-        for layer in model:
-            h = torch.relu(layer(h))
-            sync()
-        h.sum().backward()
+    def check(h):
+        if h.abs().max().item() > 1e9:  # the planted sync: a check on the host
+            raise RuntimeError("diverged")
 
-    out["torch.cuda.synchronize() per layer"] = ("synchronizing", sync_problem, item_fixed, False)
+    out[".item() per layer"] = ("synchronizing", layers(x, check), layers(x), False)
+    out["torch.cuda.synchronize() per layer"] = ("synchronizing", layers(x, lambda h: sync()), layers(x),
+                                                 False)  # fmt: skip
 
     def collate(items):
         rows = []
@@ -120,21 +116,8 @@ def cases(small: bool, dev: str) -> dict:
 
     xb = torch.randn(batch * 32, w, device=dev)  # a batch that keeps the device busy: no launch-bound base
 
-    def cache_problem():
-        h = xb
-        for layer in model:
-            h = torch.relu(layer(h))
-            if dev == "cuda":
-                torch.cuda.empty_cache()
-        h.sum().backward()
-
-    def cache_fixed():
-        h = xb
-        for layer in model:
-            h = torch.relu(layer(h))
-        h.sum().backward()
-
-    out["control: empty_cache per layer"] = ("", cache_problem, cache_fixed, True)
+    empty = (lambda h: torch.cuda.empty_cache()) if dev == "cuda" else None
+    out["control: empty_cache per layer"] = ("", layers(xb, empty), layers(xb), True)
     return out
 
 
