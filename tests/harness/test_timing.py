@@ -141,3 +141,11 @@ def test_graph_on_cpu_and_empty_sizes_are_clear_errors():
         pl.compare({"a": busy(0.01)}, baseline="zzz")
     with pytest.raises(ValueError, match="min_rounds"):
         pl.compare({"a": busy(0.01)}, min_rounds=0)
+
+
+def test_min_effect_is_checked_and_a_speedup_under_it_is_not_significant():
+    with pytest.raises(ValueError, match="min_effect"):
+        pl.compare({"a": busy(0.1), "b": busy(0.1)}, min_effect=-0.1)
+    c = pl.compare({"slow": busy(0.6), "fast": busy(0.5)}, baseline="slow", budget_s=0.5, min_effect=0.5)
+    s = c.speedups["fast"]
+    assert 1.1 < s.speedup < 1.3 and not s.significant  # 1.2x, but the caller asked for 1.5x or more

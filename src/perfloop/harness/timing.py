@@ -140,6 +140,7 @@ def compare(
     min_rounds: int = 10,
     max_rounds: int = 2000,
     alpha: float = 0.01,
+    min_effect: float = 0.005,
     warmup_s: float = 0.025,
     check_values: bool = False,
     reference: Callable | None = None,
@@ -149,9 +150,10 @@ def compare(
     Every round takes one sample of each candidate, in a rotated order, so drift
     (clocks, temperature, other load) hits all alike; speed-ups are ratios of
     medians with a paired bootstrap 95% CI, tested with Wilcoxon signed-rank on
-    the per-round log ratios. A difference is called significant when p < alpha
-    and the CI excludes 1. Before any sample is taken, each candidate's output must match the
-    baseline's in shape and dtype (and, with `check_values`, in value): a speed-up of a
+    the per-round log ratios. A difference is called significant when p < alpha,
+    the CI excludes 1 and the speed-up is more than `min_effect` away from 1 (0.5%: below
+    that, a candidate's place in the round and the timer move the ratio as much). Before any
+    sample is taken, each candidate's output must match the baseline's in shape and dtype (and, with `check_values`, in value): a speed-up of a
     function that computes something else means nothing. A `reference` workload, when given,
     is timed in the same rounds (not checked, no speed-up): `Comparison.reference`, which the
     regression gate divides each round by to cancel the machine's drift.
@@ -169,6 +171,9 @@ def compare(
     baseline = baseline if baseline is not None else next(iter(fns))
     if baseline not in fns:
         raise ValueError(f"baseline: {baseline!r} is not one of {sorted(fns)}")
+    if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
+        raise ValueError(f"min_effect: the smallest speed-up called significant, as a fraction in [0, 1) "
+                         f"(0.005 = 0.5%), got {min_effect!r}")  # fmt: skip
     validate(next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False, "rounds")
     on_cuda = _device.has_cuda()
     t0 = time.perf_counter()
@@ -220,7 +225,8 @@ def compare(
             speedup=s["speedup"],
             ci=s["ci"],
             p_value=s["p_value"],
-            significant=bool(s["p_value"] < alpha and excludes_one),
+            significant=bool(s["p_value"] < alpha and excludes_one
+                             and abs(math.log(s["speedup"])) > math.log1p(min_effect)),  # fmt: skip
         )
     return Comparison(baseline=baseline, measurements=meas, speedups=speedups, reference=ref)
 
