@@ -153,8 +153,9 @@ def compare(
     the per-round log ratios. A difference is called significant when p < alpha,
     the CI excludes 1 and the speed-up is more than `min_effect` away from 1 (0.5%: below
     that, a candidate's place in the round and the timer move the ratio as much). Before any
-    sample is taken, each candidate's output must match the baseline's in shape and dtype (and, with `check_values`, in value): a speed-up of a
-    function that computes something else means nothing. A `reference` workload, when given,
+    sample is taken, each candidate's output must match the baseline's in shape and dtype
+    (and, with `check_values`, in value): a speed-up of a function that computes something
+    else means nothing. A `reference` workload, when given,
     is timed in the same rounds (not checked, no speed-up): `Comparison.reference`, which the
     regression gate divides each round by to cancel the machine's drift.
 
