@@ -226,8 +226,9 @@ def compare(
             speedup=s["speedup"],
             ci=s["ci"],
             p_value=s["p_value"],
-            significant=bool(s["p_value"] < alpha and excludes_one
-                             and abs(math.log(s["speedup"])) > math.log1p(min_effect)),  # fmt: skip
+            significant=bool(
+                s["p_value"] < alpha and excludes_one and abs(math.log(s["speedup"])) > math.log1p(min_effect)
+            ),  # fmt: skip
         )
     return Comparison(baseline=baseline, measurements=meas, speedups=speedups, reference=ref)
 
