@@ -118,3 +118,28 @@ def test_work_on_a_thread_the_profiler_does_not_record_is_said_not_called_launch
     d = pl.profile(step, calls=2, count_work=False).diagnose(ceilings={})
     assert d.bound == "none" and not d.opportunities, str(d)
     assert "another thread" in d.advice
+
+
+class TransposedEveryLayer(nn.Module):
+    """Each layer makes its activation contiguous after a transpose (a channels-first op's habit)."""
+
+    def __init__(self, layers=6):
+        super().__init__()
+        self.scales = nn.Parameter(torch.ones(layers))
+
+    def forward(self, x):
+        for s in self.scales:
+            x = (x.transpose(1, 2).contiguous() * s).transpose(1, 2)  # the planted layout copy
+        return x
+
+
+def test_layout_copies_are_named_as_such_not_as_dtype_casts():
+    torch.manual_seed(0)
+    net = nn.Sequential(TransposedEveryLayer())
+    x = torch.randn(16, 512, 512, requires_grad=True)
+    d = pl.profile(lambda: net(x).sum().backward(), calls=2).diagnose(ceilings={"copy_gbps": 20.0})
+    layout = [o for o in d.opportunities if o.title.startswith("layout copies")]
+    assert layout, str(d)
+    assert "contiguous" in layout[0].title and "transposed" in layout[0].advice
+    assert "0 (forward)" in layout[0].evidence  # the module that copies
+    assert not any("dtype casts" in o.title for o in d.opportunities), str(d)

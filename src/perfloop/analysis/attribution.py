@@ -62,6 +62,7 @@ class Item:
     end_us: float
     markers: tuple = ()  # indices of the WorkCounter records behind it
     launch_us: float = 0.0  # when the host launched it (a CPU op: its start)
+    outer_op: str = ""  # the outermost op around `op` (aten::contiguous around aten::copy_)
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,9 @@ def items(events, kind: str) -> list[Item]:
         for e in cpu_ops(events):
             op, module, phase, _ = _context(e, seq_module)
             marks = tuple(int(c.name[len(MARKER) :]) for c in _descendants(e) if c.name.startswith(MARKER))
-            out.append(Item(e.name, e.name, module, phase, e.time_range.elapsed_us() / 1e3,
-                            e.time_range.start, e.time_range.end, marks, e.time_range.start))  # fmt: skip
+            r = e.time_range
+            out.append(Item(e.name, e.name, module, phase, r.elapsed_us() / 1e3, r.start, r.end, marks,
+                            r.start, e.name))  # fmt: skip
         return sorted(out, key=lambda i: i.start_us)
     launches: dict[str, deque] = defaultdict(deque)
     for e in sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start):
@@ -209,12 +211,23 @@ def items(events, kind: str) -> list[Item]:
             op, module, phase, marks = "", NO_MODULE, "forward", ()
         at = _launched(launch, d.time_range.start) if launch else d.time_range.start
         out.append(Item(d.name, op, module, phase, d.time_range.elapsed_us() / 1e3, d.time_range.start,
-                        d.time_range.end, marks, at))  # fmt: skip
+                        d.time_range.end, marks, at, _outer_op(launch) if launch else ""))  # fmt: skip
     return out
 
 
 LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
                "cudaMemcpyAsync", "cudaMemsetAsync")  # fmt: skip
+
+
+def _outer_op(e) -> str:
+    """The outermost op around event e, inside its module and phase."""
+    outer = ""
+    for a in _ancestors(e):
+        if a.name.startswith((BACKWARD, OPTIMIZER, MODULE)):
+            break
+        if "::" in a.name:
+            outer = a.name
+    return outer
 
 
 def _launched(op, kernel_start: float) -> float:

@@ -137,7 +137,8 @@ def _chains(records, b_items, a_ms: dict) -> list[dict]:
     info: dict[int, dict] = {}
     for it in b_items:
         for m in it.markers:
-            d = info.setdefault(m, {"kernels": 0, "module": it.module, "phase": it.phase, "op": it.op})
+            d = info.setdefault(m, {"kernels": 0, "module": it.module, "phase": it.phase, "op": it.op,
+                                    "layout": (it.outer_op or it.op) in LAYOUT_OPS})  # fmt: skip
             d["kernels"] += 1
     per_key: dict = defaultdict(int)
     for d in info.values():
@@ -158,8 +159,8 @@ def _chains(records, b_items, a_ms: dict) -> list[dict]:
         r, d = records[m] if m < len(records) else None, info[m]
         if r is None:  # a view or an allocation: no data moved, the run goes on
             continue
-        if r.flops or attr.category(r.op) in NOT_FUSABLE or d["phase"] == "optimizer":
-            close()
+        if r.flops or attr.category(r.op) in NOT_FUSABLE or d["phase"] == "optimizer" or d["layout"]:
+            close()  # a layout copy is its own opportunity
             continue
         if cur and (info[cur[-1]]["module"], info[cur[-1]]["phase"]) != (d["module"], d["phase"]):
             close()
@@ -190,6 +191,7 @@ def _chains(records, b_items, a_ms: dict) -> list[dict]:
     return _merged(out)
 
 
+LAYOUT_OPS = ("aten::contiguous", "aten::clone")
 SOFTMAX_OPS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax")
 
 
@@ -356,6 +358,21 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             f"{fmt_ms(dev_ms)} per call of device copies from pageable memory (staged by the host, at a "
             f"fraction of the link's speed)" + (f"; the GPU idle {fmt_ms(staging)} while the host staged it"
                                                 if staging else ""), advice)  # fmt: skip
+    layout = [i for i in kept if (i.outer_op or i.op) in LAYOUT_OPS]  # copies that change a layout only
+    if layout:
+        kept = [i for i in kept if (i.outer_op or i.op) not in LAYOUT_OPS]
+        ms = sum(i.ms for i in layout) / calls
+        by_module: dict = defaultdict(float)
+        for i in layout:
+            by_module[f"{i.module} ({i.phase})"] += i.ms / calls
+        ops = sorted({(i.outer_op or i.op).split("::")[-1] for i in layout})
+        top = sorted(by_module.items(), key=lambda kv: -kv[1])[:3]
+        add(f"layout copies: {len(layout) // calls} per call ({', '.join(ops)})", ms, "memory",
+            f"{fmt_ms(ms)} per call copying tensors to a new layout, in "
+            + "; ".join(f"{m} {fmt_ms(v)}" for m, v in top),
+            "keep the layout the next op takes: matmul and scaled_dot_product_attention read transposed "
+            "operands (drop the .contiguous()), transpose after the op rather than before, or "
+            "torch.compile, which folds the copy into the op that reads it")  # fmt: skip
     opt = [i for i in items if i.phase == "optimizer"]
     loop_ms = idle.by_cause[timeline.OPTIMIZER] / calls if idle is not None and opt else 0.0
     if opt:

@@ -237,7 +237,9 @@ class Profile:
             why = _unsampled_launcher(self._prof.events()) if self._samples else None
             if why and why not in self.warnings:
                 self.warnings.append(why)
-        if r is not None and self.profiled_wall_ms_per_call:
+        if r is not None and self.profiled_wall_ms_per_call and self.kind == "cuda":
+            # a GPU's busy time is the profiler's too; on a CPU the ops are the host's, as slow as it
+            # is under the profiler, and a separate unprofiled run under other load says little
             r = r.scaled_to(self.wall_ms_per_call * self.calls)
         return r
 
