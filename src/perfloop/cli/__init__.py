@@ -15,8 +15,8 @@ import warnings
 
 from perfloop.cli.args import USAGE_ERROR, UsageError
 
-VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "report", "compare", "comm", "demo",
-         "experiment")  # fmt: skip
+VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "report", "history", "compare", "comm",
+         "demo", "experiment")  # fmt: skip
 
 
 def _prepare_triton() -> None:
