@@ -174,3 +174,33 @@ def test_a_cpu_call_profiled_on_a_gpu_machine_says_it_ran_on_the_cpu():
     kind, items, _ = _activity(prof.events(), True, warnings)  # as if on a GPU machine
     assert kind == "cpu" and any(name == "aten::matmul" for name, *_ in items)
     assert "the call ran on the CPU" in warnings[0]
+
+
+def test_a_librarys_internal_deprecation_is_not_the_last_word_unless_verbose(capsys, monkeypatch):
+    import warnings
+
+    from perfloop.cli import env, main
+
+    def deprecated_inside_torch(args):
+        warnings.warn_explicit("torch.jit.script_method is deprecated", DeprecationWarning,
+                               "/x/site-packages/torch/jit/_script.py", 365)  # fmt: skip
+        warnings.warn("TensorFloat32 tensor cores available but not enabled", UserWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(env, "run", deprecated_inside_torch)
+    assert main(["env"]) == 0
+    err = capsys.readouterr().err
+    assert "script_method" not in err and "TensorFloat32" in err  # the actionable one stays
+    monkeypatch.setenv("PERFLOOP_VERBOSE", "1")
+    assert main(["env"]) == 0
+    assert "note (torch DeprecationWarning): torch.jit.script_method is deprecated" in capsys.readouterr().err
+
+
+def test_on_a_cpu_the_ops_time_is_set_against_the_wall_it_was_measured_in():
+    import perfloop as pl
+
+    a = torch.randn(256, 256)
+    p = pl.profile(lambda: [a @ a for _ in range(20)], calls=2, count_work=False)
+    line = p.table().splitlines()[-1]
+    assert "under the profiler" in line and "without it" in line, line
+    assert p.device_ms_per_call <= p.profiled_wall_ms_per_call * 1.001  # never more ops than wall

@@ -251,12 +251,21 @@ class Profile:
                 f"{k.short[:48]:<48} {k.calls:>6} {fmt_ms(k.total_ms):>10} "
                 f"{fmt_ms(k.mean_us / 1e3):>10} {k.share:>6.1%}"
             )
-        rows.append(
-            f"{self.distinct_kernels} distinct {unit}s, {self.launches_per_call:g} launches/call, "
-            f"device {fmt_ms(self.device_ms_per_call)}/call, "
-            f"wall {fmt_ms(self.wall_ms_per_call)}/call, "
-            f"busy {self.gpu_busy_fraction:.0%}"
-        )
+        if self.kind == "cuda" or not self.profiled_wall_ms_per_call:
+            rows.append(
+                f"{self.distinct_kernels} distinct {unit}s, {self.launches_per_call:g} launches/call, "
+                f"device {fmt_ms(self.device_ms_per_call)}/call, "
+                f"wall {fmt_ms(self.wall_ms_per_call)}/call, "
+                f"busy {self.gpu_busy_fraction:.0%}"
+            )
+        else:  # the ops are the host's own time, slowed by the profiler: set against its wall
+            prof_wall = self.profiled_wall_ms_per_call
+            rows.append(
+                f"{self.distinct_kernels} distinct {unit}s, {self.launches_per_call:g} launches/call, "
+                f"ops {fmt_ms(self.device_ms_per_call)}/call of {fmt_ms(prof_wall)} wall under the "
+                f"profiler ({min(1.0, self.busy_ms_per_call / prof_wall):.0%}); "
+                f"wall {fmt_ms(self.wall_ms_per_call)}/call without it"
+            )
         return "\n".join(rows)
 
     def export_trace(self, path: str | os.PathLike) -> Path:

@@ -29,14 +29,22 @@ def _prepare_triton() -> None:
 
 
 def _say_warnings(seen: list) -> None:
-    """Library warnings raised during the command, each once, as notes on stderr."""
+    """Warnings raised during the command, each once, as notes on stderr; a library's own
+    deprecation notices (torch's about its internals, Triton's), which the user cannot act on,
+    only with PERFLOOP_VERBOSE=1."""
     said = set()
+    verbose = os.environ.get("PERFLOOP_VERBOSE", "") not in ("", "0")
     for w in seen:
         text = str(w.message).strip().splitlines()[0]
         if text in said:
             continue
         said.add(text)
         origin = w.filename.split("site-packages/")[-1].split("/")[0] if "site-packages" in w.filename else ""
+        internal = origin in ("torch", "triton") and issubclass(
+            w.category, (DeprecationWarning, FutureWarning)
+        )
+        if internal and not verbose:
+            continue
         print(f"note ({origin or 'perfloop'} {w.category.__name__}): {text}", file=sys.stderr)
 
 
