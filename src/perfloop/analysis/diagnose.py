@@ -137,10 +137,14 @@ def diagnose(profile, ceilings: dict | None = None) -> Diagnosis:
     """Classify a Profile with the measured ceilings (measured now if not cached)."""
     if ceilings is None and profile.work is not None:
         ceilings = measured_ceilings()
+    wall, busy = profile.wall_ms_per_call, profile.gpu_busy_fraction
+    if profile.kind != "cuda" and profile.profiled_wall_ms_per_call:  # a CPU's ops: the profiler's pace
+        wall = profile.profiled_wall_ms_per_call
+        busy = min(1.0, profile.busy_ms_per_call / wall) if wall else 0.0
     return classify(
         device_ms=profile.device_ms_per_call,
-        wall_ms=profile.wall_ms_per_call,
-        busy_fraction=profile.gpu_busy_fraction,
+        wall_ms=wall,
+        busy_fraction=busy,
         distinct_kernels=profile.distinct_kernels,
         launches=profile.launches_per_call,
         work=profile.work,
