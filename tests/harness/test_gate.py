@@ -103,3 +103,14 @@ def test_a_reference_that_moved_alone_is_not_the_codes_change():
     ra, rb = _samples(0.2, seed=3), _samples(0.16, seed=4)
     v = gate.judge(a, b, fail_above_pct=5, a_ref=ra, b_ref=rb)
     assert v.adjusted > 1.2 and not v.regression and v.verdict.startswith("same")
+
+
+def test_runs_taken_while_the_machine_changed_pace_are_not_judged():
+    """One run with the machine 7x slower (a starved process): the code's own 34x after dividing
+    that out is not a measurement; the verdict says why and raises no alarm."""
+    a, a_ref = _samples(1.0, seed=1), _samples(1.0, seed=3)
+    b, b_ref = _samples(244.0, seed=2), _samples(7.2, seed=4)
+    v = gate.judge(a, b, fail_above_pct=5, a_ref=a_ref, b_ref=b_ref)
+    assert not v.regression and v.verdict.startswith("cannot judge: the machine ran 7.2x slower")
+    v = gate.judge(a, _samples(1.4, seed=5), fail_above_pct=5, a_ref=a_ref, b_ref=_samples(1.05, seed=6))
+    assert v.regression  # a 5% drift is divided out, not a reason to give up

@@ -89,6 +89,9 @@ def learned_floor(history: Sequence[float]) -> float | None:
     return max(0.01, math.exp(SIGMAS * sigma) - 1)
 
 
+MAX_DRIFT = 2.0  # a reference that moved more than this between the runs: two different machines
+
+
 def judge(
     a: Sequence[float],
     b: Sequence[float],
@@ -130,6 +133,13 @@ def judge(
         source = ("default for a contended run" if contended else f"default for a {kind} run") + (
             "; no history of the same code"
         )
+    if drift is not None and abs(math.log(drift)) > math.log(MAX_DRIFT):
+        # the machine itself ran that much slower or faster in one run: what remains of the
+        # code's change after dividing that out is not a measurement
+        word = "slower" if drift > 1 else "faster"
+        return Verdict(ratio, drift, adjusted, floor, source, 1.0, False,
+                       f"cannot judge: the machine ran {max(drift, 1 / drift):.1f}x {word} in the later run "
+                       "(the reference workload); run both again on a quiet machine")  # fmt: skip
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
     # the raw times must have moved too: where they did not, only the reference workload did,
     # and its change is not the code's (code whose time does not follow the machine: a wait)
