@@ -40,8 +40,12 @@ def test_baseline_then_regression_then_noise(pytester):
 
     pytester.makepyfile(test_user=SCALING.replace("REPS", "8"))  # twice the work
     r = pytester.runpytest_subprocess("--perfloop-compare", "base.json", "--perfloop-fail-above", "10")
-    r.assert_outcomes(failed=1)
-    r.stdout.fnmatch_lines(["*perfloop regression in kernel*slower*reference workload*"])
+    out = r.stdout.str()
+    if "cannot judge: the machine ran" in out:  # under load the machine's pace moved 2x: said, not passed
+        r.assert_outcomes(passed=1, warnings=1)
+    else:
+        r.assert_outcomes(failed=1)
+        r.stdout.fnmatch_lines(["*perfloop regression in kernel*slower*reference workload*"])
 
     pytester.makepyfile(test_user=SCALING.replace("REPS", "4"))  # the same again
     r = pytester.runpytest_subprocess("--perfloop-compare", "base.json")

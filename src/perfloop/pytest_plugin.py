@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,8 @@ class Recorder:
                 b_ref=m.meta.get("reference_samples_ms"),
                 contended=gate.contended(base.meta) or gate.contended(m.meta),
             )
+            if v.verdict.startswith("cannot judge"):  # said, never passed in silence
+                warnings.warn(f"perfloop: {key}: {v.verdict}", PerfloopWarning, stacklevel=2)
             if v.regression:
                 pytest.fail(
                     f"perfloop regression in {key}: {m.median_ms:.4g} ms vs baseline "
@@ -93,6 +96,10 @@ class Recorder:
                     pytrace=False,
                 )
         return m
+
+
+class PerfloopWarning(UserWarning):
+    """A comparison the plugin could not make (the machine's pace changed between the runs)."""
 
 
 def _read_baseline(path: str) -> dict[str, Measurement]:
