@@ -137,7 +137,7 @@ def test_kernel_names_are_shortened_readably(name, short):
 def test_the_profilers_usdt_lines_are_held_back_and_other_output_kept(capfd):
     import os
 
-    from perfloop.analysis.profiling import _without_usdt_lines
+    from perfloop.analysis.recording import _without_usdt_lines
 
     with _without_usdt_lines():
         os.write(2, b"USDT: profiler_start probe\n")
@@ -165,7 +165,8 @@ def test_cli_says_each_library_warning_once_as_a_note(capsys, monkeypatch):
 
 
 def test_a_cpu_call_profiled_on_a_gpu_machine_says_it_ran_on_the_cpu():
-    from perfloop.analysis.profiling import _activity, start_profiler, stop_profiler
+    from perfloop.analysis.profiling import _activity
+    from perfloop.analysis.recording import start_profiler, stop_profiler
 
     prof = start_profiler(False, [])
     torch.randn(64, 64) @ torch.randn(64, 64)

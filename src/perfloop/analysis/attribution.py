@@ -215,8 +215,8 @@ def items(events, kind: str) -> list[Item]:
     return out
 
 
-LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
-               "cudaMemcpyAsync", "cudaMemsetAsync")  # fmt: skip
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+LAUNCH_APIS = (*KERNEL_LAUNCHES, "cudaMemcpyAsync", "cudaMemsetAsync")  # what puts work on a stream
 
 
 def _outer_op(e) -> str:

@@ -14,7 +14,6 @@ import functools
 import os
 import re
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,8 +24,9 @@ import torch
 from torch.autograd import DeviceType
 
 from perfloop import device as _device
-from perfloop.analysis.attribution import annotations, cpu_ops, device_events
+from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
 from perfloop.analysis.modules import module_ranges
+from perfloop.analysis.recording import peak_memory, plain_wall_ms, start_profiler, stop_profiler, timed_calls
 from perfloop.analysis.work import WorkCounter
 from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms
@@ -96,7 +96,6 @@ def annotating() -> bool:
 # --------------------------------------------------------------------- names
 
 COVERED = 0.9  # a range's occurrences fill its window when they cover this share of it
-_LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 
 
 _WRAPPERS = {"AUnary", "BUnary", "Binary", "CUDA", "Unary", "Compare", "Opmath"}
@@ -322,35 +321,6 @@ class Profile:
         }
 
 
-@contextlib.contextmanager
-def _without_usdt_lines():
-    """The profiler's native start/stop print "USDT: ..." probe lines on some builds: hold the
-    process's stdout and stderr meanwhile, and pass every other line on to where it was going."""
-    import sys
-    import tempfile
-
-    streams = {1: sys.stdout, 2: sys.stderr}
-    for stream in streams.values():
-        stream.flush()
-    saved = {fd: os.dup(fd) for fd in streams}
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        held = {1: out, 2: err}
-        try:
-            for fd, f in held.items():
-                os.dup2(f.fileno(), fd)
-            yield
-        finally:
-            for fd, stream in streams.items():
-                stream.flush()
-                os.dup2(saved[fd], fd)
-                os.close(saved[fd])
-                held[fd].seek(0)
-                lines = held[fd].read().decode(errors="replace").splitlines(True)
-                kept = "".join(ln for ln in lines if not ln.startswith("USDT"))
-                if kept:
-                    stream.write(kept)
-
-
 def _union_ms(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, -float("inf")
     for s, e in sorted(intervals):
@@ -363,22 +333,6 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1e3  # us -> ms
 
 
-def _peak_memory(call: Callable, memory_snapshot) -> int:
-    """Bytes one call allocates at its peak beyond what was held before; with
-    `memory_snapshot`, the allocator's history of that call written there."""
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    if memory_snapshot:
-        torch.cuda.memory._record_memory_history(max_entries=100_000)
-    call()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    if memory_snapshot:
-        torch.cuda.memory._dump_snapshot(str(memory_snapshot))
-        torch.cuda.memory._record_memory_history(enabled=None)
-    return peak
-
-
 def _unsampled_launcher(events) -> str | None:
     """Why the sampled places may miss: a thread other than the sampled one (and other than
     autograd's backward threads) issued a tenth or more of the work."""
@@ -389,7 +343,7 @@ def _unsampled_launcher(events) -> str | None:
         return None
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
     autograd = {e.thread for e in cpu if e.name.startswith("autograd::engine")}
-    launches = [e.thread for e in cpu if e.name.startswith(_LAUNCH_APIS)] or [
+    launches = [e.thread for e in cpu if e.name.startswith(KERNEL_LAUNCHES)] or [
         e.thread for e in cpu if "::" in e.name and e.cpu_parent is None
     ]
     others = Counter(t for t in launches if t != sampled and t not in autograd)
@@ -399,26 +353,6 @@ def _unsampled_launcher(events) -> str | None:
     return (f"thread {thread} issued {n} of the {len(launches)} launches: perfloop samples the Python "
             "stack of the thread that called it, so the idle those launches left is charged by cause but "
             "not to a line")  # fmt: skip
-
-
-def start_profiler(on_cuda: bool, warnings: list[str]):
-    """torch.profiler recording CPU and (on a GPU) CUDA activity, already started; CPU only,
-    with a warning, where CUPTI is missing or busy."""
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if on_cuda:
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    try:  # keep events from every call (torch >= 2.5 clears them per cycle otherwise)
-        prof = torch.profiler.profile(activities=acts, acc_events=True)
-    except TypeError:
-        prof = torch.profiler.profile(activities=acts)
-    try:
-        with _without_usdt_lines():
-            prof.__enter__()
-    except Exception as exc:
-        warnings.append(f"CUDA activity profiling unavailable ({exc}); CPU activities only")
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-        prof.__enter__()
-    return prof
 
 
 def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[str, list[tuple], int]:
@@ -433,7 +367,7 @@ def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[s
         launches = sum(
             1
             for e in events
-            if e.name in _LAUNCH_APIS and any(s <= e.time_range.start <= t for s, t in spans)
+            if e.name in KERNEL_LAUNCHES and any(s <= e.time_range.start <= t for s, t in spans)
         )
         kind = "cuda" if on_cuda and its else "cpu"
         return kind, [(i.kernel, i.start_us, i.end_us) for i in its], launches or len(its)
@@ -443,7 +377,7 @@ def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[s
                         "'cuda'?), or CUPTI recorded nothing; its CPU ops are shown instead")  # fmt: skip
     if dev:
         items = [(e.name, e.time_range.start, e.time_range.end) for e in dev]
-        launches = sum(1 for e in events if e.name in _LAUNCH_APIS) or len(
+        launches = sum(1 for e in events if e.name in KERNEL_LAUNCHES) or len(
             [e for e in dev if "memset" not in e.name.lower() and "memcpy" not in e.name.lower()]
         )
         return "cuda", items, launches
@@ -505,31 +439,19 @@ def profile(
         call()
     sync()
 
-    peak = _peak_memory(call, memory_snapshot) if on_cuda else None
+    peak = peak_memory(call, memory_snapshot) if on_cuda else None
     if memory_snapshot and not on_cuda:
         raise ValueError("memory_snapshot: CUDA memory snapshots need a CUDA GPU")
     warnings: list[str] = []
-    plain_ms = _plain_wall_ms(call, calls, sync)
+    plain_ms = plain_wall_ms(call, calls, sync)
     with module_ranges():
-        prof, wall_ms, host, samples, spans = _timed_calls(
-            call, calls, on_cuda, cuda_profiler_range, warnings
-        )
+        prof, wall_ms, host, samples, spans = timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
         work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
 
     p = build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work,
                       plain_wall_ms=plain_ms)  # fmt: skip
     p._samples, p._call_spans = samples, spans
     return p
-
-
-def _plain_wall_ms(call, calls: int, sync) -> float:
-    """Wall time of `calls` calls without the profiler, whose per-op cost slows the host."""
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        call()
-    sync()
-    return (time.perf_counter() - t0) * 1e3
 
 
 def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: bool, warnings: list[str],
@@ -570,11 +492,6 @@ def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: boo
     )
 
 
-def stop_profiler(prof) -> None:
-    with _without_usdt_lines():
-        prof.__exit__(None, None, None)
-
-
 def counted(prof, records: list, on_cuda: bool):
     """(records, items, 1) of a call counted by a WorkCounter under the (stopped) profiler."""
     from perfloop.analysis.attribution import items
@@ -582,40 +499,6 @@ def counted(prof, records: list, on_cuda: bool):
     events = prof.events()
     kind = "cuda" if on_cuda and device_events(events, annotations(events)) else "cpu"
     return records, items(events, kind), 1
-
-
-def _timed_calls(call, calls: int, on_cuda: bool, cuda_profiler_range: bool, warnings: list[str]):
-    """(profiler, wall ms, host s) of `calls` calls under the profiler."""
-    from perfloop.analysis.stacks import Sampler
-
-    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
-    prof = start_profiler(on_cuda, warnings)
-    try:
-        nsys = on_cuda and cuda_profiler_range
-        if nsys:
-            torch.cuda.profiler.start()
-        bounds = []  # each call's start and end, perf_counter_ns
-        with Sampler() as sampler:
-            marked = sampler.mark()
-            t0 = time.perf_counter()
-            host = 0.0
-            for _ in range(calls):
-                h0 = time.perf_counter_ns()
-                call()
-                bounds.append((h0, time.perf_counter_ns()))
-                host += (bounds[-1][1] - h0) / 1e9
-            sync()
-            bounds[-1] = (bounds[-1][0], time.perf_counter_ns())  # the last call ends when its work does
-        if nsys:
-            torch.cuda.profiler.stop()
-        wall_ms = (time.perf_counter() - t0) * 1e3
-    finally:
-        stop_profiler(prof)  # stopped cleanly even when fn raised
-    events = prof.events()
-    offset = Sampler.offset(events, marked)
-    # the calls on the profiler's timeline: the gaps between them are the harness's, not the user's
-    spans = None if offset is None else [(a / 1e3 + offset, b / 1e3 + offset) for a, b in bounds]
-    return prof, wall_ms, host, sampler.align(events, marked), spans
 
 
 def _counted_call(call, on_cuda: bool, warnings: list[str]):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perfloop import device as _device
-from perfloop.analysis import profiling
+from perfloop.analysis import profiling, recording
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.stacks import Sampler
 from perfloop.analysis.work import WorkCounter
@@ -176,7 +176,7 @@ class _Window:
         self.started_mark = self.mark() if self.mark else -1
         self.starting = True
         try:
-            return profiling.start_profiler(self.on_cuda, warnings)
+            return recording.start_profiler(self.on_cuda, warnings)
         finally:
             self.starting = False
 
@@ -201,12 +201,12 @@ class _Window:
         with self.lock:
             if self.state == "timed":
                 self._end_sampling()
-                profiling.stop_profiler(self.prof)
+                recording.stop_profiler(self.prof)
                 self.prof, self.calls, self.state = None, 0, "before"
                 self.blocked = True
             elif self.state == "counting":
                 self.counter.__exit__(None, None, None)
-                profiling.stop_profiler(self.counted_prof)
+                recording.stop_profiler(self.counted_prof)
                 self.counted_prof, self.state, self.count_blocked = None, "done", True
 
     # ---- the script's own torch.profiler (any torch.autograd.profiler.profile not perfloop's)
@@ -256,7 +256,7 @@ class _Window:
         self.wall_ms = ((self.due_at if self.stop_due else time.perf_counter()) - self.timed_at) * 1e3
         self.stop_due = None
         self._end_sampling()
-        profiling.stop_profiler(self.prof)
+        recording.stop_profiler(self.prof)
         self.state = "timed_done" if self.count_work and self.range_name else "done"
 
     def _stop_counting(self, force: bool = False):
@@ -265,7 +265,7 @@ class _Window:
         self.stop_due = None
         self.counter.__exit__(None, None, None)
         self._sync()
-        profiling.stop_profiler(self.counted_prof)
+        recording.stop_profiler(self.counted_prof)
         self.state = "done"
 
     def abandon(self):
@@ -276,7 +276,7 @@ class _Window:
             self._stop_counting(force=True)
         elif self.state == "counting":
             self.counter.__exit__(None, None, None)
-            profiling.stop_profiler(self.counted_prof)
+            recording.stop_profiler(self.counted_prof)
             self.counted_prof = None
         elif self.state == "timed" and self.stop_due:
             self._stop_timed(force=True)
@@ -286,7 +286,7 @@ class _Window:
                 self._stop_timed(force=True)
             else:
                 self._end_sampling()
-                profiling.stop_profiler(self.prof)
+                recording.stop_profiler(self.prof)
                 self.state = "abandoned"
         self._end_sampling()
 

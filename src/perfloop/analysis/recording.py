@@ -1,0 +1,126 @@
+"""Running calls under torch.profiler: starting and stopping it (with the native start/stop
+chatter held back), the calls timed with and without it, each call's bounds and the launching
+thread's stack samples on its timeline, and one call's peak memory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+
+@contextlib.contextmanager
+def _without_usdt_lines():
+    """The profiler's native start/stop print "USDT: ..." probe lines on some builds: hold the
+    process's stdout and stderr meanwhile, and pass every other line on to where it was going."""
+    import sys
+    import tempfile
+
+    streams = {1: sys.stdout, 2: sys.stderr}
+    for stream in streams.values():
+        stream.flush()
+    saved = {fd: os.dup(fd) for fd in streams}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        held = {1: out, 2: err}
+        try:
+            for fd, f in held.items():
+                os.dup2(f.fileno(), fd)
+            yield
+        finally:
+            for fd, stream in streams.items():
+                stream.flush()
+                os.dup2(saved[fd], fd)
+                os.close(saved[fd])
+                held[fd].seek(0)
+                lines = held[fd].read().decode(errors="replace").splitlines(True)
+                kept = "".join(ln for ln in lines if not ln.startswith("USDT"))
+                if kept:
+                    stream.write(kept)
+
+
+def peak_memory(call: Callable, memory_snapshot) -> int:
+    """Bytes one call allocates at its peak beyond what was held before; with
+    `memory_snapshot`, the allocator's history of that call written there."""
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    if memory_snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+    call()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    if memory_snapshot:
+        torch.cuda.memory._dump_snapshot(str(memory_snapshot))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return peak
+
+
+def start_profiler(on_cuda: bool, warnings: list[str]):
+    """torch.profiler recording CPU and (on a GPU) CUDA activity, already started; CPU only,
+    with a warning, where CUPTI is missing or busy."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if on_cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    try:  # keep events from every call (torch >= 2.5 clears them per cycle otherwise)
+        prof = torch.profiler.profile(activities=acts, acc_events=True)
+    except TypeError:
+        prof = torch.profiler.profile(activities=acts)
+    try:
+        with _without_usdt_lines():
+            prof.__enter__()
+    except Exception as exc:
+        warnings.append(f"CUDA activity profiling unavailable ({exc}); CPU activities only")
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof.__enter__()
+    return prof
+
+
+def plain_wall_ms(call, calls: int, sync) -> float:
+    """Wall time of `calls` calls without the profiler, whose per-op cost slows the host."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    sync()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def stop_profiler(prof) -> None:
+    with _without_usdt_lines():
+        prof.__exit__(None, None, None)
+
+
+def timed_calls(call, calls: int, on_cuda: bool, cuda_profiler_range: bool, warnings: list[str]):
+    """(profiler, wall ms, host s) of `calls` calls under the profiler."""
+    from perfloop.analysis.stacks import Sampler
+
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    prof = start_profiler(on_cuda, warnings)
+    try:
+        nsys = on_cuda and cuda_profiler_range
+        if nsys:
+            torch.cuda.profiler.start()
+        bounds = []  # each call's start and end, perf_counter_ns
+        with Sampler() as sampler:
+            marked = sampler.mark()
+            t0 = time.perf_counter()
+            host = 0.0
+            for _ in range(calls):
+                h0 = time.perf_counter_ns()
+                call()
+                bounds.append((h0, time.perf_counter_ns()))
+                host += (bounds[-1][1] - h0) / 1e9
+            sync()
+            bounds[-1] = (bounds[-1][0], time.perf_counter_ns())  # the last call ends when its work does
+        if nsys:
+            torch.cuda.profiler.stop()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        stop_profiler(prof)  # stopped cleanly even when fn raised
+    events = prof.events()
+    offset = Sampler.offset(events, marked)
+    # the calls on the profiler's timeline: the gaps between them are the harness's, not the user's
+    spans = None if offset is None else [(a / 1e3 + offset, b / 1e3 + offset) for a, b in bounds]
+    return prof, wall_ms, host, sampler.align(events, marked), spans
