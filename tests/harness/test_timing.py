@@ -66,7 +66,10 @@ def test_identical_functions_compare_as_not_significant():
     c = pl.compare({"a": f, "b": f}, baseline="a", budget_s=1.5)
     s = c.speedups["b"]
     assert not s.significant, s
-    assert s.ci[0] <= 1.0 <= s.ci[1]
+    # A 95% CI misses the truth one time in twenty by construction, so the property that holds on
+    # every run is that the estimate and both CI ends sit within the noise floor of 1.
+    assert s.speedup == pytest.approx(1.0, abs=0.02), s
+    assert s.ci[0] <= 1.0 + 0.02 and s.ci[1] >= 1.0 - 0.02, s
 
 
 def test_a_real_2x_difference_is_significant():
