@@ -117,3 +117,19 @@ def test_runs_taken_while_the_machine_changed_pace_are_not_judged():
     assert not v.regression and v.verdict.startswith("cannot judge: the machine ran 7.2x slower")
     v = gate.judge(a, _samples(1.4, seed=5), fail_above_pct=5, a_ref=a_ref, b_ref=_samples(1.05, seed=6))
     assert v.regression  # a 5% drift is divided out, not a reason to give up
+
+
+def test_a_contended_run_is_judged_on_its_raw_tails_not_divided_by_the_reference():
+    """Both cases failed under a loaded core: the hog slowed the reference's threads and the
+    code's unevenly, so dividing one by the other made a 1.12x wobble 1.55x (an alarm) and a
+    2x slowdown 1.33x (a quiet pass)."""
+    a, ra = _samples(1.0, seed=1), _samples(1.0, seed=3)
+    wobble = gate.judge(a, _samples(1.12, seed=2), fail_above_pct=5, a_ref=ra, b_ref=_samples(0.72, seed=4),
+                        contended=True)  # fmt: skip
+    assert not wobble.regression and wobble.adjusted == pytest.approx(1.12, rel=0.03), wobble
+    assert "not divided" in wobble.method and wobble.drift == pytest.approx(0.72, rel=0.05)
+    slow = gate.judge(a, _samples(2.0, seed=5), fail_above_pct=5, a_ref=ra, b_ref=_samples(1.5, seed=6),
+                      contended=True)  # fmt: skip
+    assert slow.regression and slow.adjusted == pytest.approx(2.0, rel=0.03), slow
+    quiet = gate.judge(a, _samples(2.0, seed=5), fail_above_pct=5, a_ref=ra, b_ref=_samples(1.5, seed=6))
+    assert quiet.adjusted == pytest.approx(1.33, rel=0.05)  # uncontended, the reference is divided out

@@ -10,7 +10,10 @@ a slowdown against three things, and says which it used:
 2. a reference workload measured in both runs (`reference()`: a copy on a GPU, an elementwise
    tanh over torch's threads on a CPU): its change between the runs is the machine's drift,
    and is divided out -- round by round, by the lower quartile of the per-round ratios, where
-   the reference was timed interleaved with the code;
+   the reference was timed interleaved with the code; not where either run was contended
+   (another process busy on a core): the hog takes time from the reference's threads and the
+   code's unevenly, so dividing one by the other adds error instead of removing it (a raw 1.12x
+   read 1.55x that way), and the raw tails are judged against the contended floor instead;
 3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
    same commit) when the history holds at least three, else a default for the device kind.
 A slowdown is a regression only past the larger of the user's threshold and that floor, when
@@ -65,11 +68,17 @@ class Verdict:
     p_value: float
     regression: bool
     verdict: str
+    divided: bool = True  # whether the reference's change was divided out
 
     @property
     def method(self) -> str:
-        how = f"fast tails (p10), divided by the reference workload ({self.drift:.3f}x)" if self.drift else (
-            "fast tails (p10)")  # fmt: skip
+        if self.drift and self.divided:
+            how = f"fast tails (p10), divided by the reference workload ({self.drift:.3f}x)"
+        elif self.drift:
+            how = (f"fast tails (p10), not divided by the reference workload ({self.drift:.3f}x): "
+                   "a contended run")  # fmt: skip
+        else:
+            how = "fast tails (p10)"
         return f"{how}; noise floor {self.floor:.1%} ({self.floor_source})"
 
 
@@ -112,7 +121,11 @@ def judge(
     """
     ratio = tail_ms(b) / tail_ms(a)
     drift = None
-    if a_ref is not None and b_ref is not None:
+    divided = a_ref is not None and b_ref is not None and not contended
+    if a_ref is not None and b_ref is not None and contended:
+        adjusted = ratio
+        drift = normalized_tail(a, a_ref) * ratio / normalized_tail(b, b_ref)
+    elif divided:
         adjusted = normalized_tail(b, b_ref) / normalized_tail(a, a_ref)
         drift = ratio / adjusted
         if len(a_ref) == len(a) and len(b_ref) == len(b):  # interleaved: test the per-round ratios
@@ -137,9 +150,9 @@ def judge(
         # the machine itself ran that much slower or faster in one run: what remains of the
         # code's change after dividing that out is not a measurement
         word = "slower" if drift > 1 else "faster"
-        return Verdict(ratio, drift, adjusted, floor, source, 1.0, False,
-                       f"cannot judge: the machine ran {max(drift, 1 / drift):.1f}x {word} in the later run "
-                       "(the reference workload); run both again on a quiet machine")  # fmt: skip
+        why = (f"cannot judge: the machine ran {max(drift, 1 / drift):.1f}x {word} in the later run "
+               "(the reference workload); run both again on a quiet machine")  # fmt: skip
+        return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
     # the raw times must have moved too: where they did not, only the reference workload did,
     # and its change is not the code's (code whose time does not follow the machine: a wait)
@@ -151,7 +164,7 @@ def judge(
         verdict = "slower" if adjusted > 1 else "faster"
     limit = max(floor, (fail_above_pct or 0) / 100)
     regression = bool(fail_above_pct is not None and significant and adjusted > 1 + limit)
-    return Verdict(ratio, drift, adjusted, floor, source, p, regression, verdict)
+    return Verdict(ratio, drift, adjusted, floor, source, p, regression, verdict, divided)
 
 
 @functools.lru_cache(maxsize=2)
