@@ -15,8 +15,8 @@ import warnings
 
 from perfloop.cli.args import USAGE_ERROR, UsageError
 
-VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "report", "history", "compare", "comm",
-         "demo", "experiment")  # fmt: skip
+VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "report", "history", "bisect", "compare",
+         "comm", "demo", "experiment")  # fmt: skip
 
 
 def _prepare_triton() -> None:
@@ -73,6 +73,8 @@ def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """`profile --script PATH ARGS...` (or `--script=PATH`): everything after the script's path is
     the script's, as `python PATH ARGS...` would give it; `profile --script PATH OPTIONS -- ARGS`:
     the options before `--` are perfloop's."""
+    if argv[:1] == ["bisect"]:  # `bisect GOOD BAD [OPTIONS] -- COMMAND ...`
+        return (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     if argv[:1] != ["profile"]:
         return argv, []
     for i, a in enumerate(argv):

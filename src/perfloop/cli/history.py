@@ -37,6 +37,10 @@ def run(args) -> int:
                       f"[{lo:.4f}, {hi:.4f}]", markup=False, highlight=False)  # fmt: skip
         for c in t.changes:
             out.print(f"  step: {c}", style="red" if c.ratio > 1 else "green", markup=False)
+        if t.changes and all(c.before and c.after for c in t.changes):
+            key = "/".join(t.key).rstrip("/")
+            out.print(f"  name the commit: perfloop bisect --key {key} -- COMMAND (what times it)",
+                      markup=False, highlight=False)  # fmt: skip
         if not t.changes and len(t.points) >= 6:
             out.print("  no step: every run within the line's noise", markup=False)
         for n in t.notes:
