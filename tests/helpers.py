@@ -1,6 +1,17 @@
 """Helpers shared by the tests."""
 
+import os
+import re
+import shutil
+import subprocess
 import time
+from pathlib import Path
+
+ARTIFACTS = Path(__file__).resolve().parent / "build" / "test-artifacts"
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
 
 
 def busy(ms: float):
@@ -12,3 +23,31 @@ def busy(ms: float):
             pass
 
     return f
+
+
+def chromium() -> str:
+    """Headless Chromium's path; a skip where it is missing (a failure on CI, where `make test`
+    installs it)."""
+    import pytest
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing on CI: `make test` should have installed it")
+        pytest.skip("chromium not installed (make test installs Debian's package)")
+    return exe
+
+
+def open_in_chromium(page: Path, profile: Path, shot: Path | None = None) -> dict[str, int]:
+    """The data-* numbers the page's load handler set on <body>, as real Chromium rendered it;
+    with `shot`, a screenshot of it too."""
+    exe = chromium()
+    args = [f"--user-data-dir={profile / 'u1'}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
+    dom = subprocess.run([exe, *CHROMIUM_FLAGS, *args], capture_output=True, text=True, timeout=120).stdout
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body, dom[:500]
+    if shot is not None:
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        args = [f"--user-data-dir={profile / 'u2'}", f"--screenshot={shot}", "--window-size=1200,1800"]
+        subprocess.run([exe, *CHROMIUM_FLAGS, *args, page.as_uri()], capture_output=True, timeout=120)
+    return {k: int(v) for k, v in re.findall(r'(data-[\w-]+)="(\d+)"', body[1])}

@@ -94,3 +94,28 @@ def test_history_verb_prints_the_line_and_its_step_and_json(store, capsys):
     assert all(t["changes"] == [] for t in payload["trends"])
     assert main(["history", "nothing-like-it", "--db", store.path]) == 2
     assert "no stored benchmark matches 'nothing-like-it'" in capsys.readouterr().err
+
+
+def test_the_report_lists_the_steps_first_and_every_keys_line_and_opens_fast_in_chromium(store, tmp_path):
+    """The page people open: at 1000 runs, one file, the changes table before the sparklines,
+    rendered by real Chromium in under 2 s; its screenshot kept under tests/build/test-artifacts."""
+    from helpers import ARTIFACTS, open_in_chromium
+    from perfloop.results.report import render_html
+
+    page = render_html(store, tmp_path / "report")
+    text = page.read_text()
+    assert text.index("id='changes'") < text.index("class='trend'")
+    first = text[text.index("class='change'") :][:400]
+    assert "cpu-30pct" in first and "slower" in first  # the largest regression leads
+    assert len(text) < 1_500_000, len(text)
+    shot = ARTIFACTS / "history-report.png"
+    attrs = open_in_chromium(page, tmp_path, shot)
+    assert attrs["data-sparklines"] == len(PLANTED)
+    planted = sum(1 for _, _, step, at in PLANTED.values() if at is not None and abs(math.log(step)) >= 0.045)
+    assert attrs["data-changes"] >= planted
+    assert attrs["data-load-ms"] < 2000, attrs
+    from PIL import Image
+
+    img = Image.open(shot).convert("RGB").resize((120, 180))
+    colors = {img.getpixel((x, y)) for x in range(120) for y in range(180)}
+    assert len(colors) > 20  # drawn, not a blank page

@@ -1,24 +1,15 @@
 """`perfloop demo` end to end on the CPU, and its HTML report opened in real Chromium."""
 
 import html
-import os
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
 import perfloop as pl
+from helpers import ARTIFACTS, open_in_chromium
 from perfloop.cli import main
 from perfloop.results.report import render_html
 from perfloop.results.store import Store
-
-ARTIFACTS = Path(__file__).resolve().parents[1] / "build" / "test-artifacts"
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -59,30 +50,10 @@ def test_report_escapes_names_from_outside(tmp_path):
     assert evil not in page and html.escape(evil) in page and "v&amp;v" in page
 
 
-def _chromium():
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing on CI: `make test` should have installed it")
-        pytest.skip("chromium not installed (make test installs Debian's package)")
-    return exe
-
-
 def test_report_renders_in_headless_chromium(demo, tmp_path):
-    exe = _chromium()
-    page = demo[3] / "index.html"
-    dom = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'u1'}",
-                          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120).stdout  # fmt: skip
-    body = re.search(r"<body([^>]*)>", dom)
-    assert body, dom[:500]
-    attrs = dict(re.findall(r'(data-[\w-]+)="(\d+)"', body[1]))
-    assert int(attrs["data-tables"]) >= 3
-    assert int(attrs["data-images"]) >= 2
-    assert attrs["data-images-ok"] == attrs["data-images"]  # every plot decoded and drawn
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "report.png"
-    subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'u2'}",
-                    f"--screenshot={shot}", "--window-size=1200,1800", page.as_uri()],
-                   capture_output=True, timeout=120)  # fmt: skip
+    attrs = open_in_chromium(demo[3] / "index.html", tmp_path, shot)
+    assert attrs["data-tables"] >= 3
+    assert attrs["data-images"] >= 2
+    assert attrs["data-images-ok"] == attrs["data-images"]  # every plot decoded and drawn
     assert shot.exists() and shot.stat().st_size > 20_000

@@ -14,6 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from perfloop.harness.measurement import fmt_ms
+from perfloop.results import trend_page
+from perfloop.results.history import trends
 from perfloop.results.plots import plot_lines, plot_ref_bars
 
 
@@ -116,6 +118,9 @@ window.addEventListener('load', function () {
   document.body.setAttribute('data-images', imgs.length);
   document.body.setAttribute('data-images-ok', ok);
   document.body.setAttribute('data-tables', document.querySelectorAll('table').length);
+  document.body.setAttribute('data-sparklines', document.querySelectorAll('svg.spark').length);
+  document.body.setAttribute('data-changes', document.querySelectorAll('tr.change').length);
+  document.body.setAttribute('data-load-ms', Math.round(performance.now()));
 });
 """
 
@@ -264,13 +269,15 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
     e = html.escape
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>perfloop report</title>",
-        f"<style>{_CSS}</style><script>{_CHECK_JS}</script></head><body>",
+        f"<style>{_CSS}{trend_page.CSS}</style><script>{_CHECK_JS}</script></head><body>",
         "<h1>perfloop report</h1>",
         f"<p>{len(rows)} measurements" + (f" from run {e(run_id)}" if run_id else "") + ".</p>",
     ]
     if not rows and not arts:
         parts.append("<p>No results stored yet: run <code>perfloop demo</code> or "
                      "<code>perfloop bench OP</code>.</p>")  # fmt: skip
+    if run_id is None:  # the whole history: its steps first, then every key's line
+        parts += trend_page.section(trends(store))
     by_op = defaultdict(list)
     for r in rows:
         by_op[r["op"]].append(r)
