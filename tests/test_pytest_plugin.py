@@ -1,5 +1,7 @@
 """The pytest plugin: record timings in a user's suite, fail on a regression."""
 
+import json
+
 import pytest
 
 SUITE = """
@@ -122,3 +124,21 @@ def test_a_malformed_baseline_is_a_usage_error(pytester, content, says):
     r = pytester.runpytest_subprocess("--perfloop-compare", "bad.json")
     assert r.ret == 4
     r.stderr.fnmatch_lines([f"*{says}*"])
+
+
+def test_each_session_is_kept_in_the_store_as_a_line_of_the_history(pytester):
+    import contextlib
+    import io
+
+    from perfloop.cli import main
+
+    pytester.makepyfile(test_user=SUITE.replace("MS", "0.3"))
+    db = str(pytester.path / "runs.db")
+    for _ in range(2):
+        pytester.runpytest_subprocess("--perfloop-db", db).assert_outcomes(passed=1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["history", "kernel", "--db", db, "--json"]) == 0
+    [trend] = json.loads(out.getvalue())["trends"]
+    assert trend["key"]["op"] == "test:kernel" and len(trend["points"]) == 2
+    assert all(p["median_ms"] == pytest.approx(0.3, rel=0.5) for p in trend["points"])

@@ -5,6 +5,7 @@
         perfloop.bench(my_kernel, x, name="my_kernel/1M")
 
     pytest --perfloop-save base.json             # record a baseline (merged into an existing one)
+    pytest --perfloop-db runs.db                 # keep every session's timings: `perfloop history`
     pytest --perfloop-compare base.json          # fail a test that got slower
            [--perfloop-fail-above 5]             #   by more than 5% (default), beyond noise
 
@@ -39,6 +40,8 @@ def pytest_addoption(parser):
         default=5.0,
         help="slowdown in percent beyond which a compared test fails (default 5), if beyond noise",
     )
+    g.addoption("--perfloop-db", metavar="PATH", help="also keep the measurements in the results store "
+                "at PATH, a run per session: `perfloop history` follows each test")  # fmt: skip
 
 
 def stable_key(path: Path, name: str) -> str:
@@ -160,6 +163,21 @@ def pytest_sessionfinish(session, exitstatus):
             tr.write_line(msg, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     _save(config)
+    _keep(config)
+
+
+def _keep(config) -> None:
+    path = config.getoption("--perfloop-db", default=None)
+    taken = getattr(config, "_perfloop_taken", {})
+    if not path or not taken:
+        return
+    from perfloop.results.store import Store
+    from perfloop.workflows.runs import start_run
+
+    store = Store(path)
+    run_id = start_run(store, "pytest --perfloop-db")
+    for key, m in taken.items():
+        store.add(run_id, m, op=f"test:{key}", variant="pytest", shape=(), dtype="")
 
 
 def _save(config) -> None:

@@ -216,6 +216,11 @@ def test_the_documented_example_runs_as_written(tmp_path, capsys):
     argv[argv.index("--script") + 1] = str(example)
     assert main([argv[0], "--db", str(tmp_path / "r.db"), *argv[1:]]) == 0, capsys.readouterr().err
     assert "2 occurrence(s) of 'step'" in capsys.readouterr().out
+    # the profiled steps are a line of the history, keyed by script and range
+    assert main(["history", "train_gpt", "--db", str(tmp_path / "r.db"), "--json"]) == 0
+    [trend] = json.loads(capsys.readouterr().out)["trends"]
+    assert trend["key"]["op"] == "script:train_gpt.py" and trend["key"]["variant"] == "step (profiled step)"
+    assert trend["points"][0]["median_ms"] > 0
 
 
 def test_perfloop_options_handed_to_a_failing_script_are_named_and_its_exit_is_its_code(tmp_path, capsys):

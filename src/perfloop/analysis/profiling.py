@@ -172,6 +172,12 @@ class Profile:
     _call_spans: Any = field(default=None, repr=False)  # pl.profile's calls on the profiler's timeline
 
     @property
+    def step_ms(self) -> list[float]:
+        """Each profiled occurrence's host duration (a script's steps), in ms; [] where the
+        profile is not limited to occurrences."""
+        return [(e - s) / 1e3 for s, e in (self._windows or []) if e > s]
+
+    @property
     def gpu_busy_fraction(self) -> float:
         return min(1.0, self.busy_ms_per_call / self.wall_ms_per_call) if self.wall_ms_per_call else 0.0
 

@@ -244,6 +244,12 @@ def run_step_profile(args) -> int:
     run_id = start_run(store)
     name = f"{'script' if args.script else 'trace'}:{os.path.basename(source)}"
     store.add_artifact(run_id, "profile", payload, op=name, variant=range_name or "window")
+    if len(p.step_ms) >= 2:  # the steps' own times, profiled, as a line `perfloop history` can follow
+        from perfloop.device import env_fingerprint
+        from perfloop.harness.measurement import Measurement
+
+        m = Measurement(samples_ms=tuple(p.step_ms), label=name, env=env_fingerprint())
+        store.add(run_id, m, op=name, variant=f"{range_name or 'window'} (profiled step)", shape=(), dtype="")
     page = render_html(store, args.report, run_id) if args.report else None
     if args.json:
         emit_json(payload)
