@@ -55,6 +55,7 @@ def test_every_planted_step_of_5_percent_or_more_is_found_between_the_right_comm
         t = by_op[name]
         if at is None:
             assert t.changes == [], (name, [str(c) for c in t.changes])
+            assert not any("the latest" in n for n in t.notes), t.notes  # no late step claimed either
             continue
         if abs(math.log(step)) < math.log(1.05):
             continue  # 3%: found or not, it is not a target
@@ -76,11 +77,41 @@ def test_a_line_too_short_or_without_commits_is_said_not_guessed(tmp_path):
     assert any("recorded no commit" in n for n in t.notes)
 
 
-def test_a_step_at_the_edge_of_the_line_is_not_claimed():
+def test_a_step_at_the_edge_of_the_line_is_not_claimed_but_said(tmp_path):
     from perfloop.results.history import Point
 
     pts = [Point(str(i), "", f"c{i}", 1.0 if i < 19 else 2.0, (0.99, 1.01)) for i in range(20)]
     assert change_points(pts) == []  # one run after it: a step needs three on each side
+    s = Store(tmp_path / "edge.db")
+    for p in pts:
+        m = Measurement(
+            samples_ms=(p.median_ms, p.median_ms * 1.01, p.median_ms * 0.99), env={"git": p.commit}
+        )
+        s.add(s.new_run("t"), m, op="x", variant="v", shape=(8,), dtype="fp32")
+    [t] = trends(s)
+    assert t.changes == [] and any(
+        "the latest 1 run(s) read 2.000x the line before them" in n for n in t.notes
+    )
+
+
+def test_commits_the_repository_no_longer_holds_are_counted(tmp_path):
+    import subprocess
+
+    from perfloop.results.history import Point, missing_commits
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "one"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    pts = [
+        Point(str(i), "", c, 1.0, (0.9, 1.1)) for i, c in enumerate([head, head + "-dirty", "0123456789ab"])
+    ]
+    assert missing_commits(pts, str(repo)) == 1  # the rebased-away one; -dirty is its commit's
+    assert missing_commits(pts[2:], str(repo)) == 0  # none held: not this line's repository
 
 
 def test_history_verb_prints_the_line_and_its_step_and_json(store, capsys):

@@ -20,7 +20,7 @@ def run(args) -> int:
     if args.last < 1:
         raise UsageError(f"--last: must be >= 1, got {args.last}")
     store = open_store(args, writing=False)
-    found = trends(store, args.key)
+    found = trends(store, args.key, repo=".")
     if not found:
         keys = sorted({"/".join(t.key) for t in trends(store)})
         hint = f"; stored keys: {', '.join(keys[:8])}" + (" ..." if len(keys) > 8 else "") if keys else ""

@@ -131,9 +131,50 @@ def change_points(points: list[Point], alpha: float = ALPHA) -> list[Change]:
     return out
 
 
-def trends(store, key_filter: str = "") -> list[Trend]:
+def latest_off_line(points: list[Point], changes: list[Change], alpha: float = ALPHA) -> str | None:
+    """A note when the newest run or two sit off the line before them by more than noise: a
+    step too new to call (it needs MIN_SIDE runs after it)."""
+    start = changes[-1].at if changes else 0
+    logs = [math.log(p.median_ms) for p in points[start:]]
+    own = [_sigma(p) for p in points[start:]]
+    tau = _between([math.log(p.median_ms) for p in points])
+    bound = NormalDist().inv_cdf(1 - alpha / 2)
+    for k in range(MIN_SIDE - 1, 0, -1):
+        body, tail = logs[:-k], logs[-k:]
+        if len(body) < MIN_SIDE:
+            continue
+        var = [tau**2 + s**2 for s in own]
+        se = math.sqrt(sum(var[:-k]) / len(body) ** 2 + sum(var[-k:]) / k**2)
+        d = sum(tail) / k - sum(body) / len(body)
+        same_way = all((x - sum(body) / len(body)) * d > 0 for x in tail)
+        if se > 0 and abs(d) / se > bound and same_way:
+            return (f"the latest {k} run(s) read {math.exp(d):.3f}x the line before them "
+                    f"({abs(d) / se:.1f} standard errors): a step there is called once {MIN_SIDE} runs "
+                    "follow it; run again")  # fmt: skip
+    return None
+
+
+def missing_commits(points: list[Point], repo: str | None) -> int:
+    """How many distinct commits of the line `repo` does not hold (rebased away, another
+    clone); 0 when it holds none of them (then it is not this line's repository)."""
+    import subprocess
+
+    commits = {p.commit.removesuffix("-dirty") for p in points if p.commit}
+    if not repo or not commits:
+        return 0
+    held = set()
+    for c in commits:
+        out = subprocess.run(["git", "-C", repo, "cat-file", "-e", f"{c}^{{commit}}"], capture_output=True,
+                             timeout=30)  # fmt: skip
+        if out.returncode == 0:
+            held.add(c)
+    return len(commits - held) if held else 0
+
+
+def trends(store, key_filter: str = "", repo: str | None = None) -> list[Trend]:
     """Every benchmark's trend in the store (each key on one device), whose key contains
-    `key_filter` (its fields joined by '/'); changes found where there are enough runs."""
+    `key_filter` (its fields joined by '/'); changes found where there are enough runs; with
+    `repo`, a note of the commits that repository no longer holds."""
     by_key: dict = {}
     for row in store.rows():
         k = key_of(row)
@@ -150,6 +191,13 @@ def trends(store, key_filter: str = "") -> list[Trend]:
             t.notes.append(f"{len(points)} run(s): a change point needs {2 * MIN_SIDE} or more")
         else:
             t.changes = change_points(points)
+            edge = latest_off_line(points, t.changes)
+            if edge:
+                t.notes.append(edge)
+        gone = missing_commits(points, repo)
+        if gone:
+            t.notes.append(f"{gone} commit(s) of these runs are not in {repo} (rebased away, or another "
+                           "clone): bisect cannot check them out")  # fmt: skip
         unknown = sum(1 for p in points if not p.commit)
         if unknown:
             t.notes.append(f"{unknown} run(s) recorded no commit (not in a git working tree)")
