@@ -133,3 +133,16 @@ def test_a_contended_run_is_judged_on_its_raw_tails_not_divided_by_the_reference
     assert slow.regression and slow.adjusted == pytest.approx(2.0, rel=0.03), slow
     quiet = gate.judge(a, _samples(2.0, seed=5), fail_above_pct=5, a_ref=ra, b_ref=_samples(1.5, seed=6))
     assert quiet.adjusted == pytest.approx(1.33, rel=0.05)  # uncontended, the reference is divided out
+
+
+def test_a_slowdown_against_a_machine_that_ran_faster_is_caught_not_given_up_on():
+    """Under load the baseline's reference was starved: the machine read 4.1x faster in the later
+    run while the code ran 3x slower. The machine cannot explain a change against it: the raw 3x
+    stands (it used to be 'cannot judge', and a 3x slowdown passed)."""
+    a, a_ref = _samples(0.5, seed=1), _samples(4.1, seed=3)
+    v = gate.judge(a, _samples(1.5, seed=2), fail_above_pct=5, a_ref=a_ref, b_ref=_samples(1.0, seed=4),
+                   contended=True)  # fmt: skip
+    assert v.regression and v.adjusted == pytest.approx(3.0, rel=0.05) and not v.divided, v
+    v = gate.judge(a, _samples(1.5, seed=2), fail_above_pct=5, a_ref=_samples(1.0, seed=3),
+                   b_ref=_samples(4.1, seed=4))  # fmt: skip
+    assert not v.regression and v.verdict.startswith("cannot judge: the machine ran 4.1x slower")

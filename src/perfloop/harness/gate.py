@@ -10,10 +10,11 @@ a slowdown against three things, and says which it used:
 2. a reference workload measured in both runs (`reference()`: a copy on a GPU, an elementwise
    tanh over torch's threads on a CPU): its change between the runs is the machine's drift,
    and is divided out -- round by round, by the lower quartile of the per-round ratios, where
-   the reference was timed interleaved with the code; not where either run was contended
-   (another process busy on a core): the hog takes time from the reference's threads and the
-   code's unevenly, so dividing one by the other adds error instead of removing it (a raw 1.12x
-   read 1.55x that way), and the raw tails are judged against the contended floor instead;
+   the reference was timed interleaved with the code. Not where either run was contended
+   (another process busy on a core: it takes time from the reference's threads and the code's
+   unevenly), nor where the machine moved more than MAX_DRIFT against the code (faster while
+   the code got slower): there the raw tails stand, a lower bound of the code's change; a
+   machine that moved more than MAX_DRIFT the code's way leaves nothing to judge;
 3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
    same commit) when the history holds at least three, else a default for the device kind.
 A slowdown is a regression only past the larger of the user's threshold and that floor, when
@@ -121,18 +122,17 @@ def judge(
     """
     ratio = tail_ms(b) / tail_ms(a)
     drift = None
-    divided = a_ref is not None and b_ref is not None and not contended
-    if a_ref is not None and b_ref is not None and contended:
-        adjusted = ratio
-        drift = normalized_tail(a, a_ref) * ratio / normalized_tail(b, b_ref)
-    elif divided:
-        adjusted = normalized_tail(b, b_ref) / normalized_tail(a, a_ref)
-        drift = ratio / adjusted
-        if len(a_ref) == len(a) and len(b_ref) == len(b):  # interleaved: test the per-round ratios
-            a = [x / r for x, r in zip(a, a_ref, strict=True)]
-            b = [x / r for x, r in zip(b, b_ref, strict=True)]
-    else:
-        adjusted = ratio
+    if a_ref is not None and b_ref is not None:
+        drift = ratio * normalized_tail(a, a_ref) / normalized_tail(b, b_ref)
+    # the reference is divided out on a quiet machine, and where the machine's change is in
+    # bounds; a machine that ran more than MAX_DRIFT faster while the code ran slower (or the
+    # reverse) leaves the raw change as a lower bound of the code's
+    against = drift is not None and abs(math.log(drift)) > math.log(MAX_DRIFT) and (drift > 1) != (ratio > 1)
+    divided = drift is not None and not contended and not against
+    adjusted = ratio / drift if divided else ratio
+    if divided and len(a_ref) == len(a) and len(b_ref) == len(b):  # interleaved: test the per-round ratios
+        a = [x / r for x, r in zip(a, a_ref, strict=True)]
+        b = [x / r for x, r in zip(b, b_ref, strict=True)]
     learned = learned_floor(history or [])
     if learned is not None and contended and learned < CONTENDED_FLOOR:
         floor, source = (
@@ -146,9 +146,9 @@ def judge(
         source = ("default for a contended run" if contended else f"default for a {kind} run") + (
             "; no history of the same code"
         )
-    if drift is not None and abs(math.log(drift)) > math.log(MAX_DRIFT):
-        # the machine itself ran that much slower or faster in one run: what remains of the
-        # code's change after dividing that out is not a measurement
+    if drift is not None and abs(math.log(drift)) > math.log(MAX_DRIFT) and not against:
+        # the machine itself ran that much slower or faster in one run, the way the code moved:
+        # what remains of the code's change after dividing that out is not a measurement
         word = "slower" if drift > 1 else "faster"
         why = (f"cannot judge: the machine ran {max(drift, 1 / drift):.1f}x {word} in the later run "
                "(the reference workload); run both again on a quiet machine")  # fmt: skip
