@@ -82,8 +82,12 @@ def test_keys_do_not_depend_on_the_folder_pytest_starts_in(pytester):
     r = pytester.runpytest_subprocess(
         "--rootdir", str(tests), "--perfloop-compare", str(pytester.path / "base.json")
     )
-    r.assert_outcomes(failed=1)
-    r.stdout.fnmatch_lines(["*perfloop regression in tests/test_user.py::test_kernel_speed*"])
+    if "cannot judge: the machine ran" in r.stdout.str():  # under load: said for the same key, not passed
+        r.assert_outcomes(passed=1, warnings=1)
+        r.stdout.fnmatch_lines(["*perfloop: tests/test_user.py::test_kernel_speed: cannot judge*"])
+    else:
+        r.assert_outcomes(failed=1)
+        r.stdout.fnmatch_lines(["*perfloop regression in tests/test_user.py::test_kernel_speed*"])
 
 
 def test_a_baseline_with_no_matching_key_fails_loudly(pytester):

@@ -65,7 +65,9 @@ def test_measure_keeps_only_the_swaps_that_make_the_step_faster(train_gpt):
     report = pl.patch(model, batch, measure=True, budget_s=0.5)
     t = report.timing
     assert set(t["candidates"]) == {"after", "only CrossEntropyLoss", "only GELU", "only LayerNorm"}
-    assert all(c["ms"] > t["before_ms"] for c in t["candidates"].values())
+    assert t["candidates"]["after"]["ms"] > t["before_ms"]  # all three kinds interpreted: far slower
+    # a kind alone may time within noise of the step under load; none may be kept as faster
+    assert not any(c["significant"] and c["speedup"] > 1 for c in t["candidates"].values()), t
     assert t["kept"] == [] and report.replaced == []
     kinds = (nn.LayerNorm, nn.CrossEntropyLoss, nn.GELU)
     assert all(type(m) in kinds for m in model.modules() if isinstance(m, kinds))
