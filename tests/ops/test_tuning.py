@@ -73,3 +73,23 @@ def test_attention_choice_is_the_best_geometric_mean():
     out = at._choose(rows, ["fwd"], table)
     assert out["16bit"]["fwd"]["128"] == [128, 64, 8, 2]
     assert out["16bit"]["fwd"]["64"] == [1, 1, 1, 1]  # nothing measured: the table stands
+
+
+def test_a_table_tuned_on_another_gpu_is_not_used_silently(tmp_path, monkeypatch):
+    import warnings
+
+    folder = tmp_path / "softmax"
+    folder.mkdir()
+    tuning.save_table(folder, {"block": 2048}, "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(tuning, "_gpu_name", lambda: "NVIDIA H200")
+    with pytest.warns(tuning.TableWarning, match=r"softmax/tuned.json was tuned on NVIDIA A100-SXM4-80GB, "
+                      r"not on this NVIDIA H200"):  # fmt: skip
+        assert tuning.load_table(folder) == {"block": 2048}
+    monkeypatch.setattr(tuning, "_gpu_name", lambda: "NVIDIA A100-SXM4-80GB")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tuning.load_table(folder)  # the GPU it was tuned on: no word
+    monkeypatch.setattr(tuning, "_gpu_name", lambda: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tuning.load_table(folder)  # interpreted or no GPU: the configs are not a speed here

@@ -4,14 +4,17 @@ tolerances, and named variants -- plus `check`, which holds every variant to it.
 An op lives in its own folder (`ops/<name>/`): `__init__.py` builds its `Op`,
 and one file per way of writing it (`torch_impl.py`, `triton_impl.py`,
 `cuda_impl.py` + `kernel.cu`) registers variants. Variants share one
-signature: `fn(*inputs, out=None) -> output`; `out`, when given, is the tensor
-to write (check passes a NaN-poisoned one so an unwritten element shows).
+signature: `fn(*inputs) -> output`, with `out=None` where the function can write
+into a given tensor; called through its `Variant`, `out` is always honoured (written
+in place, or the result copied in), and check passes a NaN-poisoned one so an
+unwritten element shows.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +75,8 @@ class Variant:
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
     doc: str = ""
     backward: bool = True  # False: forward only (check() skips its gradients; training warns)
+    _ready: dict = field(default_factory=dict, repr=False, compare=False)  # (device, interpreting) -> reason
+    _takes_out: bool | None = field(default=None, repr=False, compare=False)
 
     def why_unavailable(self, device: str = "") -> str | None:
         """None if it can run on `device` here, else the reason."""
@@ -102,15 +107,30 @@ class Variant:
         if self.fn is None:
             mod, _, attr = self.loader.partition(":")
             self.fn = getattr(importlib.import_module(mod), attr)
+        if self._takes_out is None:
+            self._takes_out = "out" in inspect.signature(self.fn).parameters
         return self.fn
 
     def __call__(self, *inputs: Any, out: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
-        """The variant on `inputs`; keywords pass through to the function it wraps."""
+        """The variant on `inputs`, written into `out` when given; keywords pass through to the
+        function it wraps. Availability is resolved once per device, not on every call."""
         first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
-        reason = self.why_unavailable(first.device.type if first is not None else "")
-        if reason:
-            raise Unavailable(f"variant {self.name!r}: {reason}")
-        result = self.resolve()(*inputs, out=out, **kwargs)
+        key = (first.device.type if first is not None else "", interpreting())
+        if key not in self._ready:
+            self._ready[key] = self.why_unavailable(key[0])
+        if self._ready[key]:
+            raise Unavailable(f"variant {self.name!r}: {self._ready[key]}")
+        fn = self.fn if self._takes_out is not None else self.resolve()
+        if out is None:
+            result = fn(*inputs, **kwargs)
+        elif self._takes_out:
+            result = fn(*inputs, out=out, **kwargs)
+        else:
+            result = fn(*inputs, **kwargs)
+            if result.shape != out.shape or result.dtype != out.dtype:
+                raise ValueError(f"out: a {out.dtype} tensor of shape {tuple(out.shape)}, but {self.name!r} "
+                                 f"gives {result.dtype} {tuple(result.shape)}")  # fmt: skip
+            result = out.copy_(result)
         # cheapest tests first: this runs inside every timed call
         wants_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs)
         if wants_grad and isinstance(result, torch.Tensor) and result.grad_fn is None:
@@ -270,9 +290,15 @@ class Op:
                     seed = base_seed + k
                     inputs = self.make_inputs(shape, dtype=dtype, device=device, seed=seed)
                     out = torch.full(self.out_shape(shape), float("nan"), dtype=dtype, device=device)
-                    got = v(*inputs, out=out)
+                    try:
+                        got = v(*inputs, out=out)
+                    except ValueError as exc:
+                        if not str(exc).startswith("out:"):
+                            raise
+                        raise CheckFailed(f"{self.name}/{variant} {shape} {dtype}: {exc}") from None
                     if got is not out:
-                        out = got
+                        raise CheckFailed(f"{self.name}/{variant}: returned a new tensor where `out=` was "
+                                          "given: a variant writes the tensor it is handed")  # fmt: skip
                     if isinstance(out, torch.Tensor) and out.dtype != dtype:
                         raise CheckFailed(
                             f"{self.name}/{variant} {shape} {dtype} seed={seed}: output dtype {out.dtype}, "

@@ -17,9 +17,34 @@ from pathlib import Path
 TABLE_NAME = "tuned.json"
 
 
+class TableWarning(RuntimeWarning):
+    """A tuned table measured on another GPU than the one it is used on."""
+
+
 def load_table(op_dir: Path) -> dict:
-    """The op's chosen configs, as its tuner last wrote them."""
-    return json.loads((Path(op_dir) / TABLE_NAME).read_text())["table"]
+    """The op's chosen configs, as its tuner last wrote them; a warning, naming the table and
+    both devices, when they were measured on another GPU than this one."""
+    path = Path(op_dir) / TABLE_NAME
+    doc = json.loads(path.read_text())
+    here = _gpu_name()
+    if here and doc.get("measured_on") and doc["measured_on"] != here:
+        import warnings
+
+        warnings.warn(f"{path.parent.name}/{TABLE_NAME} was tuned on {doc['measured_on']}, not on this "
+                      f"{here}: its configs are used untuned here; `python benchmarks/run_gpu.py --only "
+                      "tune` measures this GPU's", TableWarning, stacklevel=2)  # fmt: skip
+    return doc["table"]
+
+
+def _gpu_name() -> str | None:
+    """The GPU the kernels launch on, or None where they run interpreted or on no GPU."""
+    import torch
+
+    from perfloop.ops.base import interpreting
+
+    if interpreting() or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name()
 
 
 def save_table(op_dir: Path, table: dict, measured_on: str, note: str = "") -> Path:

@@ -13,16 +13,16 @@ def _naive(logits, target, ignore_index: int = -100):
     return F.cross_entropy(logits.float(), target, ignore_index=ignore_index).to(logits.dtype)
 
 
-def naive(logits, target, out=None, ignore_index: int = -100):
+def naive(logits, target, ignore_index: int = -100):
     return _naive(logits, target, ignore_index)
 
 
-def builtin(logits, target, out=None, ignore_index: int = -100):
+def builtin(logits, target, ignore_index: int = -100):
     return F.cross_entropy(logits, target, ignore_index=ignore_index)
 
 
 _compiled = compile_variant(_naive)
 
 
-def compiled(logits, target, out=None, ignore_index: int = -100):
+def compiled(logits, target, ignore_index: int = -100):
     return _compiled(logits, target, ignore_index)

@@ -169,7 +169,7 @@ def supported(logits: torch.Tensor, target: torch.Tensor, **kwargs) -> str | Non
     return None
 
 
-def cross_entropy(logits, target, out=None, ignore_index: int = -100):
+def cross_entropy(logits, target, ignore_index: int = -100):
     check_tensor("logits", logits, ndim=2)
     why = supported(logits, target)
     if why:

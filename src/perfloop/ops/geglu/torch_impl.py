@@ -15,16 +15,16 @@ def _naive(a, b):
     return 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3))) * b
 
 
-def naive(a, b, out=None):
+def naive(a, b):
     return _naive(a, b)
 
 
-def builtin(a, b, out=None):
+def builtin(a, b):
     return F.gelu(a, approximate="tanh") * b
 
 
 _compiled = compile_variant(_naive)
 
 
-def compiled(a, b, out=None):
+def compiled(a, b):
     return _compiled(a, b)

@@ -18,16 +18,16 @@ def _naive(x, weight, bias, eps: float = 1e-5):
     return (xc * torch.rsqrt(var + eps) * weight.float() + bias.float()).to(x.dtype)
 
 
-def naive(x, weight, bias, out=None, eps: float = 1e-5):
+def naive(x, weight, bias, eps: float = 1e-5):
     return _naive(x, weight, bias, eps)
 
 
-def builtin(x, weight, bias, out=None, eps: float = 1e-5):
+def builtin(x, weight, bias, eps: float = 1e-5):
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
 _compiled = compile_variant(_naive)
 
 
-def compiled(x, weight, bias, out=None, eps: float = 1e-5):
+def compiled(x, weight, bias, eps: float = 1e-5):
     return _compiled(x, weight, bias, eps)

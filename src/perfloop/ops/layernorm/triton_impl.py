@@ -175,5 +175,5 @@ def norm(x, weight, bias=None, eps: float = 1e-5, rms: bool = False):
     return NormFunction.apply(x, weight, bias, eps, rms)
 
 
-def layer_norm(x, weight, bias, out=None, eps: float = 1e-5):
+def layer_norm(x, weight, bias, eps: float = 1e-5):
     return norm(x, weight, bias, eps, rms=False)

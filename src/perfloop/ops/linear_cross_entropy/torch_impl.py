@@ -13,16 +13,16 @@ def _naive(h, weight, target, ignore_index: int = -100):
     return F.cross_entropy(F.linear(h, weight).float(), target, ignore_index=ignore_index).to(h.dtype)
 
 
-def naive(h, weight, target, out=None, ignore_index: int = -100):
+def naive(h, weight, target, ignore_index: int = -100):
     return _naive(h, weight, target, ignore_index)
 
 
-def builtin(h, weight, target, out=None, ignore_index: int = -100):
+def builtin(h, weight, target, ignore_index: int = -100):
     return F.cross_entropy(F.linear(h, weight), target, ignore_index=ignore_index)
 
 
 _compiled = compile_variant(_naive)
 
 
-def compiled(h, weight, target, out=None, ignore_index: int = -100):
+def compiled(h, weight, target, ignore_index: int = -100):
     return _compiled(h, weight, target, ignore_index)

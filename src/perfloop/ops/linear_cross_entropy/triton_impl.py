@@ -69,7 +69,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         return dh.mul_(dloss.to(dh.dtype)), dw.mul_(dloss.to(dw.dtype)), None, None, None
 
 
-def linear_cross_entropy(h, weight, target, out=None, ignore_index: int = -100, chunk: int | None = None):
+def linear_cross_entropy(h, weight, target, ignore_index: int = -100, chunk: int | None = None):
     check_tensor("h", h, ndim=2)
     check_tensor("weight", weight, ndim=2)
     if weight.shape[1] != h.shape[1] or weight.dtype != h.dtype:

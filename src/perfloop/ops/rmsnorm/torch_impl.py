@@ -13,16 +13,16 @@ def _naive(x, weight, eps: float = 1e-6):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def naive(x, weight, out=None, eps: float = 1e-6):
+def naive(x, weight, eps: float = 1e-6):
     return _naive(x, weight, eps)
 
 
-def builtin(x, weight, out=None, eps: float = 1e-6):
+def builtin(x, weight, eps: float = 1e-6):
     return F.rms_norm(x, x.shape[-1:], weight, eps)
 
 
 _compiled = compile_variant(_naive)
 
 
-def compiled(x, weight, out=None, eps: float = 1e-6):
+def compiled(x, weight, eps: float = 1e-6):
     return _compiled(x, weight, eps)

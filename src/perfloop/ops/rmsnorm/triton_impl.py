@@ -6,5 +6,5 @@ from __future__ import annotations
 from perfloop.ops.layernorm.triton_impl import norm
 
 
-def rms_norm(x, weight, out=None, eps: float = 1e-6):
+def rms_norm(x, weight, eps: float = 1e-6):
     return norm(x, weight, None, eps, rms=True)

@@ -176,14 +176,14 @@ def softmax(
     x2, y2 = _rows_of(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
-        return y2.view(x.shape)
+        return y2.view(x.shape) if out is None else out
     if n_cols > MAX_ROW_BLOCK:
-        return softmax_split(x, out=y2.view(x.shape))
+        return softmax_split(x, out=y2.view(x.shape) if out is None else out)
     block = triton.next_power_of_2(n_cols)
     # enough warps that a lane holds <= 16 elements (no spills), at least 4
     warps = num_warps or min(32, max(4, block // (32 * 16)))
     softmax_row_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=warps)
-    return y2.view(x.shape)
+    return y2.view(x.shape) if out is None else out
 
 
 def softmax_online(
@@ -197,7 +197,7 @@ def softmax_online(
     x2, y2 = _rows_of(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
-        return y2.view(x.shape)
+        return y2.view(x.shape) if out is None else out
     tuned_block, tuned_warps, tuned_programs = TUNED["online"]
     block = min(block or tuned_block, triton.next_power_of_2(n_cols))
     num_warps = num_warps or tuned_warps
@@ -206,7 +206,7 @@ def softmax_online(
         x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
         num_warps=num_warps if block >= 1024 else 4,
     )  # fmt: skip
-    return y2.view(x.shape)
+    return y2.view(x.shape) if out is None else out
 
 
 def softmax_split(
@@ -228,7 +228,7 @@ def softmax_split(
     x2, y2 = _rows_of(x, out)
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
-        return y2.view(x.shape)
+        return y2.view(x.shape) if out is None else out
     tuned_block, tuned_warps = TUNED["split"]
     block = min(block or tuned_block, max(16, triton.next_power_of_2(n_cols)))
     num_warps = num_warps or tuned_warps
@@ -246,16 +246,16 @@ def softmax_split(
         two_pass = x2.device.type == "cuda" and n_chunks > resident
     if two_pass:
         if n_chunks > MAX_TWO_PASS_CHUNKS:  # the combine's stats would not fit in registers
-            return softmax_online(x, out=y2.view(x.shape))
+            return softmax_online(x, out=y2.view(x.shape) if out is None else out)
         softmax_split_kernel[(items,)](*args, **consts, PHASE=1)
         row_stats = torch.empty((n_rows, 2), dtype=torch.float32, device=x2.device)
         softmax_combine_kernel[(n_rows,)](stats, row_stats, n_chunks, MAX_CHUNKS=consts["MAX_CHUNKS"],
                                           num_warps=4 if n_chunks <= 1024 else 8)  # fmt: skip
         softmax_split_kernel[(items,)](x2, y2, row_stats, *args[3:], **consts, PHASE=2)
-        return y2.view(x.shape)
+        return y2.view(x.shape) if out is None else out
     grid = min(items, max(n_chunks, resident // n_chunks * n_chunks))
     softmax_split_kernel[(grid,)](*args, **consts)
-    return y2.view(x.shape)
+    return y2.view(x.shape) if out is None else out
 
 
 _RESIDENT: dict = {}  # (kernel, device, dtype, constexprs) -> programs that fit at once

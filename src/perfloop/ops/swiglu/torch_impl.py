@@ -13,16 +13,16 @@ def _naive(a, b):
     return a * torch.sigmoid(a) * b
 
 
-def naive(a, b, out=None):
+def naive(a, b):
     return _naive(a, b)
 
 
-def builtin(a, b, out=None):
+def builtin(a, b):
     return F.silu(a) * b
 
 
 _compiled = compile_variant(_naive)
 
 
-def compiled(a, b, out=None):
+def compiled(a, b):
     return _compiled(a, b)

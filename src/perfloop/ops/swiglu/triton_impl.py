@@ -91,11 +91,11 @@ def _gated(a, b, act: int):
     return GatedFunction.apply(a, b, act)
 
 
-def swiglu(a, b, out=None):
+def swiglu(a, b):
     return _gated(a, b, SILU)
 
 
-def geglu(a, b, out=None, approximate: str = "tanh"):
+def geglu(a, b, approximate: str = "tanh"):
     if approximate not in ("tanh", "none"):
         raise ValueError(f"approximate: {approximate!r} is neither 'tanh' nor 'none' (torch's two forms)")
     return _gated(a, b, GELU_TANH if approximate == "tanh" else GELU_ERF)
