@@ -97,6 +97,21 @@ def test_non_contiguous_inputs_are_handled():
     assert not qt.is_contiguous()
     o, _ = triton_impl.flash_attention(qt, k, v)
     _close(o, reference(q, k, v), 2e-3, "out")
+    # k and v broadcast over heads (GQA written with expand: stride 0), and a strided last dim
+    g = torch.Generator(device=DEV).manual_seed(2)
+    kb = torch.randn(1, 1, 20, 16, generator=g, device=DEV).expand(1, 3, 20, 16)
+    vs = torch.randn(1, 3, 20, 32, generator=g, device=DEV)[..., ::2]
+    assert kb.stride(1) == 0 and vs.stride(-1) == 2
+    ins = [t.detach().clone().requires_grad_() for t in (qt, kb, vs)]
+    o, _ = triton_impl.flash_attention(*ins, causal=True)
+    refs = [t.detach().cpu().double().requires_grad_() for t in (qt, kb, vs)]
+    want = torch.nn.functional.scaled_dot_product_attention(*refs, is_causal=True)
+    _close(o, want, 2e-3, "out, broadcast k")
+    dy = torch.randn(o.shape, generator=g, device=DEV)
+    o.backward(dy)
+    want.backward(dy.cpu().double())
+    for name, a, b in zip("qkv", ins, refs, strict=True):
+        _close(a.grad, b.grad, 2e-3, f"d{name}, broadcast k")
 
 
 def test_bad_inputs_are_clear_errors():
