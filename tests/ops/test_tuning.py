@@ -9,7 +9,19 @@ import torch
 from perfloop.ops import tuning
 
 
-@pytest.mark.parametrize("op", ["attention", "gelu", "rowsum", "softmax"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        "attention",
+        "cross_entropy",
+        "gelu",
+        "layernorm",
+        "linear_cross_entropy",
+        "rowsum",
+        "softmax",
+        "swiglu",
+    ],
+)
 def test_every_tuned_table_is_there_and_says_where_it_was_measured(op):
     from pathlib import Path
 
@@ -93,3 +105,15 @@ def test_a_table_tuned_on_another_gpu_is_not_used_silently(tmp_path, monkeypatch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tuning.load_table(folder)  # interpreted or no GPU: the configs are not a speed here
+
+
+def test_the_norms_launch_settings_come_from_their_table():
+    """Rows of <= 1024 in pairs, 4 programs an SM; wider rows one at a time, 2 an SM; warps by
+    the tile's bytes: the choices norm_tune.py measured, read from layernorm/tuned.json."""
+    from perfloop.ops.layernorm import triton_impl as ln
+
+    cpu = torch.device("cpu")  # 2 "SMs" on a CPU
+    assert ln._bwd_config(12288, 1024, 2, cpu) == (8, 2, 4)  # 768-wide bf16 rows: pairs, 4 a SM
+    assert ln._bwd_config(8192, 4096, 2, cpu) == (4, 1, 8)  # 4096-wide bf16 rows: 1 a step, 2 a SM
+    assert ln._bwd_config(3, 65536, 4, cpu) == (3, 1, 16)  # never more programs than rows
+    assert [ln._warps(b) for b in (256, 1024, 2048, 4096, 8192, 65536)] == [4, 4, 8, 8, 16, 16]

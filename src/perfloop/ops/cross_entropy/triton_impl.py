@@ -10,13 +10,17 @@ made where autograd asks for it, scaled by the upstream gradient (no multiply pa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor
+from perfloop.ops.base import check_tensor, next_pow2
+from perfloop.ops.tuning import load_table
 
-BLOCK = 4096
+TUNED = load_table(Path(__file__).parent)  # a row's tile and warps (tuned.json)
+BLOCK, WARPS = TUNED["block"], TUNED["num_warps"]
 
 
 @triton.jit
@@ -121,7 +125,7 @@ def forward_parts(logits, target, ignore_index: int):
     loss = torch.empty(m, dtype=torch.float32, device=logits.device)
     if m:
         ce_fwd_kernel[(m,)](logits, target, lse, loss, ok, logits.stride(0), v, ignore_index,
-                            BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)  # fmt: skip
+                            BLOCK=min(BLOCK, next_pow2(v)), num_warps=WARPS)  # fmt: skip
         assert_targets(ok)
     n_valid = (target != ignore_index).sum()
     return loss.sum() / n_valid, lse, n_valid  # nan with no row counted, as torch
@@ -137,7 +141,7 @@ def backward_parts(logits, target, lse, n_valid, dloss, ignore_index: int) -> to
     if m:
         ce_bwd_kernel[(m,)](logits, target, lse, dlogits, dloss.contiguous(), n_valid, logits.stride(0),
                             dlogits.stride(0), v, ignore_index,
-                            BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)  # fmt: skip
+                            BLOCK=min(BLOCK, next_pow2(v)), num_warps=WARPS)  # fmt: skip
     return dlogits
 
 

@@ -10,14 +10,17 @@ and writes y, backward reads x and dy and writes dx -- the 5 passes over x a nor
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor
+from perfloop.ops.base import cdiv, check_tensor, next_pow2
+from perfloop.ops.tuning import load_table
 
 MAX_N = 65536  # a row must fit in one program's registers
+TUNED = load_table(Path(__file__).parent)  # warps and the backward's band (tuned.json)
 
 
 @triton.jit
@@ -79,8 +82,13 @@ def norm_bwd_kernel(X, W, DY, DX, MEAN, RSTD, DW, DB, stride_x, stride_dy, strid
         tl.store(DB + pid * n_cols + cols, db, mask=cmask)
 
 
+def _first(pairs: list, x: int) -> int:
+    """The value of the first [bound, value] pair whose bound x does not pass."""
+    return next(v for bound, v in pairs if x <= bound)
+
+
 def _warps(block: int) -> int:
-    return 4 if block <= 1024 else 8 if block <= 4096 else 16
+    return _first(TUNED["fwd_warps"], block)
 
 
 @functools.cache
@@ -89,14 +97,10 @@ def _sms(device: torch.device) -> int:
 
 
 def _bwd_config(n_rows: int, block: int, itemsize: int, device: torch.device) -> tuple[int, int, int]:
-    """(programs, rows a step, warps) of the backward, from norm_tune.py's sweeps on the H200:
-    rows of 1024 or fewer elements in pairs, 4 programs an SM (12288 x 768 bf16: 23.5 us against
-    49 us one row at a time, 2 an SM); wider rows one at a time, 2 programs an SM (8192 x 4096);
-    warps by the bytes of one step's tile (4 up to 4 KiB, 8 up to 16 KiB)."""
-    rows = 2 if block <= 1024 else 1
-    per_sm = 4 if block <= 1024 else 2
-    tile = rows * block * itemsize
-    warps = 4 if tile <= 4096 else 8 if tile <= 16384 else 16
+    """(programs, rows a step, warps) of the backward, from the op's table (tuned.json)."""
+    rows = _first(TUNED["bwd_rows_a_step"], block)
+    per_sm = _first(TUNED["bwd_programs_per_sm"], block)
+    warps = _first(TUNED["bwd_warps_by_tile_bytes"], rows * block * itemsize)
     return max(1, min(n_rows, per_sm * _sms(device))), rows, warps
 
 
@@ -109,7 +113,7 @@ def forward_parts(x, weight, bias, eps: float, rms: bool):
     m = x2.shape[0]
     y = torch.empty_like(x2)
     stats = torch.empty((2, m), dtype=torch.float32, device=x.device)  # mean, 1/std
-    block = triton.next_power_of_2(n)
+    block = next_pow2(n)
     if m:
         norm_fwd_kernel[(m,)](x2, weight, bias if bias is not None else weight, y, stats[0], stats[1],
                               x2.stride(0), y.stride(0), n, eps, RMS=rms, HAS_B=bias is not None,
@@ -128,12 +132,12 @@ def backward_parts(dy, x, weight, stats, has_bias: bool, rms: bool):
     if dy2.stride(-1) != 1:
         dy2 = dy2.contiguous()
     dx = torch.empty_like(x2)
-    block = triton.next_power_of_2(n)
+    block = next_pow2(n)
     g, rows, warps = _bwd_config(m, block, x2.element_size(), x2.device)
     partial = torch.empty((2, g, n), dtype=torch.float32, device=x2.device)
     if m:
         norm_bwd_kernel[(g,)](x2, weight, dy2, dx, stats[0], stats[1], partial[0], partial[1],
-                              x2.stride(0), dy2.stride(0), dx.stride(0), m, n, triton.cdiv(m, g),
+                              x2.stride(0), dy2.stride(0), dx.stride(0), m, n, cdiv(m, g),
                               RMS=rms, HAS_B=has_bias, ROWS=rows, BLOCK=block, num_warps=warps)  # fmt: skip
     else:
         partial.zero_()

@@ -9,13 +9,16 @@ logits, dh, dW, a loss per token.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
-import triton
 
-from perfloop.ops.base import check_tensor
+from perfloop.ops.base import check_tensor, next_pow2
 from perfloop.ops.cross_entropy.triton_impl import BLOCK, assert_targets, ce_loss_grad_kernel, check_targets
+from perfloop.ops.tuning import load_table
 
-CHUNK_BYTES = 200 * 2**20  # a chunk's logits at most this large (2048 rows of GPT-2's vocabulary in bf16)
+TUNED = load_table(Path(__file__).parent)
+CHUNK_BYTES, WARPS = TUNED["chunk_bytes"], TUNED["num_warps"]  # a chunk's logits at most this large
 
 
 def chunk_rows(n: int, v: int, itemsize: int) -> int:
@@ -35,14 +38,14 @@ def forward_parts(h, weight, target, ignore_index: int, chunk: int):
     dh = torch.empty_like(h)
     dw = torch.zeros_like(weight)
     losses = torch.empty(n, dtype=torch.float32, device=h.device)
-    block = min(BLOCK, triton.next_power_of_2(v))
+    block = min(BLOCK, next_pow2(v))
     buf = torch.empty((min(chunk, n), v), dtype=h.dtype, device=h.device)  # one chunk's logits, reused
     for s in range(0, n, chunk):
         hc, tc = h[s : s + chunk], target[s : s + chunk]
         logits = torch.mm(hc, weight.t(), out=buf[: hc.shape[0]])
         # each row's loss, then its gradient written over it (the logits are ours alone)
         ce_loss_grad_kernel[(logits.shape[0],)](logits, tc, losses[s:], n_valid, ok, logits.stride(0), v,
-                                                ignore_index, BLOCK=block, num_warps=8)  # fmt: skip
+                                                ignore_index, BLOCK=block, num_warps=WARPS)  # fmt: skip
         torch.mm(logits, weight, out=dh[s : s + chunk])
         dw.addmm_(logits.t(), hc)  # in the matmul's epilogue, in the weight's dtype
     if n:

@@ -7,14 +7,18 @@ Forward reads a and b and writes y (3 passes); backward reads a, b and dy and wr
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor
+from perfloop.ops.base import cdiv, check_tensor
 from perfloop.ops.gelu.triton_impl import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
+from perfloop.ops.tuning import load_table
 
-BLOCK = 2048
+TUNED = load_table(Path(__file__).parent)  # elements a program, warps (tuned.json)
+BLOCK, WARPS = TUNED["block"], TUNED["num_warps"]
 SILU, GELU_TANH, GELU_ERF = 0, 1, 2  # the activations, for the kernels' ACT
 
 
@@ -65,7 +69,7 @@ class GatedFunction(torch.autograd.Function):
         y = torch.empty_like(a)
         n = a.numel()
         if n:
-            gated_fwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, y, n, ACT=act, BLOCK=BLOCK, num_warps=8)
+            gated_fwd_kernel[(cdiv(n, BLOCK),)](a, b, y, n, ACT=act, BLOCK=BLOCK, num_warps=WARPS)
         ctx.save_for_backward(a, b)
         ctx.act = act
         return y
@@ -77,8 +81,8 @@ class GatedFunction(torch.autograd.Function):
         da, db = torch.empty_like(a), torch.empty_like(b)
         n = a.numel()
         if n:
-            gated_bwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, dy, da, db, n, ACT=ctx.act, BLOCK=BLOCK,
-                                                       num_warps=8)  # fmt: skip
+            gated_bwd_kernel[(cdiv(n, BLOCK),)](a, b, dy, da, db, n, ACT=ctx.act, BLOCK=BLOCK,
+                                                       num_warps=WARPS)  # fmt: skip
         return da, db, None
 
 
