@@ -152,3 +152,36 @@ def test_min_effect_is_checked_and_a_speedup_under_it_is_not_significant():
     c = pl.compare({"slow": busy(0.6), "fast": busy(0.5)}, baseline="slow", budget_s=0.5, min_effect=0.5)
     s = c.speedups["fast"]
     assert 1.1 < s.speedup < 1.3 and not s.significant  # 1.2x, but the caller asked for 1.5x or more
+
+
+class _Scripted:
+    """A sampler that returns a script of times, one a sample (the harness's enqueue/collect)."""
+
+    calls_per_sample = 1
+
+    def __init__(self, times):
+        self.times = iter(times)
+
+    def enqueue(self, n):
+        return [next(self.times) for _ in range(n)]
+
+    def collect(self, token):
+        return token
+
+
+def test_a_clear_2x_is_not_cut_short_where_a_few_preempted_rounds_hold_the_test_back(monkeypatch):
+    """Under load, 2 of the first 10 rounds of the fast candidate were preempted (5 ms): the CI of
+    medians is 2x and excludes 1, the signed-rank test is not yet sure (p ~0.4); compare stopped
+    there as converged and called a 2x speed-up not significant. It samples on until they agree."""
+    from perfloop.harness import timing
+
+    slow = [1.0] * 500
+    fast = [0.5, 5.0, 0.5, 0.5, 5.0] + [0.5] * 495
+    scripts = {"slow": _Scripted(slow), "fast": _Scripted(fast)}
+    fns = {"slow": lambda: None, "fast": lambda: None}
+    by_fn = {id(f): scripts[n] for n, f in fns.items()}
+    monkeypatch.setattr(timing, "prepare", lambda f, *a, **k: (by_fn[id(f)], 0, 0, None))
+    c = pl.compare(fns, baseline="slow", budget_s=5.0)
+    s = c.speedups["fast"]
+    assert s.speedup == pytest.approx(2.0) and s.significant, s
+    assert len(c.measurements["fast"].samples_ms) > 10  # it went past the 10 rounds that sufficed before
