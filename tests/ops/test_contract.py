@@ -96,7 +96,7 @@ def test_known_wrong_variants_are_rejected(op_name, bad, match):
     assert "first bad" in str(e.value) and "max abs err" in str(e.value)
 
 
-def _layernorm_backward_without_the_mean_term(x, weight, bias, out=None):
+def _layernorm_backward_without_the_mean_term(x, weight, bias):
     """LayerNorm whose backward forgets that the mean depends on x (the forward is right)."""
 
     class Wrong(torch.autograd.Function):
