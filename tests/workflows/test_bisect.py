@@ -80,7 +80,7 @@ def test_without_the_steps_size_the_slow_end_is_timed_first_and_its_wall_time_us
     commits = _repo(repo, n=5, slow_at=3, delay=0.06, ratio=1.5)
     b = bisect(commits[0], commits[-1], [sys.executable, "bench.py"], repo=repo)  # wall time, list form
     assert b.culprit.commit == commits[3]
-    assert b.timed[0].commit == commits[-1] and b.timed[0].ratio > 1.2  # the slow end, first
+    assert b.timed[0].commit == commits[-1] and b.timed[0].ratio > 1.2 and b.timed[0].slow  # the slow end
     assert b.threshold == pytest.approx(b.timed[0].ratio ** 0.5)
 
 

@@ -17,7 +17,7 @@ import shlex
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfloop.harness import stats
@@ -202,6 +202,7 @@ def bisect(good: str, bad: str, command: str | list[str], *, repo: str | Path = 
                                   "time what the change point measured")  # fmt: skip
         out.threshold = math.sqrt(expect)
         slower = expect > 1
+        out.timed = [replace(t, slow=True) for t in out.timed]  # the slow end, by definition
         known = {t.commit: t for t in out.timed}
         lo, hi = -1, len(candidates) - 1  # candidates[hi] is slow; lo = -1 stands for good
         while hi - lo > 1:
