@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from perfloop import ops
-from perfloop.experiments._common import device, finish, ms, plot_lines
+from perfloop.experiments._common import device, finish, ms, one_cpu_thread, plot_lines
 from perfloop.harness import stats
 from perfloop.harness.measurement import Work
-from perfloop.harness.timing import bench
+from perfloop.harness.timing import bench, compare
 
 
 def matmul_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
@@ -31,7 +31,8 @@ def matmul_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             a = torch.randn(d, d, device=dev, dtype=dtype)
             b = torch.randn(d, d, device=dev, dtype=dtype)
             work = Work(bytes=3 * d * d * a.element_size(), flops=2 * d**3, dtype=str(dtype))
-            m = bench(torch.matmul, a, b, work=work, budget_s=0.5 if quick else 1.0)
+            with one_cpu_thread(dev):
+                m = bench(torch.matmul, a, b, work=work, budget_s=0.5 if quick else 1.0)
             times.append(m.median_ms)
             rows.append([d, ops.dtype_name(dtype), ms(m.median_ms), m.tflops])
             if store is not None:
@@ -49,7 +50,8 @@ def matmul_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             f"{name}: flat at ~{ms(f['floor'])} (fixed cost) until {knee}, then time grows as "
             f"d^{f['exponent']:.2f} (3 is cubic; R^2 {f['r2']:.3f})"
         )
-    return finish("matmul-scaling", ["d", "dtype", "median", "TFLOP/s"], rows, "; ".join(parts), [plot],
+    conclusion = "; ".join(parts) + (" (CPU: one thread)" if dev == "cpu" else "")
+    return finish("matmul-scaling", ["d", "dtype", "median", "TFLOP/s"], rows, conclusion, [plot],
                   store, run_id, {"fits": fits})  # fmt: skip
 
 
@@ -82,7 +84,7 @@ def mlp_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
     out = Path(out_dir or ".")
     rows, series, fitted = [], {}, {}
     for axis, values in axes.items():
-        times = []
+        fns = {}
         for value in values:
             cfg = dict(base)
             steps = value if axis == "steps" else 1
@@ -95,9 +97,14 @@ def mlp_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
                 for _ in range(steps):
                     _step(mlp, x)
 
-            m = bench(run, budget_s=0.3 if quick else 1.0, flush_l2=False)
-            times.append(m.median_ms)
-            rows.append([axis, value, ms(m.median_ms)])
+            fns[str(value)] = run
+        # the points of an axis interleaved, round by round: a machine whose pace drifts (another
+        # process on a core) moves them all alike, not the last ones more
+        with one_cpu_thread(dev):
+            budget = (0.3 if quick else 1.0) * len(values)
+            c = compare(fns, baseline=str(values[0]), budget_s=budget, flush_l2=False)
+        times = [c.measurements[str(v)].median_ms for v in values]
+        rows += [[axis, v, ms(t)] for v, t in zip(values, times, strict=True)]
         fit = stats.linear_fit(values, times)
         fitted[axis] = fit | {"growth": times[-1] / times[0], "range": values[-1] / values[0]}
         series[axis] = (list(range(len(values))), [t / times[0] for t in times])
@@ -113,6 +120,6 @@ def mlp_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
         if b["growth"] < 0.25 * b["range"]
         else f"batch scales the time {b['growth']:.2f}x over {b['range']:.0f}x: compute-bound"
     )
-    conclusion = "; ".join(lines) + ". " + regime + "."
+    conclusion = "; ".join(lines) + ". " + regime + "." + (" (CPU: one thread)" if dev == "cpu" else "")
     return finish("mlp-scaling", ["axis", "value", "median (fwd+bwd)"], rows, conclusion, [plot],
                   store, run_id, {"fits": fitted})  # fmt: skip
