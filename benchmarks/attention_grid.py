@@ -27,8 +27,8 @@ import perfloop as pl
 from perfloop.ops.attention.triton_impl import flash_attention
 from perfloop.results import grid
 
-BATCH, HEADS, TOKENS, DIMS, MASKS = (1, 2, 4, 8), (8, 16, 32), (512, 1000, 2047, 3000, 4096, 8192), (64, 128), (
-    "full", "causal")  # fmt: skip
+BATCH, HEADS, DIMS, MASKS = (1, 2, 4, 8), (8, 16, 32), (64, 128), ("full", "causal")
+TOKENS = (512, 1000, 2047, 3000, 4096, 8192)
 
 
 def point_gib(b: int, h: int, t: int, d: int) -> float:
@@ -68,8 +68,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = pl.env_fingerprint()
-    rec = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "commit": env.get("git"),
-           "torch": torch.__version__, "points": {}}  # fmt: skip
+    rec = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+           "commit": env.get("git"), "torch": torch.__version__, "points": {}}  # fmt: skip
     t0 = time.perf_counter()
     for b, h, t, d, mask in itertools.product(BATCH, HEADS, TOKENS, DIMS, MASKS):
         keys = [f"b={b} h={h} t={t} d={d} mask={mask} mode={m}" for m in ("fwd", "fwd+bwd")]
