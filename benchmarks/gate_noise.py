@@ -5,6 +5,8 @@ own process) of the same code, with another process loading one core, and N runs
 misses, and the naive within-run test's for comparison.
 
     python benchmarks/gate_noise.py --runs 20 --load 1 --out benchmarks/results/gate.json
+    python benchmarks/gate_noise.py --rejudge benchmarks/results/2026-12-01-cpu-gate-noise-raw-runs.json.gz
+                                     # the stored runs, judged again by the gate as it is now
 """
 
 from __future__ import annotations
@@ -46,42 +48,57 @@ def one_run(kind: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--load", type=int, default=1, help="busy processes beside the runs")
-    ap.add_argument("--fail-above", type=float, default=5.0)
-    ap.add_argument("--out")
-    args = ap.parse_args()
+def judge_all(same: list[dict], slow: list[dict], fail_above: float):
+    """(false alarms, misses, the naive test's false alarms, a row per pair): each unchanged run
+    against the one before it, each slow run against the last unchanged one."""
     from perfloop.harness import gate, stats
 
-    loaders = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
-    t0 = time.time()
-    try:
-        same = [one_run("same") for _ in range(args.runs)]
-        slow = [one_run("slow") for _ in range(args.runs)]
-    finally:
-        for p in loaders:
-            p.kill()
     alarms, misses, naive_alarms, rows = 0, 0, 0, []
     for i in range(1, len(same)):
         a, b = same[i - 1], same[i]
         history = [gate.normalized_tail(r["samples"], r["ref"]) for r in same[:i]]
-        v = judge(a, b, history, args.fail_above)
+        v = judge(a, b, history, fail_above)
         s = stats.independent_ratio(a["samples"], b["samples"])
-        naive = s["p_value"] < 0.01 and s["ratio"] > 1 + args.fail_above / 100
+        naive = s["p_value"] < 0.01 and s["ratio"] > 1 + fail_above / 100
         alarms += v.regression
         naive_alarms += naive
         rows.append({"pair": f"same {i - 1}->{i}", "median_ratio": s["ratio"], "adjusted": v.adjusted,
                      "floor": v.floor, "regression": v.regression, "naive_regression": naive})  # fmt: skip
     history = [gate.normalized_tail(r["samples"], r["ref"]) for r in same]
     for i, b in enumerate(slow):
-        a = same[-1]
-        v = judge(a, b, history, args.fail_above)
+        v = judge(same[-1], b, history, fail_above)
         misses += not v.regression
         rows.append({"pair": f"same -> slow {i}", "adjusted": v.adjusted, "floor": v.floor,
-                     "regression": v.regression})  # fmt: skip
-    result = {"runs": args.runs, "load": args.load, "fail_above_pct": args.fail_above,
+                     "regression": v.regression, "verdict": v.verdict})  # fmt: skip
+    return alarms, misses, naive_alarms, rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--load", type=int, default=1, help="busy processes beside the runs")
+    ap.add_argument("--fail-above", type=float, default=5.0)
+    ap.add_argument("--out")
+    ap.add_argument("--rejudge", help="a --out file (.json or .json.gz): judge its runs again, time nothing")
+    args = ap.parse_args()
+    t0 = time.time()
+    if args.rejudge:
+        import gzip
+
+        opener = gzip.open if args.rejudge.endswith(".gz") else open
+        with opener(args.rejudge, "rt") as f:
+            stored = json.load(f)
+        same, slow = stored["same_runs"], stored["slow_runs"]
+    else:
+        loaders = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+        try:
+            same = [one_run("same") for _ in range(args.runs)]
+            slow = [one_run("slow") for _ in range(args.runs)]
+        finally:
+            for p in loaders:
+                p.kill()
+    alarms, misses, naive_alarms, rows = judge_all(same, slow, args.fail_above)
+    result = {"runs": len(same), "load": args.load, "fail_above_pct": args.fail_above,
               "false_alarms": alarms, "naive_false_alarms": naive_alarms, "misses_of_1.3x": misses,
               "wall_s": time.time() - t0, "pairs": rows, "same_runs": same, "slow_runs": slow}  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if not k.endswith(("pairs", "runs"))}, indent=1))

@@ -10,11 +10,13 @@ a slowdown against three things, and says which it used:
 2. a reference workload measured in both runs (`reference()`: a copy on a GPU, an elementwise
    tanh over torch's threads on a CPU): its change between the runs is the machine's drift,
    and is divided out -- round by round, by the lower quartile of the per-round ratios, where
-   the reference was timed interleaved with the code. Not where either run was contended
-   (another process busy on a core: it takes time from the reference's threads and the code's
-   unevenly), nor where the machine moved more than MAX_DRIFT against the code (faster while
-   the code got slower): there the raw tails stand, a lower bound of the code's change; a
-   machine that moved more than MAX_DRIFT the code's way leaves nothing to judge;
+   the reference was timed interleaved with the code. In a contended run (another process
+   busy on a core) only where the reference followed the code round by round (dividing
+   narrows the spread): a hog can slow the reference's threads and the code's unevenly, and
+   then dividing adds error (a 1.12x wobble read 1.55x). Nor where the machine moved more than
+   MAX_DRIFT against the code (faster while the code got slower): there the raw tails stand, a
+   lower bound of the code's change; a machine that moved more than MAX_DRIFT the code's way
+   leaves nothing to judge;
 3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
    same commit) when the history holds at least three, else a default for the device kind.
 A slowdown is a regression only past the larger of the user's threshold and that floor, when
@@ -77,10 +79,21 @@ class Verdict:
             how = f"fast tails (p10), divided by the reference workload ({self.drift:.3f}x)"
         elif self.drift:
             how = (f"fast tails (p10), not divided by the reference workload ({self.drift:.3f}x): "
-                   "a contended run")  # fmt: skip
+                   "it did not follow the code")  # fmt: skip
         else:
             how = "fast tails (p10)"
         return f"{how}; noise floor {self.floor:.1%} ({self.floor_source})"
+
+
+def tracks(samples: Sequence[float], ref: Sequence[float] | None) -> bool:
+    """Whether the reference followed the code round by round: dividing by it narrows the
+    spread of the run's log times (their median absolute deviation)."""
+    if ref is None or len(ref) != len(samples) or len(samples) < 5:
+        return False
+    raw = np.log(np.asarray(samples, dtype=float))
+    per_round = raw - np.log(np.asarray(ref, dtype=float))
+    mad = lambda x: float(np.median(np.abs(x - np.median(x))))  # noqa: E731
+    return mad(per_round) < mad(raw)
 
 
 def contended(meta: dict | None) -> bool:
@@ -128,7 +141,8 @@ def judge(
     # bounds; a machine that ran more than MAX_DRIFT faster while the code ran slower (or the
     # reverse) leaves the raw change as a lower bound of the code's
     against = drift is not None and abs(math.log(drift)) > math.log(MAX_DRIFT) and (drift > 1) != (ratio > 1)
-    divided = drift is not None and not contended and not against
+    follows = not contended or (tracks(a, a_ref) and tracks(b, b_ref))
+    divided = drift is not None and follows and not against
     adjusted = ratio / drift if divided else ratio
     if divided and len(a_ref) == len(a) and len(b_ref) == len(b):  # interleaved: test the per-round ratios
         a = [x / r for x, r in zip(a, a_ref, strict=True)]
