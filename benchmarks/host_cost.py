@@ -1,0 +1,125 @@
+"""Where a fused module's host time goes (issue 25, item 1), against torch's own module: for each
+pair at issue 25's sizes, forward + backward as `do_bench` times it (ANCHORS.md's method), the
+host's own time per call (200 calls issued back to back, one sync at the end: where the host is
+the limit, its pace), and a cProfile of those calls (the Python functions the time is spent in).
+
+    PYTHONPATH=src python3 benchmarks/host_cost.py OUT_DIR
+
+Writes OUT_DIR/host_cost.json and OUT_DIR/host_cost_profile_<name>.txt; needs a GPU.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import perfloop.nn as pnn
+
+SHAPES = [(8192, 4096), (1024, 768)]
+
+
+def pairs(rows: int, width: int, dev: str = "cuda"):
+    """(name, torch's callable, perfloop's callable) for forward + backward at (rows, width), bf16."""
+    dt = torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(rows + width)
+    x = torch.randn(rows, width, device=dev, dtype=dt, generator=g).requires_grad_()
+    dy = torch.randn(rows, width, device=dev, dtype=dt, generator=g)
+
+    def fb(module, *inputs):
+        params = list(module.parameters())
+
+        def run():
+            y = module(*inputs)
+            torch.autograd.grad(y, [t for t in inputs if t.requires_grad] + params, dy if y.ndim else None)
+
+        return run
+
+    out = []
+    for name, t_cls, p_cls in (
+        ("RMSNorm", nn.RMSNorm, pnn.RMSNorm),
+        ("LayerNorm", nn.LayerNorm, pnn.LayerNorm),
+    ):
+        t_mod, p_mod = t_cls(width, device=dev, dtype=dt), p_cls(width, device=dev, dtype=dt)
+        out.append((name, fb(t_mod, x), fb(p_mod, x)))
+    b = torch.randn(rows, width, device=dev, dtype=dt, generator=g).requires_grad_()
+
+    def swiglu_torch():
+        torch.autograd.grad(F.silu(x) * b, [x, b], dy)
+
+    sw = pnn.SwiGLU()
+
+    def swiglu_ours():
+        torch.autograd.grad(sw(x, b), [x, b], dy)
+
+    out.append(("SwiGLU", swiglu_torch, swiglu_ours))
+    vocab = 50304 if rows * 50304 * 2 < 8 * 2**30 else 8192
+    logits = torch.randn(rows, vocab, device=dev, dtype=dt, generator=g).requires_grad_()
+    target = torch.randint(0, vocab, (rows,), device=dev, generator=g)
+    ce_t, ce_p = nn.CrossEntropyLoss(), pnn.CrossEntropyLoss()
+    out.append(("CrossEntropyLoss", lambda: torch.autograd.grad(ce_t(logits, target), [logits]),
+                lambda: torch.autograd.grad(ce_p(logits, target), [logits])))  # fmt: skip
+    return out
+
+
+def host_ms(f, calls: int = 200) -> float:
+    for _ in range(10):
+        f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        f()
+    issued = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return issued / calls * 1e3
+
+
+def python_profile(f, calls: int = 200) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        f()
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    return buf.getvalue()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or not torch.cuda.is_available():
+        print("host_cost: needs a GPU and OUT_DIR", file=sys.stderr)
+        return 2
+    from triton.testing import do_bench
+
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    rows_out = []
+    for rows, width in SHAPES:
+        for name, t_fn, p_fn in pairs(rows, width):
+            row = {"op": name, "shape": [rows, width]}
+            for who, f in (("torch", t_fn), ("perfloop", p_fn)):
+                row[who] = {"do_bench_ms": do_bench(f, return_mode="median"), "host_ms": host_ms(f)}
+                (out / f"host_cost_profile_{name}_{rows}x{width}_{who}.txt").write_text(python_profile(f))
+            row["do_bench_ratio"] = row["perfloop"]["do_bench_ms"] / row["torch"]["do_bench_ms"]
+            row["host_ratio"] = row["perfloop"]["host_ms"] / row["torch"]["host_ms"]
+            print(f"{name:18} {rows}x{width}: do_bench {row['do_bench_ratio']:.2f}x torch, host "
+                  f"{row['perfloop']['host_ms'] * 1e3:.0f} us vs {row['torch']['host_ms'] * 1e3:.0f} us "
+                  f"({row['host_ratio']:.2f}x)")  # fmt: skip
+            rows_out.append(row)
+            (out / "host_cost.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                                            "rows": rows_out}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
