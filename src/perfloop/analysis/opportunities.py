@@ -46,7 +46,8 @@ HOST = {  # timeline's cause -> (what the host was doing, what removes it)
     timeline.OPTIMIZER: ("the optimizer's per-parameter host loop",
                          "a fused or foreach optimizer: torch.optim.AdamW(..., fused=True) (a few launches "
                          "per step instead of several per parameter)"),
-    timeline.OUTSIDE: ("host work outside torch (Python, NumPy) in the step",
+    timeline.OUTSIDE: ("host work outside torch (Python, NumPy; time in C code is charged to the Python line "
+                       "that called it) in the step",
                        "move it out of the step (precompute it, or into DataLoader workers), or do it in "
                        "torch on the device"),
 }  # fmt: skip
