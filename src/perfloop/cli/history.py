@@ -3,6 +3,8 @@ the steps in it (change points) with their size, confidence and commit range."""
 
 from __future__ import annotations
 
+import shlex
+
 from perfloop.cli.args import UsageError, open_store
 from perfloop.cli.output import console, emit_json
 
@@ -38,7 +40,7 @@ def run(args) -> int:
         for c in t.changes:
             out.print(f"  step: {c}", style="red" if c.ratio > 1 else "green", markup=False)
         if t.changes and all(c.before and c.after for c in t.changes):
-            key = "/".join(t.key).rstrip("/")
+            key = shlex.quote("/".join(t.key).rstrip("/"))
             out.print(f"  name the commit: perfloop bisect --key {key} -- COMMAND (what times it)",
                       markup=False, highlight=False)  # fmt: skip
         if not t.changes and len(t.points) >= 6:

@@ -42,8 +42,9 @@ class Change:
 
     def __str__(self) -> str:
         word = "slower" if self.ratio > 1 else "faster"
+        p = f"p {self.p_value:.1g}" if self.p_value >= 1e-6 else "p < 1e-6"
         return (f"{self.ratio:.3f}x ({word}) between {self.before or '?'} and {self.after or '?'}: "
-                f"{self.z:.1f} standard errors, p {self.p_value:.1g}")  # fmt: skip
+                f"{self.z:.1f} standard errors, {p}")  # fmt: skip
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import math
+import shlex
 
 from perfloop.harness.gate import learned_floor
 from perfloop.results.history import Trend
@@ -99,10 +100,11 @@ def section(trends: list[Trend]) -> list[str]:
         rows = []
         for t, c in changes:
             word = "slower" if c.ratio > 1 else "faster"
+            key = e(shlex.quote(_name(t)))
             rows.append(f"<tr class='change'><td><a href='#{_anchor(t)}'>{e(_name(t))}</a></td>"
                         f"<td class='{word}'>{c.ratio:.3f}x {word}</td><td>{e(c.before or '?')}</td>"
                         f"<td>{e(c.after or '?')}</td><td>{c.z:.1f}</td><td>{_p(c.p_value)}</td><td>"
-                        f"<code>perfloop bisect --key {e(_name(t))} -- COMMAND</code></td></tr>")  # fmt: skip
+                        f"<code>perfloop bisect --key {key} -- COMMAND</code></td></tr>")  # fmt: skip
         parts.append("<table><tr><th>benchmark</th><th>step</th><th>last commit before</th>"
                      "<th>first commit after</th><th>z</th><th>p</th><th>name the commit</th></tr>"
                      + "".join(rows) + "</table>")  # fmt: skip
