@@ -55,10 +55,13 @@ OP = Op(
         torch.float16: (2e-3, 4e-3),
         torch.bfloat16: (1.6e-2, 3e-2),
     },
+    # 16-bit gradients 1.5x the forward's atol: the naive variant's backward (eight ops' autograd in
+    # the input dtype) misses by up to 1.1x the forward's allowance where tanh saturates (3000
+    # seeds; torch's F.gelu 0.07x), which failed the contract test in 1 run of 100
     grad_tolerances={
         torch.float32: (1e-5, 1e-5),
-        torch.float16: (2e-3, 4e-3),
-        torch.bfloat16: (1.6e-2, 3e-2),
+        torch.float16: (3e-3, 4e-3),
+        torch.bfloat16: (2.4e-2, 3e-2),
     },
     out_shape=lambda shape: shape,
     validate=validate,
