@@ -90,6 +90,7 @@ class Recorder:
                 b_ref=m.meta.get("reference_samples_ms"),
                 contended=gate.contended(base.meta) or gate.contended(m.meta),
             )
+            self.config._perfloop_verdicts[key] = v
             if v.verdict.startswith("cannot judge"):  # said, never passed in silence
                 warnings.warn(f"perfloop: {key}: {v.verdict}", PerfloopWarning, stacklevel=2)
             if v.regression:
@@ -128,6 +129,7 @@ def _read_baseline(path: str) -> dict[str, Measurement]:
 
 def pytest_configure(config):
     config._perfloop_taken = {}
+    config._perfloop_verdicts = {}
     config._perfloop_baseline = {}
     config._perfloop_matched = set()
     path = config.getoption("--perfloop-compare", default=None)
@@ -146,6 +148,17 @@ def pytest_configure(config):
             except (OSError, json.JSONDecodeError) as exc:
                 raise pytest.UsageError(f"--perfloop-save: {save} exists and is not a baseline to merge into "
                                         f"({exc}); choose another path") from exc  # fmt: skip
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Every compared measurement's verdict, slowest first: what was judged, and how."""
+    verdicts = getattr(config, "_perfloop_verdicts", {})
+    if not verdicts:
+        return
+    terminalreporter.section("perfloop comparison")
+    for key, v in sorted(verdicts.items(), key=lambda kv: -kv[1].adjusted):
+        terminalreporter.write_line(f"{key}: {v.adjusted:.3f}x, {v.verdict} (raw {v.ratio:.3f}x; {v.method})",
+                                    red=v.regression)  # fmt: skip
 
 
 def pytest_sessionfinish(session, exitstatus):

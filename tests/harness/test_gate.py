@@ -146,3 +146,19 @@ def test_a_slowdown_against_a_machine_that_ran_faster_is_caught_not_given_up_on(
     v = gate.judge(a, _samples(1.5, seed=2), fail_above_pct=5, a_ref=_samples(1.0, seed=3),
                    b_ref=_samples(4.1, seed=4))  # fmt: skip
     assert not v.regression and v.verdict.startswith("cannot judge: the machine ran 4.1x slower")
+
+
+def test_under_load_a_clear_raw_slowdown_the_reference_would_silence_is_said_not_passed():
+    """A reference that followed the code round by round (a common drift) but ran 1.5x slower in
+    the later run: divided, a 2x slowdown reads 1.33x, inside the contended floor. The plugin
+    passed it in silence under load; now the verdict says the two disagree."""
+    rng = np.random.default_rng(5)
+    drift_a, drift_b = np.exp(rng.normal(0, 0.3, 60)), np.exp(rng.normal(0, 0.3, 60))
+    a, ra = list(1.0 * drift_a), list(1.0 * drift_a * np.exp(rng.normal(0, 0.01, 60)))
+    b, rb = list(2.0 * drift_b), list(1.5 * drift_b * np.exp(rng.normal(0, 0.01, 60)))
+    assert gate.tracks(a, ra) and gate.tracks(b, rb)
+    v = gate.judge(a, b, fail_above_pct=5, a_ref=ra, b_ref=rb, contended=True)
+    assert v.adjusted == pytest.approx(1.33, rel=0.05) and not v.regression
+    assert v.verdict.startswith(
+        "cannot judge: with another process busy on a core, the raw times read slower"
+    )

@@ -12,16 +12,15 @@ a slowdown against three things, and says which it used:
    and is divided out -- round by round, by the lower quartile of the per-round ratios, where
    the reference was timed interleaved with the code. In a contended run (another process
    busy on a core) only where the reference followed the code round by round (dividing
-   narrows the spread): a hog can slow the reference's threads and the code's unevenly, and
-   then dividing adds error (a 1.12x wobble read 1.55x). Nor where the machine moved more than
-   MAX_DRIFT against the code (faster while the code got slower): there the raw tails stand, a
-   lower bound of the code's change; a machine that moved more than MAX_DRIFT the code's way
-   leaves nothing to judge;
+   narrows the spread), and a clear raw change the division would silence is "cannot
+   judge", not a pass. Where the machine moved more than MAX_DRIFT against the code (faster
+   while the code got slower) the raw tails stand, a lower bound of the code's change; where
+   it moved more than that the code's way there is nothing to judge;
 3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
    same commit) when the history holds at least three, else a default for the device kind.
 A slowdown is a regression only past the larger of the user's threshold and that floor, when
-the raw times moved too (by a quarter of the floor: else only the reference did), and when the two
-runs' samples differ significantly (Mann-Whitney).
+the raw times moved too (by a quarter of the floor, half in a contended run: else only the
+reference did), and when the two runs' samples differ significantly (Mann-Whitney).
 """
 
 from __future__ import annotations
@@ -134,6 +133,7 @@ def judge(
     (True, 'slower')
     """
     ratio = tail_ms(b) / tail_ms(a)
+    a_raw, b_raw = a, b
     drift = None
     if a_ref is not None and b_ref is not None:
         drift = ratio * normalized_tail(a, a_ref) / normalized_tail(b, b_ref)
@@ -170,8 +170,18 @@ def judge(
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
     # the raw times must have moved too: where they did not, only the reference workload did,
     # and its change is not the code's (code whose time does not follow the machine: a wait)
-    raw_moved = abs(math.log(ratio)) > math.log1p(floor / 4)
+    raw_moved = abs(math.log(ratio)) > math.log1p(floor / (2 if contended else 4))
     significant = p < alpha and abs(math.log(adjusted)) > math.log1p(floor) and raw_moved
+    if contended and divided:  # the reference followed the code, but a hog moves both unevenly
+        p_raw = stats.independent_ratio(a_raw, b_raw)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
+        raw_says = p_raw < alpha and abs(math.log(ratio)) > math.log1p(floor)
+        if raw_says and not significant:  # a clear raw change the reference would silence: said
+            word = lambda yes, r: ("slower" if r > 1 else "faster") if yes else "the same"  # noqa: E731
+            why = (f"cannot judge: with another process busy on a core, the raw times read "
+                   f"{word(raw_says, ratio)} ({ratio:.2f}x) and divided by the reference "
+                   f"{word(significant, adjusted)} ({adjusted:.2f}x); run both again on a quiet "
+                   "machine")  # fmt: skip
+            return Verdict(ratio, drift, adjusted, floor, source, p, False, why, divided)
     if not significant:
         verdict = f"same (within {floor:.0%} noise)"
     else:
