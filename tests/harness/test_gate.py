@@ -162,3 +162,14 @@ def test_under_load_a_clear_raw_slowdown_the_reference_would_silence_is_said_not
     assert v.verdict.startswith(
         "cannot judge: with another process busy on a core, the raw times read slower"
     )
+
+
+def test_a_change_past_the_floor_that_the_samples_cannot_confirm_is_said_not_called_the_same():
+    """Under load the plugin passed a 1.73x slowdown as 'same (within 40% noise)': past the floor,
+    but the two runs' samples overlapped too much for the test. That is not 'same'."""
+    rng = np.random.default_rng(3)
+    a = list(np.where(rng.random(20) < 0.5, 1.0, 3.0) * np.exp(rng.normal(0, 0.02, 20)))
+    b = list(np.where(rng.random(20) < 0.5, 1.8, 2.6) * np.exp(rng.normal(0, 0.02, 20)))
+    v = gate.judge(a, b, fail_above_pct=5, contended=True)
+    assert v.adjusted > 1.5 and v.p_value >= 0.01 and not v.regression, v
+    assert v.verdict.startswith("cannot judge: 1.") and "do not differ significantly" in v.verdict

@@ -83,7 +83,7 @@ def run(args) -> int:
     before, d = profile_variant(op, "naive", shape, dtype)
     out.print(before.table())
     out.print(str(d))
-    store.add_artifact(run_id, "profile", before.to_dict() | {"diagnosis": d.__dict__},
+    store.add_artifact(run_id, "profile", before.to_dict() | {"diagnosis": d.to_dict()},
                        op="gelu", variant="naive")  # fmt: skip
 
     out.rule("3. fix: check every fused variant against the float64 reference")
@@ -98,7 +98,7 @@ def run(args) -> int:
     best = max((r for r in bench_rows if r.variant != "naive"), key=lambda r: r.speedup, default=None)
     if best:
         after, d2 = profile_variant(op, best.variant, shape, dtype)
-        store.add_artifact(run_id, "profile", after.to_dict() | {"diagnosis": d2.__dict__},
+        store.add_artifact(run_id, "profile", after.to_dict() | {"diagnosis": d2.to_dict()},
                            op="gelu", variant=best.variant)  # fmt: skip
         out.print(f"naive -> {best.variant}: what changed in the profile")
         out.print(str(diff(before, after)))

@@ -91,7 +91,7 @@ def run(args) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     run_id = start_run(store)
-    payload = p.to_dict() | {"diagnosis": {"bound": d.bound, "evidence": d.evidence, "advice": d.advice}}
+    payload = p.to_dict() | {"diagnosis": d.to_dict()}
     store.add_artifact(run_id, "profile", payload, op=op.name, variant=variant)
     if args.json:
         emit_json(payload)

@@ -182,6 +182,12 @@ def judge(
                    f"{word(significant, adjusted)} ({adjusted:.2f}x); run both again on a quiet "
                    "machine")  # fmt: skip
             return Verdict(ratio, drift, adjusted, floor, source, p, False, why, divided)
+    if not significant and p >= alpha and abs(math.log(adjusted)) > math.log1p(floor) and raw_moved:
+        # past the floor, but the runs' samples are too spread to tell it from noise: said, not "same"
+        why = (f"cannot judge: {adjusted:.2f}x is past the {floor:.0%} noise floor, but the two runs' "
+               f"samples do not differ significantly (p {p:.2g}); run both again on a quieter "
+               "machine")  # fmt: skip
+        return Verdict(ratio, drift, adjusted, floor, source, p, False, why, divided)
     if not significant:
         verdict = f"same (within {floor:.0%} noise)"
     else:

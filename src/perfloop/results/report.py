@@ -165,9 +165,12 @@ def _profile_section(op: str, a: dict) -> list[str]:
     parts = [f"<h3>profile: {e(op)}/{e(a['variant'] or '')}</h3>",
              _table(["kernel", "calls", "total", "mean", "share"], rows)]  # fmt: skip
     d = p.get("diagnosis")
-    if d:
-        parts.append(f"<p><b>diagnosis</b>: {e(d['advice'])}</p>"
-                     f"<pre>{e(json.dumps(d['evidence'], indent=1, default=str))}</pre>")  # fmt: skip
+    if d:  # one op's Diagnosis (bound, evidence, advice) or a step's (bound, advice, opportunities)
+        parts.append(
+            f"<p><b>diagnosis</b> ({e(str(d.get('bound', '?')))}): {e(str(d.get('advice', '')))}</p>"
+        )
+        if d.get("evidence"):
+            parts.append(f"<pre>{e(json.dumps(d['evidence'], indent=1, default=str))}</pre>")
     return parts
 
 
