@@ -42,9 +42,14 @@ class Change:
 
     def __str__(self) -> str:
         word = "slower" if self.ratio > 1 else "faster"
-        p = f"p {self.p_value:.1g}" if self.p_value >= 1e-6 else "p < 1e-6"
+        p = f"p {fmt_p(self.p_value)}"
         return (f"{self.ratio:.3f}x ({word}) between {self.before or '?'} and {self.after or '?'}: "
                 f"{self.z:.1f} standard errors, {p}")  # fmt: skip
+
+
+def fmt_p(p: float) -> str:
+    """A p-value to one digit; under 1e-6 said so (one digit would read 0)."""
+    return f"{p:.1g}" if p >= 1e-6 else "< 1e-6"
 
 
 @dataclass

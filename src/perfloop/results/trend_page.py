@@ -10,7 +10,7 @@ import math
 import shlex
 
 from perfloop.harness.gate import learned_floor
-from perfloop.results.history import Trend
+from perfloop.results.history import Trend, fmt_p
 
 W, H, PAD = 260, 40, 3
 
@@ -26,10 +26,6 @@ def _name(t: Trend) -> str:
 def _segments(t: Trend) -> list[tuple[int, int]]:
     cuts = [0, *(c.at for c in t.changes), len(t.points)]
     return list(zip(cuts, cuts[1:], strict=False))
-
-
-def _p(p: float) -> str:
-    return f"{p:.1g}" if p >= 1e-6 else "< 1e-6"
 
 
 def sparkline(t: Trend) -> str:
@@ -103,7 +99,7 @@ def section(trends: list[Trend]) -> list[str]:
             key = e(shlex.quote(_name(t)))
             rows.append(f"<tr class='change'><td><a href='#{_anchor(t)}'>{e(_name(t))}</a></td>"
                         f"<td class='{word}'>{c.ratio:.3f}x {word}</td><td>{e(c.before or '?')}</td>"
-                        f"<td>{e(c.after or '?')}</td><td>{c.z:.1f}</td><td>{_p(c.p_value)}</td><td>"
+                        f"<td>{e(c.after or '?')}</td><td>{c.z:.1f}</td><td>{fmt_p(c.p_value)}</td><td>"
                         f"<code>perfloop bisect --key {key} -- COMMAND</code></td></tr>")  # fmt: skip
         parts.append("<table><tr><th>benchmark</th><th>step</th><th>last commit before</th>"
                      "<th>first commit after</th><th>z</th><th>p</th><th>name the commit</th></tr>"
