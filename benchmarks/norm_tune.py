@@ -44,7 +44,7 @@ def _tune(dtype, res: dict, m: int, n: int) -> None:
     for warps in (4, 8, 16):
 
         def fwd(warps=warps):
-            T.norm_fwd_kernel[(m,)](x, w, b, y, stats[0], stats[1], n, n, n, 1e-5, RMS=False, HAS_B=True,
+            T.norm_fwd_kernel[(m,)](x, w, b, y, stats, n, n, m, n, 1e-5, RMS=False, HAS_B=True,
                                     BLOCK=block, num_warps=warps)  # fmt: skip
 
         t = pl.bench(fwd, graph=True, budget_s=0.5).median_ms
@@ -57,9 +57,8 @@ def _tune(dtype, res: dict, m: int, n: int) -> None:
         partial = torch.empty((2, g, n), device="cuda", dtype=torch.float32)
 
         def bwd(g=g, partial=partial, warps=warps, rows=rows):
-            T.norm_bwd_kernel[(g,)](x, w, dy, dx, stats[0], stats[1], partial[0], partial[1], n, n, n,
-                                    m, n, triton.cdiv(m, g), RMS=False, HAS_B=True, ROWS=rows, BLOCK=block,
-                                    num_warps=warps)  # fmt: skip
+            T.norm_bwd_kernel[(g,)](x, w, dy, dx, stats, partial, n, n, n, m, n, triton.cdiv(m, g), RMS=False,
+                                    HAS_B=True, ROWS=rows, BLOCK=block, num_warps=warps)  # fmt: skip
 
         t = pl.bench(bwd, graph=True, budget_s=0.3).median_ms
         res["rows"].append({"dtype": str(dtype), "kernel": "bwd", "programs_per_sm": per_sm, "warps": warps,

@@ -40,7 +40,8 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.attention import validate
-from perfloop.ops.base import dot_precision, interpreting, k_major_for_tf32
+from perfloop.ops.base import cdiv, dot_precision, interpreting, k_major_for_tf32, next_pow2
+from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
@@ -332,7 +333,7 @@ def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> di
 
 
 def _shape_consts(d: int, sq: int, sk: int, cfg: dict) -> dict:
-    return {"HEAD_DIM": d, "BLOCK_D": max(16, triton.next_power_of_2(d)),
+    return {"HEAD_DIM": d, "BLOCK_D": max(16, next_pow2(d)),
             "EVEN_M": sq % cfg["BLOCK_M"] == 0, "EVEN_N": sk % cfg["BLOCK_N"] == 0}  # fmt: skip
 
 
@@ -367,7 +368,7 @@ def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: d
     cfg = cfg or _FITTED.get(key) or _config(d, kind, q.dtype)
     while True:
         try:
-            kernel[grid_of(cfg)](*args, **consts, **_shape_consts(d, sq, sk, cfg), **cfg)
+            launch(kernel, grid_of(cfg), *args, **consts, **_shape_consts(d, sq, sk, cfg), **cfg)
         except _OutOfResources:
             smaller = None if explicit else _smaller(cfg)
             if smaller is None:
@@ -414,7 +415,7 @@ def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | N
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
     block_d = max(16, triton.next_power_of_2(d))
     dl = torch.empty_like(lse)
-    _bwd_preprocess[(triton.cdiv(sq, 64), b * h)](o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=64)
+    launch(_bwd_preprocess, (cdiv(sq, 64), b * h), o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=64)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype))
     cfgs = cfgs or {}

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.base import check_tensor, next_pow2
+from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
 TUNED = load_table(Path(__file__).parent)  # a row's tile and warps (tuned.json)
@@ -124,8 +125,8 @@ def forward_parts(logits, target, ignore_index: int):
     lse = torch.empty(m, dtype=torch.float32, device=logits.device)
     loss = torch.empty(m, dtype=torch.float32, device=logits.device)
     if m:
-        ce_fwd_kernel[(m,)](logits, target, lse, loss, ok, logits.stride(0), v, ignore_index,
-                            BLOCK=min(BLOCK, next_pow2(v)), num_warps=WARPS)  # fmt: skip
+        launch(ce_fwd_kernel, (m,), logits, target, lse, loss, ok, logits.stride(0), v, ignore_index,
+               BLOCK=min(BLOCK, next_pow2(v)), num_warps=WARPS)  # fmt: skip
         assert_targets(ok)
     n_valid = (target != ignore_index).sum()
     return loss.sum() / n_valid, lse, n_valid  # nan with no row counted, as torch
@@ -139,9 +140,9 @@ def backward_parts(logits, target, lse, n_valid, dloss, ignore_index: int) -> to
     target = target.contiguous()
     dlogits = torch.empty((m, v), dtype=logits.dtype, device=logits.device)
     if m:
-        ce_bwd_kernel[(m,)](logits, target, lse, dlogits, dloss.contiguous(), n_valid, logits.stride(0),
-                            dlogits.stride(0), v, ignore_index,
-                            BLOCK=min(BLOCK, next_pow2(v)), num_warps=WARPS)  # fmt: skip
+        launch(ce_bwd_kernel, (m,), logits, target, lse, dlogits, dloss.contiguous(), n_valid,
+               logits.stride(0), dlogits.stride(0), v, ignore_index, BLOCK=min(BLOCK, next_pow2(v)),
+               num_warps=WARPS)  # fmt: skip
     return dlogits
 
 

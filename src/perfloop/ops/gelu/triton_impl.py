@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.base import check_tensor
+from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
 TUNED = load_table(Path(__file__).parent)["triton"]  # [block, warps] per element size (tuning.py)
@@ -88,7 +89,8 @@ def _forward(x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: i
     n = x.numel()
     if n:
         block, num_warps = _config(x, block, num_warps)
-        gelu_kernel[(triton.cdiv(n, block),)](x, out, n, EXACT=exact, BLOCK=block, num_warps=num_warps)
+        launch(gelu_kernel, (triton.cdiv(n, block),), x, out, n, EXACT=exact, BLOCK=block,
+               num_warps=num_warps)  # fmt: skip
     return out
 
 
@@ -107,8 +109,8 @@ class GeluFunction(torch.autograd.Function):
         n = x.numel()
         if n:
             block, num_warps = _config(x, *ctx.config)
-            gelu_bwd_kernel[(triton.cdiv(n, block),)](x, dy, dx, n, EXACT=ctx.exact, BLOCK=block,
-                                                      num_warps=num_warps)  # fmt: skip
+            launch(gelu_bwd_kernel, (triton.cdiv(n, block),), x, dy, dx, n, EXACT=ctx.exact, BLOCK=block,
+                   num_warps=num_warps)  # fmt: skip
         return dx, None, None, None
 
 

@@ -17,16 +17,20 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.base import cdiv, check_tensor, next_pow2
+from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
 MAX_N = 65536  # a row must fit in one program's registers
+COLSUM_BLOCK = 256  # columns a program of the final dw/db sum adds up
 TUNED = load_table(Path(__file__).parent)  # warps and the backward's band (tuned.json)
 
 
 @triton.jit
-def norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, n_cols, eps,
+def norm_fwd_kernel(X, W, B, Y, STATS, stride_x, stride_y, n_rows, n_cols, eps,
                     RMS: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
+    MEAN = STATS
+    RSTD = STATS + n_rows
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
@@ -45,10 +49,14 @@ def norm_fwd_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, n_cols, eps,
 
 
 @triton.jit
-def norm_bwd_kernel(X, W, DY, DX, MEAN, RSTD, DW, DB, stride_x, stride_dy, stride_dx, n_rows, n_cols,
+def norm_bwd_kernel(X, W, DY, DX, STATS, PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
                     rows_per_program, RMS: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr,
                     BLOCK: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
+    MEAN = STATS
+    RSTD = STATS + n_rows
+    DW = PARTIAL
+    DB = PARTIAL + tl.num_programs(0) * n_cols
     cols = tl.arange(0, BLOCK)
     cmask = cols < n_cols
     w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -80,6 +88,19 @@ def norm_bwd_kernel(X, W, DY, DX, MEAN, RSTD, DW, DB, stride_x, stride_dy, strid
     tl.store(DW + pid * n_cols + cols, dw, mask=cmask)
     if HAS_B:
         tl.store(DB + pid * n_cols + cols, db, mask=cmask)
+
+
+@triton.jit
+def colsum_kernel(PARTIAL, OUT, n_parts, n_cols, BLOCK: tl.constexpr):
+    """OUT[j] = sum of PARTIAL's n_parts rows at column j (fp32), in OUT's dtype; program (i, j)
+    sums block i of columns of the j-th (n_parts, n_cols) slab."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    slab = tl.program_id(1).to(tl.int64)
+    mask = cols < n_cols
+    acc = tl.zeros([BLOCK], tl.float32)
+    for r in range(0, n_parts):
+        acc += tl.load(PARTIAL + (slab * n_parts + r) * n_cols + cols, mask=mask, other=0.0)
+    tl.store(OUT + slab * n_cols + cols, acc.to(OUT.dtype.element_ty), mask=mask)
 
 
 def _first(pairs: list, x: int) -> int:
@@ -115,9 +136,9 @@ def forward_parts(x, weight, bias, eps: float, rms: bool):
     stats = torch.empty((2, m), dtype=torch.float32, device=x.device)  # mean, 1/std
     block = next_pow2(n)
     if m:
-        norm_fwd_kernel[(m,)](x2, weight, bias if bias is not None else weight, y, stats[0], stats[1],
-                              x2.stride(0), y.stride(0), n, eps, RMS=rms, HAS_B=bias is not None,
-                              BLOCK=block, num_warps=_warps(block))  # fmt: skip
+        launch(norm_fwd_kernel, (m,), x2, weight, bias if bias is not None else weight, y, stats,
+               x2.stride(0), y.stride(0), m, n, eps, RMS=rms, HAS_B=bias is not None, BLOCK=block,
+               num_warps=_warps(block))  # fmt: skip
     return y.view(x.shape), stats
 
 
@@ -134,15 +155,17 @@ def backward_parts(dy, x, weight, stats, has_bias: bool, rms: bool):
     dx = torch.empty_like(x2)
     block = next_pow2(n)
     g, rows, warps = _bwd_config(m, block, x2.element_size(), x2.device)
-    partial = torch.empty((2, g, n), dtype=torch.float32, device=x2.device)
+    slabs = 2 if has_bias else 1
+    partial = torch.empty((slabs, g, n), dtype=torch.float32, device=x2.device)
+    sums = torch.empty((slabs, n) if has_bias else (n,), dtype=weight.dtype, device=x2.device)
     if m:
-        norm_bwd_kernel[(g,)](x2, weight, dy2, dx, stats[0], stats[1], partial[0], partial[1],
-                              x2.stride(0), dy2.stride(0), dx.stride(0), m, n, cdiv(m, g),
-                              RMS=rms, HAS_B=has_bias, ROWS=rows, BLOCK=block, num_warps=warps)  # fmt: skip
+        launch(norm_bwd_kernel, (g,), x2, weight, dy2, dx, stats, partial, x2.stride(0), dy2.stride(0),
+               dx.stride(0), m, n, cdiv(m, g), RMS=rms, HAS_B=has_bias, ROWS=rows, BLOCK=block,
+               num_warps=warps)  # fmt: skip
     else:
         partial.zero_()
-    sums = (partial if has_bias else partial[:1]).sum(1).to(weight.dtype)  # one reduction launch
-    return dx.view(x.shape), sums[0], (sums[1] if has_bias else None)
+    launch(colsum_kernel, (cdiv(n, COLSUM_BLOCK), slabs), partial, sums, g, n, BLOCK=COLSUM_BLOCK)
+    return dx.view(x.shape), *((sums[0], sums[1]) if has_bias else (sums, None))
 
 
 class NormFunction(torch.autograd.Function):

@@ -15,6 +15,7 @@ import torch
 
 from perfloop.ops.base import check_tensor, next_pow2
 from perfloop.ops.cross_entropy.triton_impl import BLOCK, assert_targets, ce_loss_grad_kernel, check_targets
+from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
 TUNED = load_table(Path(__file__).parent)
@@ -44,8 +45,8 @@ def forward_parts(h, weight, target, ignore_index: int, chunk: int):
         hc, tc = h[s : s + chunk], target[s : s + chunk]
         logits = torch.mm(hc, weight.t(), out=buf[: hc.shape[0]])
         # each row's loss, then its gradient written over it (the logits are ours alone)
-        ce_loss_grad_kernel[(logits.shape[0],)](logits, tc, losses[s:], n_valid, ok, logits.stride(0), v,
-                                                ignore_index, BLOCK=block, num_warps=WARPS)  # fmt: skip
+        launch(ce_loss_grad_kernel, (logits.shape[0],), logits, tc, losses[s:], n_valid, ok,
+               logits.stride(0), v, ignore_index, BLOCK=block, num_warps=WARPS)  # fmt: skip
         torch.mm(logits, weight, out=dh[s : s + chunk])
         dw.addmm_(logits.t(), hc)  # in the matmul's epilogue, in the weight's dtype
     if n:

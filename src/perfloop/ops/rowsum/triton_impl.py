@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.base import check_tensor
+from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
 TUNED = load_table(Path(__file__).parent)  # block and warps (tuning.py)
@@ -51,5 +52,5 @@ def rowsum(
         return out.zero_()
     block = min(block or TUNED["block"], triton.next_power_of_2(n_cols))
     num_warps = num_warps or (TUNED["num_warps"] if block >= 2048 else 4)
-    rowsum_kernel[(n_rows,)](x2, out, n_cols, x2.stride(0), BLOCK=block, num_warps=num_warps)
+    launch(rowsum_kernel, (n_rows,), x2, out, n_cols, x2.stride(0), BLOCK=block, num_warps=num_warps)
     return out

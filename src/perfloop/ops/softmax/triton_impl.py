@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.base import check_tensor, interpreting
+from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
 TUNED = load_table(Path(__file__).parent)  # split: [block, warps]; online: [block, warps, programs/SM]
@@ -182,7 +183,8 @@ def softmax(
     block = triton.next_power_of_2(n_cols)
     # enough warps that a lane holds <= 16 elements (no spills), at least 4
     warps = num_warps or min(32, max(4, block // (32 * 16)))
-    softmax_row_kernel[(n_rows,)](x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=warps)
+    launch(softmax_row_kernel, (n_rows,), x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
+           num_warps=warps)  # fmt: skip
     return y2.view(x.shape) if out is None else out
 
 
@@ -202,8 +204,8 @@ def softmax_online(
     block = min(block or tuned_block, triton.next_power_of_2(n_cols))
     num_warps = num_warps or tuned_warps
     grid = min(n_rows, _num_sms(x2.device) * (programs_per_sm or tuned_programs))
-    softmax_online_kernel[(grid,)](
-        x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
+    launch(
+        softmax_online_kernel, (grid,), x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
         num_warps=num_warps if block >= 1024 else 4,
     )  # fmt: skip
     return y2.view(x.shape) if out is None else out
@@ -247,14 +249,14 @@ def softmax_split(
     if two_pass:
         if n_chunks > MAX_TWO_PASS_CHUNKS:  # the combine's stats would not fit in registers
             return softmax_online(x, out=y2.view(x.shape) if out is None else out)
-        softmax_split_kernel[(items,)](*args, **consts, PHASE=1)
+        launch(softmax_split_kernel, (items,), *args, **consts, PHASE=1)
         row_stats = torch.empty((n_rows, 2), dtype=torch.float32, device=x2.device)
-        softmax_combine_kernel[(n_rows,)](stats, row_stats, n_chunks, MAX_CHUNKS=consts["MAX_CHUNKS"],
-                                          num_warps=4 if n_chunks <= 1024 else 8)  # fmt: skip
-        softmax_split_kernel[(items,)](x2, y2, row_stats, *args[3:], **consts, PHASE=2)
+        launch(softmax_combine_kernel, (n_rows,), stats, row_stats, n_chunks, MAX_CHUNKS=consts["MAX_CHUNKS"],
+               num_warps=4 if n_chunks <= 1024 else 8)  # fmt: skip
+        launch(softmax_split_kernel, (items,), x2, y2, row_stats, *args[3:], **consts, PHASE=2)
         return y2.view(x.shape) if out is None else out
     grid = min(items, max(n_chunks, resident // n_chunks * n_chunks))
-    softmax_split_kernel[(grid,)](*args, **consts)
+    launch(softmax_split_kernel, (grid,), *args, **consts)
     return y2.view(x.shape) if out is None else out
 
 

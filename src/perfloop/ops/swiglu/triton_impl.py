@@ -15,6 +15,7 @@ import triton.language as tl
 
 from perfloop.ops.base import cdiv, check_tensor
 from perfloop.ops.gelu.triton_impl import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
+from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
 TUNED = load_table(Path(__file__).parent)  # elements a program, warps (tuned.json)
@@ -69,7 +70,7 @@ class GatedFunction(torch.autograd.Function):
         y = torch.empty_like(a)
         n = a.numel()
         if n:
-            gated_fwd_kernel[(cdiv(n, BLOCK),)](a, b, y, n, ACT=act, BLOCK=BLOCK, num_warps=WARPS)
+            launch(gated_fwd_kernel, (cdiv(n, BLOCK),), a, b, y, n, ACT=act, BLOCK=BLOCK, num_warps=WARPS)
         ctx.save_for_backward(a, b)
         ctx.act = act
         return y
@@ -81,8 +82,8 @@ class GatedFunction(torch.autograd.Function):
         da, db = torch.empty_like(a), torch.empty_like(b)
         n = a.numel()
         if n:
-            gated_bwd_kernel[(cdiv(n, BLOCK),)](a, b, dy, da, db, n, ACT=ctx.act, BLOCK=BLOCK,
-                                                       num_warps=WARPS)  # fmt: skip
+            launch(gated_bwd_kernel, (cdiv(n, BLOCK),), a, b, dy, da, db, n, ACT=ctx.act, BLOCK=BLOCK,
+                   num_warps=WARPS)  # fmt: skip
         return da, db, None
 
 

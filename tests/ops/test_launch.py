@@ -1,0 +1,64 @@
+"""The cached launch path (ops/launch.py): a repeated call must run what Triton's own path would,
+including when a later call's arguments fall into another of Triton's specializations."""
+
+import pytest
+import torch
+
+from perfloop.ops import launch as L
+
+
+def test_the_key_separates_what_triton_specializes_on():
+    x = torch.randn(64)
+    # alignment: a view 1 element in is not 16-byte aligned
+    assert L._spec(x) != L._spec(x[1:])
+    assert L._spec(x) != L._spec(x.to(torch.float64))
+    # integers: 1, a multiple of 16, other, past 32 bits
+    assert len({L._spec(1), L._spec(16), L._spec(17), L._spec(2**31 + 16)}) == 4
+    assert L._spec(17) == L._spec(33)  # both plain, both 32-bit: one kernel serves them
+    assert L._spec(True) != L._spec(1) and L._spec(0.5) == L._spec(1.5)
+
+
+def test_on_the_cpu_every_call_goes_through_tritons_own_path(monkeypatch):
+    calls = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **k: calls.append((grid, a, k))
+
+    L.launch(Kernel(), (3,), 1, 2, BLOCK=4)
+    L.launch(Kernel(), (3,), 1, 2, BLOCK=4)
+    assert calls == [((3,), (1, 2), {"BLOCK": 4})] * 2 and not L._CACHE
+
+
+@pytest.mark.gpu
+def test_cached_launches_match_tritons_own_across_specializations():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def axpy(X, Y, OUT, n, a, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        x = tl.load(X + offs, mask=m)
+        tl.store(OUT + offs, (a * x * SCALE + tl.load(Y + offs, mask=m)).to(OUT.dtype.element_ty), mask=m)
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    base = torch.randn(4099, device="cuda", generator=g)
+    other = torch.randn(4099, device="cuda", generator=g)
+    cases = [(4096, 0), (4096, 1), (17, 0), (1, 3), (4000, 2), (4096, 0)]  # (n, offset): aligned, not, ...
+    for dtype in (torch.float32, torch.bfloat16):
+        for n, off in cases:
+            x, y = base.to(dtype)[off : off + n], other.to(dtype)[off : off + n]
+            out = torch.empty_like(x)
+            L.launch(axpy, (triton.cdiv(n, 256),), x, y, out, n, 0.5, SCALE=2.0, BLOCK=256)
+            want = (0.5 * x.float() * 2.0 + y.float()).to(dtype)
+            torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert sum(1 for k in L._CACHE if k[0] is axpy) >= 4  # several specializations were cached, each used
+
+
+def test_an_installed_launch_hook_sends_every_call_through_triton(monkeypatch):
+    from triton import knobs
+
+    assert L._hooks_off()  # Triton as installed: no hook (None, or an empty chain)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)  # what Proton installs
+    assert not L._hooks_off()
