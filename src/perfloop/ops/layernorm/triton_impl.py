@@ -21,7 +21,7 @@ from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
 MAX_N = 65536  # a row must fit in one program's registers
-COLSUM_BLOCK = 256  # columns a program of the final dw/db sum adds up
+COLSUM_ROWS, COLSUM_BLOCK = 32, 64  # the final dw/db sum: a program's tile of partials a step
 TUNED = load_table(Path(__file__).parent)  # warps and the backward's band (tuned.json)
 
 
@@ -91,16 +91,19 @@ def norm_bwd_kernel(X, W, DY, DX, STATS, PARTIAL, stride_x, stride_dy, stride_dx
 
 
 @triton.jit
-def colsum_kernel(PARTIAL, OUT, n_parts, n_cols, BLOCK: tl.constexpr):
+def colsum_kernel(PARTIAL, OUT, n_parts, n_cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """OUT[j] = sum of PARTIAL's n_parts rows at column j (fp32), in OUT's dtype; program (i, j)
-    sums block i of columns of the j-th (n_parts, n_cols) slab."""
+    sums block i of columns of the j-th (n_parts, n_cols) slab, ROWS rows a step."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     slab = tl.program_id(1).to(tl.int64)
-    mask = cols < n_cols
-    acc = tl.zeros([BLOCK], tl.float32)
-    for r in range(0, n_parts):
-        acc += tl.load(PARTIAL + (slab * n_parts + r) * n_cols + cols, mask=mask, other=0.0)
-    tl.store(OUT + slab * n_cols + cols, acc.to(OUT.dtype.element_ty), mask=mask)
+    cmask = cols < n_cols
+    rows = tl.arange(0, ROWS)
+    acc = tl.zeros([ROWS, BLOCK], tl.float32)
+    for r in range(0, n_parts, ROWS):
+        mask = ((r + rows) < n_parts)[:, None] & cmask[None, :]
+        offs = (slab * n_parts + r + rows)[:, None] * n_cols + cols[None, :]
+        acc += tl.load(PARTIAL + offs, mask=mask, other=0.0)
+    tl.store(OUT + slab * n_cols + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cmask)
 
 
 def _first(pairs: list, x: int) -> int:
@@ -164,7 +167,8 @@ def backward_parts(dy, x, weight, stats, has_bias: bool, rms: bool):
                num_warps=warps)  # fmt: skip
     else:
         partial.zero_()
-    launch(colsum_kernel, (cdiv(n, COLSUM_BLOCK), slabs), partial, sums, g, n, BLOCK=COLSUM_BLOCK)
+    launch(colsum_kernel, (cdiv(n, COLSUM_BLOCK), slabs), partial, sums, g, n, ROWS=COLSUM_ROWS,
+           BLOCK=COLSUM_BLOCK)  # fmt: skip
     return dx.view(x.shape), *((sums[0], sums[1]) if has_bias else (sums, None))
 
 
