@@ -184,6 +184,18 @@ def within(its: list[Item], spans: list[tuple[float, float]]) -> list[Item]:
     return [i for i in its if any(s <= i.launch_us <= e for s, e in spans)]
 
 
+def fastest_of_calls(its: list[Item], spans: list[tuple[float, float]]) -> list[Item]:
+    """On a CPU, where another process's time slices land inside whichever op was running: each
+    op timed as its fastest over the calls in `spans` (the n-th op of every call, where all the
+    calls ran the same ops in the same order; else `its` unchanged)."""
+    per_call = [[i for i in its if s <= i.launch_us <= e] for s, e in spans]
+    shape = [(i.op, i.module, i.phase) for i in per_call[0]] if per_call else []
+    if len(per_call) < 2 or any([(i.op, i.module, i.phase) for i in c] != shape for c in per_call[1:]):
+        return its
+    fastest = [min(c[n].ms for c in per_call) for n in range(len(shape))]
+    return [replace(i, ms=fastest[n]) for c in per_call for n, i in enumerate(c)]
+
+
 def items(events, kind: str) -> list[Item]:
     """Every kernel recorded on the device (every outermost op on a CPU), in time order, with
     its op, module and phase. A kernel no op's list holds (a graph replay, NCCL, the runtime's

@@ -187,12 +187,14 @@ class Profile:
 
     def items(self) -> list:
         """Every kernel (on a CPU, every outermost op) with its op, module and phase."""
-        from perfloop.analysis.attribution import items, within
+        from perfloop.analysis.attribution import fastest_of_calls, items, within
 
         if self._items is None:
             self._items = items(self._prof.events() if self._prof is not None else [], self.kind)
             if self._windows:
                 self._items = within(self._items, self._windows)
+            elif self.kind != "cuda" and self._call_spans and len(self._call_spans) == self.calls:
+                self._items = fastest_of_calls(self._items, self._call_spans)
         return self._items
 
     def _work(self) -> dict | None:
@@ -449,7 +451,7 @@ def profile(
     if memory_snapshot and not on_cuda:
         raise ValueError("memory_snapshot: CUDA memory snapshots need a CUDA GPU")
     warnings: list[str] = []
-    plain_ms = plain_wall_ms(call, calls, sync)
+    plain_ms = plain_wall_ms(call, calls, sync, fastest=not on_cuda)
     with module_ranges():
         prof, wall_ms, host, samples, spans = timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
         work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
