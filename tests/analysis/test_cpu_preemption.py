@@ -16,7 +16,7 @@ _SEEN = [0]
 def stalls(x: torch.Tensor) -> torch.Tensor:
     _SEEN[0] += 1
     if _SEEN[0] % 2:
-        time.sleep(0.08)  # what a preempted op looks like from inside the process
+        time.sleep(0.4)  # what a preempted op looks like from inside the process
     return x.clone()
 
 
@@ -29,9 +29,10 @@ def test_an_op_stalled_in_one_call_is_timed_at_its_fast_call():
     p = pl.profile(step, calls=2, warmup=1)
     rows = {r.name: r for r in p.breakdown(by="op")}
     [stalled] = [r for n, r in rows.items() if "every_other_call_stalls" in n]
-    assert stalled.device_ms / 2 < 20, rows  # per call: the fast call's, not (80 + fast) / 2
+    # per call: the fast call's, not (400 + fast) / 2 (bounds far from both, for a loaded machine)
+    assert stalled.device_ms / 2 < 100, rows
     d = p.diagnose(ceilings={"copy_gbps": 20.0})
-    assert d.wall_ms < 40 and d.device_ms < 40, str(d)
+    assert d.wall_ms < 150 and d.device_ms < 150, str(d)
 
 
 def _item(op, ms, at):
@@ -44,3 +45,26 @@ def test_calls_that_ran_different_ops_keep_their_own_times():
     assert [i.ms for i in fastest_of_calls(same, [(0, 100), (100, 200)])] == [5.0, 1.0, 5.0, 1.0]
     other = [_item("mm", 5.0, 10), _item("relu", 1.0, 20), _item("mm", 50.0, 110), _item("gelu", 1.5, 120)]
     assert fastest_of_calls(other, [(0, 100), (100, 200)]) == other
+
+
+def test_a_scripts_steps_are_timed_at_the_fastest_step(tmp_path):
+    from perfloop.workflows.script import profile_script
+
+    p = tmp_path / "train.py"
+    p.write_text(
+        "import time, torch\n"
+        "import perfloop as pl\n"
+        "@torch.library.custom_op('perfloop_test::stalls_in_step_3', mutates_args=())\n"
+        "def op(x: torch.Tensor, i: int) -> torch.Tensor:\n"
+        "    if i == 3:\n"
+        "        time.sleep(0.6)  # the machine took this op's time slices away\n"
+        "    return x.clone()\n"
+        "x = torch.randn(128, 128)\n"
+        "for i in range(6):\n"
+        "    with pl.annotate('step'):\n"
+        "        op(torch.relu(x @ x), i).sum()\n"
+    )
+    prof = profile_script(p, [], "step", skip=2, steps=3)
+    d = prof.diagnose(ceilings={"copy_gbps": 20.0})
+    # without the fastest step, 600 / 3 ms a step at least
+    assert prof.calls == 3 and d.device_ms < 150 and prof.profiled_wall_ms_per_call < 150, str(d)

@@ -193,8 +193,9 @@ class Profile:
             self._items = items(self._prof.events() if self._prof is not None else [], self.kind)
             if self._windows:
                 self._items = within(self._items, self._windows)
-            elif self.kind != "cuda" and self._call_spans and len(self._call_spans) == self.calls:
-                self._items = fastest_of_calls(self._items, self._call_spans)
+            spans = self._windows or self._call_spans
+            if self.kind != "cuda" and spans and len(spans) == self.calls:
+                self._items = fastest_of_calls(self._items, spans)
         return self._items
 
     def _work(self) -> dict | None:
@@ -479,6 +480,8 @@ def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: boo
             warnings.append(f"idle time measured under the profiler: other work runs between the "
                             f"occurrences of {range_name!r}, so their pace is not its time")  # fmt: skip
             plain_wall_ms = None
+        if kind != "cuda" and len(spans) > 1:  # a CPU: each occurrence at the fastest one's pace
+            wall_ms = host_ms = min(e - s for s, e in spans) * len(spans) / 1e3
     kernels = _kernel_table(items)
     total = sum(k.total_ms for k in kernels) or 1e-12
     return Profile(

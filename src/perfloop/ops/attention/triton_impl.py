@@ -403,7 +403,7 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
         sk,
     )
     consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype))
-    _launch(_fwd_kernel, "fwd", cfg, lambda c: (triton.cdiv(sq, c["BLOCK_M"]), b * h), args, consts,
+    _launch(_fwd_kernel, "fwd", cfg, lambda c: (cdiv(sq, c["BLOCK_M"]), b * h), args, consts,
             d, sq, sk, q)  # fmt: skip
     return o, lse
 
@@ -413,15 +413,15 @@ def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | N
     b, h, sq, d = q.shape
     sk = k.shape[2]
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = max(16, next_pow2(d))
     dl = torch.empty_like(lse)
     launch(_bwd_preprocess, (cdiv(sq, 64), b * h), o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=64)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype))
     cfgs = cfgs or {}
-    _launch(_bwd_dkdv_kernel, "dkdv", cfgs.get("dkdv"), lambda c: (triton.cdiv(sk, c["BLOCK_N"]), b * h),
+    _launch(_bwd_dkdv_kernel, "dkdv", cfgs.get("dkdv"), lambda c: (cdiv(sk, c["BLOCK_N"]), b * h),
             (q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip
-    _launch(_bwd_dq_kernel, "dq", cfgs.get("dq"), lambda c: (triton.cdiv(sq, c["BLOCK_M"]), b * h),
+    _launch(_bwd_dq_kernel, "dq", cfgs.get("dq"), lambda c: (cdiv(sq, c["BLOCK_M"]), b * h),
             (q, k, v, do, lse, dl, dq, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip
     return dq, dk, dv
 

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor
+from perfloop.ops.base import cdiv, check_tensor
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
@@ -89,7 +89,7 @@ def _forward(x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: i
     n = x.numel()
     if n:
         block, num_warps = _config(x, block, num_warps)
-        launch(gelu_kernel, (triton.cdiv(n, block),), x, out, n, EXACT=exact, BLOCK=block,
+        launch(gelu_kernel, (cdiv(n, block),), x, out, n, EXACT=exact, BLOCK=block,
                num_warps=num_warps)  # fmt: skip
     return out
 
@@ -109,7 +109,7 @@ class GeluFunction(torch.autograd.Function):
         n = x.numel()
         if n:
             block, num_warps = _config(x, *ctx.config)
-            launch(gelu_bwd_kernel, (triton.cdiv(n, block),), x, dy, dx, n, EXACT=ctx.exact, BLOCK=block,
+            launch(gelu_bwd_kernel, (cdiv(n, block),), x, dy, dx, n, EXACT=ctx.exact, BLOCK=block,
                    num_warps=num_warps)  # fmt: skip
         return dx, None, None, None
 

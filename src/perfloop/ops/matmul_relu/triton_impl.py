@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor, dot_precision, interpreting, k_major_for_tf32
+from perfloop.ops.base import cdiv, check_tensor, dot_precision, interpreting, k_major_for_tf32
 
 
 @triton.jit
@@ -102,7 +102,7 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
             out.stride(0), out.stride(1))  # fmt: skip
     if interpreting():
         # The interpreter is for correctness: one small config, no autotuning.
-        grid = (triton.cdiv(m, 32) * triton.cdiv(n, 32),)
+        grid = (cdiv(m, 32) * cdiv(n, 32),)
         matmul_relu_kernel[grid](
             *args,
             BLOCK_M=32,
@@ -115,7 +115,7 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
     else:
 
         def grid(meta):
-            return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+            return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
 
         _tuned[grid](*args, PRECISION=precision)
     return out

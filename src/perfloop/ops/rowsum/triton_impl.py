@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor
+from perfloop.ops.base import check_tensor, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
@@ -50,7 +50,7 @@ def rowsum(
         return out
     if n_cols == 0:
         return out.zero_()
-    block = min(block or TUNED["block"], triton.next_power_of_2(n_cols))
+    block = min(block or TUNED["block"], next_pow2(n_cols))
     num_warps = num_warps or (TUNED["num_warps"] if block >= 2048 else 4)
     launch(rowsum_kernel, (n_rows,), x2, out, n_cols, x2.stride(0), BLOCK=block, num_warps=num_warps)
     return out

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor, interpreting
+from perfloop.ops.base import cdiv, check_tensor, interpreting, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
@@ -180,7 +180,7 @@ def softmax(
         return y2.view(x.shape) if out is None else out
     if n_cols > MAX_ROW_BLOCK:
         return softmax_split(x, out=y2.view(x.shape) if out is None else out)
-    block = triton.next_power_of_2(n_cols)
+    block = next_pow2(n_cols)
     # enough warps that a lane holds <= 16 elements (no spills), at least 4
     warps = num_warps or min(32, max(4, block // (32 * 16)))
     launch(softmax_row_kernel, (n_rows,), x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
@@ -201,7 +201,7 @@ def softmax_online(
     if x2.numel() == 0:
         return y2.view(x.shape) if out is None else out
     tuned_block, tuned_warps, tuned_programs = TUNED["online"]
-    block = min(block or tuned_block, triton.next_power_of_2(n_cols))
+    block = min(block or tuned_block, next_pow2(n_cols))
     num_warps = num_warps or tuned_warps
     grid = min(n_rows, _num_sms(x2.device) * (programs_per_sm or tuned_programs))
     launch(
@@ -232,15 +232,15 @@ def softmax_split(
     if x2.numel() == 0:
         return y2.view(x.shape) if out is None else out
     tuned_block, tuned_warps = TUNED["split"]
-    block = min(block or tuned_block, max(16, triton.next_power_of_2(n_cols)))
+    block = min(block or tuned_block, max(16, next_pow2(n_cols)))
     num_warps = num_warps or tuned_warps
-    n_chunks = triton.cdiv(n_cols, block)
+    n_chunks = cdiv(n_cols, block)
     stats = torch.empty((n_rows, n_chunks, 2), dtype=torch.float32, device=x2.device)
     count = torch.zeros(n_rows, dtype=torch.int32, device=x2.device)
     if spin_limit is None:  # ~1 s of polling on a GPU; the interpreter can never wait
         spin_limit = 0 if interpreting() else 1 << 20
     args = (x2, y2, stats, count, n_rows, n_cols, x2.stride(0), y2.stride(0), n_chunks, spin_limit)
-    consts = {"BLOCK": block, "MAX_CHUNKS": max(2, triton.next_power_of_2(n_chunks)), "num_warps": num_warps}
+    consts = {"BLOCK": block, "MAX_CHUNKS": max(2, next_pow2(n_chunks)), "num_warps": num_warps}
     items = n_rows * n_chunks
     resident = _resident_programs(softmax_split_kernel, args, consts, x2.device)
     if two_pass is None:  # a row's chunks cannot all be resident at once: they would wait on
