@@ -68,3 +68,19 @@ def test_a_scripts_steps_are_timed_at_the_fastest_step(tmp_path):
     d = prof.diagnose(ceilings={"copy_gbps": 20.0})
     # without the fastest step, 600 / 3 ms a step at least
     assert prof.calls == 3 and d.device_ms < 150 and prof.profiled_wall_ms_per_call < 150, str(d)
+
+
+def test_a_pause_between_ops_in_one_call_is_not_the_steps_idle():
+    x = torch.randn(256, 256)
+    seen = [0]
+
+    def step():
+        y = torch.relu(x @ x)
+        seen[0] += 1
+        if seen[0] % 3 == 0:
+            time.sleep(0.4)  # the process lost the CPU between two ops, in one call of three
+        return y.sum()
+
+    d = pl.profile(step, calls=3, warmup=1).diagnose(ceilings={"copy_gbps": 20.0})
+    # without taking the calls at their fastest: ~133 ms of "host work" a call, ranked first
+    assert not [o for o in d.opportunities if o.bound == "host" and o.saves_ms > 50], str(d)

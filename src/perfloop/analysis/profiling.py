@@ -236,10 +236,19 @@ class Profile:
                 sites.setdefault(r.op, set()).add(r.site)
         its = self.items()
         pageable = [(i.start_us, i.end_us) for i in its if "Pageable" in i.kernel]
-        r = idle(self._prof.events(), [(i.start_us, i.end_us) for i in its], sites,
-                 self._windows or self._call_spans,
-                 launched_at=[i.launch_us for i in its] if self.kind == "cuda" else None, pageable=pageable,
-                 samples=self._samples)  # fmt: skip
+        events, intervals = self._prof.events(), [(i.start_us, i.end_us) for i in its]
+        spans = self._windows or self._call_spans
+        if self.kind != "cuda" and spans and len(spans) > 1:
+            # a CPU: the call (step) that idled least, as every call's (another process's time
+            # slices land between ops too)
+            each = [idle(events, intervals, sites, [s], pageable=pageable, samples=self._samples)
+                    for s in spans]  # fmt: skip
+            each = [r for r in each if r is not None]
+            r = min(each, key=lambda x: x.idle_ms).times(len(spans)) if each else None
+        else:
+            r = idle(events, intervals, sites, spans,
+                     launched_at=[i.launch_us for i in its] if self.kind == "cuda" else None,
+                     pageable=pageable, samples=self._samples)  # fmt: skip
         if r is not None:
             r.device = "GPU" if self.kind == "cuda" else "CPU"
             why = _unsampled_launcher(self._prof.events()) if self._samples else None

@@ -81,6 +81,16 @@ class Idle:
                    sync_saving_ms=self.sync_saving_ms * k)  # fmt: skip
         return out.syncs_take_launch_gaps()
 
+    def times(self, k: int) -> Idle:
+        """One call's breakdown as k calls' (the counts of synchronizing calls and the time
+        spent in them are the profile's already)."""
+        return Idle(wall_ms=self.wall_ms * k, busy_ms=self.busy_ms * k,
+                    by_cause={c: v * k for c, v in self.by_cause.items()},
+                    syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
+                    places=[(c, p, ms * k) for c, p, ms in self.places], sampled=self.sampled,
+                    device=self.device, scaled=self.scaled, waited_ms=self.waited_ms,
+                    sync_saving_ms=self.sync_saving_ms * k)  # fmt: skip
+
     @property
     def idle_ms(self) -> float:
         return sum(self.by_cause.values())
