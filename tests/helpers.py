@@ -1,9 +1,11 @@
 """Helpers shared by the tests."""
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +14,38 @@ CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
+
+
+def others_busy_cores(seconds: float = 0.5) -> float:
+    """How many cores other processes keep busy (this one sleeps meanwhile), from /proc/stat;
+    0.0 where there is no /proc."""
+
+    def busy_jiffies():
+        with open("/proc/stat") as f:
+            user, nice, system, idle, iowait, *rest = (int(v) for v in f.readline().split()[1:])
+        return user + nice + system + sum(rest[:3]), user + nice + system + idle + iowait + sum(rest[:3])
+
+    try:
+        b0, t0 = busy_jiffies()
+        time.sleep(seconds)
+        b1, t1 = busy_jiffies()
+    except OSError:
+        return 0.0
+    return (b1 - b0) / max(t1 - t0, 1) * (os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def one_core_loaded():
+    """A context in which another process keeps one core busy: its own spinning process, unless
+    one already does (a loaded run of the suite), so the load is one core either way."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    hog = None if others_busy_cores() >= 0.7 else subprocess.Popen(spin)
+    try:
+        yield
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
 
 
 def busy(ms: float):

@@ -70,14 +70,10 @@ def _one_run(slow: bool):
 def test_back_to_back_unchanged_runs_under_load_raise_no_false_alarm():
     """Unchanged code, run after run, with another process loading a core: no alarm. (The
     20-process version, with the misses of a real 1.3x under that load: benchmarks/gate_noise.py.)"""
-    import subprocess
-    import sys
+    from helpers import one_core_loaded
 
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    with one_core_loaded():
         same = [_one_run(False) for _ in range(6)]
-    finally:
-        hog.kill()
     history = []
     for (a, ra, ca), (b, rb, cb) in zip(same, same[1:], strict=False):
         history.append(gate.normalized_tail(a, ra))
