@@ -125,12 +125,13 @@ def test_attention_written_out_is_one_opportunity_with_sdpa_advice_not_fusion_ch
     net = nn.Sequential(WrittenOutAttention())
     x = torch.randn(8, 256, 64, requires_grad=True)
     d = pl.profile(lambda: net(x).sum().backward(), calls=2).diagnose(ceilings={"copy_gbps": 20.0})
-    # one opportunity with SDPA's advice, among the first two; on a CPU with another process
-    # busy the projections' matmuls can time slow enough to rank above it (1 loaded run in 5)
+    # one opportunity with SDPA's advice, among the first two (on a CPU with another process busy
+    # the projections' matmuls can time slow enough to rank above it), a fifth of the ops' time at
+    # least (of the ops, not the wall: a loaded run's unprofiled calls ran 5x slower than its ops)
     [top] = [
         o for o in d.opportunities if o.title == "attention written out in 0: the scores go through memory"
     ]
-    assert d.opportunities.index(top) <= 1 and top.share > 0.1, str(d)
+    assert d.opportunities.index(top) <= 1 and top.saves_ms > 0.2 * d.device_ms, str(d)
     assert "scaled_dot_product_attention" in top.advice and "is_causal=True" in top.advice
     assert not any("in a row in 0 " in o.title for o in d.opportunities), str(d)  # not as chains
 

@@ -167,6 +167,19 @@ def judge(
         why = (f"cannot judge: the machine ran {max(drift, 1 / drift):.1f}x {word} in the later run "
                "(the reference workload); run both again on a quiet machine")  # fmt: skip
         return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
+    machine = max(drift, 1 / drift) if drift is not None else 1.0
+    if (
+        contended
+        and not (divided or against)
+        and machine > 1 + floor
+        and abs(math.log(ratio)) < math.log(machine)
+    ):
+        # another process moved the machine's pace past the noise floor between the runs, more
+        # than the code moved, in a way the reference could not divide out: not the code's change
+        why = (f"cannot judge: with another process busy on a core, the machine's pace (the reference "
+               f"workload) moved {machine:.2f}x between the runs, round by round unlike the code, and "
+               f"the code's raw {ratio:.2f}x is less; run both again on a quiet machine")  # fmt: skip
+        return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
     # the raw times must have moved too: where they did not, only the reference workload did,
     # and its change is not the code's (code whose time does not follow the machine: a wait)
