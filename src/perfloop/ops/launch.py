@@ -13,13 +13,14 @@ while a launch hook is installed (Proton), every call goes through Triton's own 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from perfloop.ops.base import interpreting
 
 _CACHE: dict = {}
-_CUDA: list = []  # [whether torch sees a GPU], asked once
-_RUNTIME: list = []  # [triton.knobs.runtime or None], looked up once
+_cuda = functools.cache(torch.cuda.is_available)
 
 
 def _spec(a, tensor=torch.Tensor):
@@ -30,16 +31,14 @@ def _spec(a, tensor=torch.Tensor):
     return type(a)
 
 
+@functools.cache
 def _runtime():
     """Triton's runtime knobs (its launch hooks), or None where this Triton has none."""
-    if not _RUNTIME:
-        try:
-            from triton import knobs
-
-            _RUNTIME.append(knobs.runtime)
-        except ImportError:
-            _RUNTIME.append(None)
-    return _RUNTIME[0]
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    return knobs.runtime
 
 
 def _unhooked(hook) -> bool:
@@ -75,9 +74,7 @@ def _tail(kernel, n_args: int, meta: dict) -> tuple | None:
 def launch(kernel, grid: tuple, *args, **meta):
     """Launch `kernel` over `grid` (a tuple of 1-3 ints) with `args` (positional, in the
     kernel's order) and `meta` (constexprs and launch options by keyword)."""
-    if not _CUDA:
-        _CUDA.append(torch.cuda.is_available())
-    if not _CUDA[0] or interpreting():
+    if not _cuda() or interpreting():
         return kernel[grid](*args, **meta)
     dev = torch._C._cuda_getDevice()
     key = (kernel, dev, tuple(meta.items()), tuple(map(_spec, args)))
