@@ -52,7 +52,14 @@ def test_list_says_what_runs_here(capsys):
 def test_check_passes_and_unknown_names_are_usage_errors(capsys):
     assert main(["check", "softmax", "--variant", "naive", "--dtype", "fp32", "--json"]) == 0
     [r] = json.loads(capsys.readouterr().out)
-    assert r["ok"] and r["cases"] > 0
+    assert r["ok"] and r["cases"] > 0 and 0 < r["of_tolerance"] < 1
+    # a failure's seed reruns it as it failed
+    seeded = ["check", "softmax", "--variant", "naive", "--dtype", "fp32", "--seed", "7", "--json"]
+    runs = []
+    for _ in range(2):
+        assert main(seeded) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    assert runs[0] == runs[1]
     assert main(["check", "softmaks"]) == 2
     assert "valid: " + ", ".join(pl.ops.names()) in capsys.readouterr().err
     assert main(["check", "gelu", "--variant", "fastest"]) == 2

@@ -74,7 +74,14 @@ OP.add(
     )
 )
 OP.add(
-    Variant("builtin", loader="perfloop.ops.cross_entropy.torch_impl:builtin", doc="F.cross_entropy(logits)")
+    Variant(
+        "builtin",
+        loader="perfloop.ops.cross_entropy.torch_impl:builtin",
+        doc="F.cross_entropy(logits)",
+        # torch's CPU kernel sums the rows' bf16 losses in bf16: up to 1.7% off at 33 rows
+        # (3000 seeds), 1.14x the op's line
+        tolerances={torch.bfloat16: (5e-2, 3e-2)},
+    )
 )
 OP.add(
     Variant("compiled", loader="perfloop.ops.cross_entropy.torch_impl:compiled", doc="torch.compile(naive)")

@@ -43,7 +43,15 @@ OP = Op(
     validate=validate,
 )
 
-OP.add(Variant("naive", loader="perfloop.ops.geglu.torch_impl:naive", doc="the tanh formula in ops, times b"))
+OP.add(
+    Variant(
+        "naive",
+        loader="perfloop.ops.geglu.torch_impl:naive",
+        doc="the tanh formula in ops, times b",
+        # its bf16 gradient reached 0.98 of the op's line over 2000 seeds
+        grad_tolerances={torch.bfloat16: (8e-2, 3e-2)},
+    )
+)
 OP.add(Variant("builtin", loader="perfloop.ops.geglu.torch_impl:builtin", doc='F.gelu(a, "tanh") * b'))
 OP.add(Variant("compiled", loader="perfloop.ops.geglu.torch_impl:compiled", doc="torch.compile(naive)"))
 OP.add(

@@ -72,6 +72,9 @@ OP.add(
         "naive",
         loader="perfloop.ops.gelu.torch_impl:naive",
         doc="the formula in separate PyTorch ops (8 launches)",
+        # its autograd in fp16 cancels where the slope crosses 0 (x near -0.75): up to 1.25x
+        # the op's gradient line over 2000 seeds
+        grad_tolerances={torch.float16: (6e-3, 4e-3), torch.bfloat16: (4.8e-2, 3e-2)},
     )
 )
 OP.add(Variant("builtin", loader="perfloop.ops.gelu.torch_impl:builtin", doc='F.gelu(approximate="tanh")'))
