@@ -149,3 +149,19 @@ def test_attention_through_sdpa_is_not_called_written_out():
     x = torch.randn(8, 256, 64, requires_grad=True)
     d = pl.profile(lambda: net(x).sum().backward(), calls=2).diagnose(ceilings={"copy_gbps": 20.0})
     assert not any("attention written out" in o.title for o in d.opportunities), str(d)
+
+
+@pytest.mark.parametrize(
+    "per_call, title", [(1, "1 host-to-device copy from"), (2, "2 host-to-device copies from")]
+)
+def test_pageable_copies_are_counted_in_words(per_call, title):
+    from perfloop.analysis.attribution import Item
+    from perfloop.analysis.opportunities import rank
+
+    calls = 3
+    copies = [Item("Memcpy HtoD (Pageable -> Device)", "aten::copy_", "model", "forward", 4.0, 0, 1)
+              for _ in range(per_call * calls)]  # fmt: skip
+    work = [Item("gemm", "aten::mm", "model.fc", "forward", 1.0, 0, 1) for _ in range(calls)]
+    d = rank(copies + work, None, [], [], None, {}, calls, wall_ms=4.0 * per_call + 1.0)
+    assert d.opportunities[0].title.startswith(title) and d.opportunities[0].title.endswith("per call")
+    assert d.opportunities[0].saves_ms == pytest.approx(4.0 * per_call)

@@ -354,8 +354,10 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         kept = [i for i in kept if "Pageable" not in i.kernel]
         dev_ms = sum(i.ms for i in pageable) / calls
         staging = idle.by_cause[timeline.PAGEABLE] / calls if idle is not None else 0.0
-        title, advice = HOST[timeline.PAGEABLE]
-        add(f"{len(pageable) // calls} {title}(s) per call", dev_ms + staging, "host",
+        advice = HOST[timeline.PAGEABLE][1]
+        n = len(pageable) // calls
+        copies = "1 host-to-device copy" if n == 1 else f"{n} host-to-device copies"
+        add(f"{copies} from pageable memory per call", dev_ms + staging, "host",
             f"{fmt_ms(dev_ms)} per call of device copies from pageable memory (staged by the host, at a "
             f"fraction of the link's speed)" + (f"; the GPU idle {fmt_ms(staging)} while the host staged it"
                                                 if staging else ""), advice)  # fmt: skip
