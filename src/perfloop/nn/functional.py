@@ -117,8 +117,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         )
     from perfloop.ops.cross_entropy.triton_impl import CrossEntropyFunction
 
-    loss = CrossEntropyFunction.apply(input, target, ignore_index)
-    return loss if torch.is_autocast_enabled(input.device.type) else loss.to(input.dtype)
+    # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
+    dtype = torch.float32 if torch.is_autocast_enabled(input.device.type) else input.dtype
+    return CrossEntropyFunction.apply(input, target, ignore_index, dtype)
 
 
 def gelu(input, approximate="none"):  # noqa: A002

@@ -46,9 +46,12 @@ def _kernel_here(x: torch.Tensor) -> str | None:
 def _why_no_kernel(module: nn.Module, x: torch.Tensor) -> str | None:
     """Why the kernels cannot take this call (None: they can); the answer is kept per device,
     dtype and row length, so a step pays for the checks once."""
+    key = (x.device, x.dtype, x.shape[-1], torch.is_autocast_enabled(x.device.type))
+    known = module.__dict__.get("_perfloop_why")
+    if known is not None and key in known:
+        return known[key]
     from perfloop.ops.layernorm.triton_impl import supported
 
-    key = (x.device, x.dtype, x.shape[-1], torch.is_autocast_enabled(x.device.type))
     return _cached_why(module, key, lambda: supported(_autocast_fp32(x), module.weight), x)
 
 
@@ -61,13 +64,6 @@ def _cached_why(module: nn.Module, key, call_check, x: torch.Tensor) -> str | No
     if key not in cache:
         cache[key] = _kernel_here(x) or why_not(module) or call_check()
     return cache[key]
-
-
-def _norm(module: nn.Module, x: torch.Tensor, bias, eps: float, rms: bool) -> torch.Tensor:
-    from perfloop.ops.layernorm.triton_impl import NormFunction
-
-    # no autocast switch around it: the function makes no op autocast would cast
-    return NormFunction.apply(_autocast_fp32(x), module.weight, bias, eps, rms)
 
 
 class _FusedNorm:
@@ -86,8 +82,12 @@ class _FusedNorm:
         if why:
             _fallback(self, why)
             return super().forward(x)
-        eps = self.eps if self.eps is not None else torch.finfo(_autocast_fp32(x).dtype).eps
-        return _norm(self, x, None if rms else self.bias, eps, rms=rms)
+        from perfloop.ops.layernorm.triton_impl import NormFunction
+
+        x = _autocast_fp32(x)
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        # no autocast switch around it: the function makes no op autocast would cast
+        return NormFunction.apply(x, self.weight, None if rms else self.bias, eps, rms)
 
 
 class LayerNorm(_FusedNorm, nn.LayerNorm):
@@ -140,8 +140,9 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
         if why:
             _fallback(self, why)
             return super().forward(logits, target)
-        loss = CrossEntropyFunction.apply(logits, target, self.ignore_index)  # fp32, no op autocast casts
-        return loss if torch.is_autocast_enabled(logits.device.type) else loss.to(logits.dtype)
+        # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
+        dtype = torch.float32 if torch.is_autocast_enabled(logits.device.type) else logits.dtype
+        return CrossEntropyFunction.apply(logits, target, self.ignore_index, dtype)
 
 
 class SwiGLU(nn.Module):

@@ -83,6 +83,22 @@ def ce_bwd_kernel(
 
 
 @triton.jit
+def ce_mean_kernel(LOSS, T, MEAN, NVALID, n_rows, ignore_index, BLOCK: tl.constexpr):
+    """One program: the mean of the rows' losses over the rows not ignored (0/0 = nan with none,
+    as torch), written in MEAN's dtype, and their count."""
+    total = tl.zeros([BLOCK], tl.float32)
+    count = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n_rows, BLOCK):
+        rows = start + tl.arange(0, BLOCK)
+        mask = rows < n_rows
+        total += tl.load(LOSS + rows, mask=mask, other=0.0)
+        count += (tl.load(T + rows, mask=mask, other=ignore_index) != ignore_index).to(tl.int32)
+    n = tl.sum(count, axis=0)
+    tl.store(MEAN, (tl.sum(total, axis=0) / n.to(tl.float32)).to(MEAN.dtype.element_ty))
+    tl.store(NVALID, n.to(NVALID.dtype.element_ty))
+
+
+@triton.jit
 def ce_loss_grad_kernel(L, T, LOSS, NVALID, OK, stride_l, n_cols, ignore_index, BLOCK: tl.constexpr):
     """Both at once, for a row no one else needs: its loss, then its gradient (for an upstream
     gradient of 1) over the row itself -- the second read while the row is still in L2."""
@@ -94,6 +110,7 @@ def ce_loss_grad_kernel(L, T, LOSS, NVALID, OK, stride_l, n_cols, ignore_index, 
 
 
 _OK: dict = {}  # per device: 1 until a kernel saw a target out of range (then the context is lost)
+MEAN_BLOCK = 1024  # rows a step of the one program that takes the mean
 
 
 def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> torch.Tensor:
@@ -106,30 +123,34 @@ def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> to
             raise IndexError(f"Target {int(target[bad][0])} is out of bounds.")
     ok = _OK.get(target.device)
     if ok is None:
-        ok = _OK[target.device] = torch.ones(1, dtype=torch.int32, device=target.device)
+        ok = _OK[target.device] = torch.ones((), dtype=torch.int32, device=target.device)
     return ok
 
 
 def assert_targets(ok: torch.Tensor) -> None:
     if ok.is_cuda:
-        torch._assert_async(ok[0], "cross entropy: a target is out of bounds")
+        torch._assert_async(ok, "cross entropy: a target is out of bounds")
 
 
-def forward_parts(logits, target, ignore_index: int):
-    """(mean loss in fp32, each row's log-sum-exp, the number of rows counted) of (N, C) logits."""
+def forward_parts(logits, target, ignore_index: int, out_dtype: torch.dtype = torch.float32):
+    """(mean loss in out_dtype, each row's log-sum-exp, the number of rows counted) of (N, C)
+    logits: two launches, the rows' losses and their mean."""
     m, v = logits.shape
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     target = target.contiguous()
     ok = check_targets(target, v, ignore_index)
-    lse = torch.empty(m, dtype=torch.float32, device=logits.device)
-    loss = torch.empty(m, dtype=torch.float32, device=logits.device)
+    dev = logits.device
+    lse = torch.empty(m, dtype=torch.float32, device=dev)
+    loss = torch.empty(m, dtype=torch.float32, device=dev)
+    mean = torch.empty((), dtype=out_dtype, device=dev)
+    n_valid = torch.empty((), dtype=target.dtype, device=dev)
     if m:
         launch(ce_fwd_kernel, (m,), logits, target, lse, loss, ok, logits.stride(0), v, ignore_index,
                BLOCK=min(BLOCK, next_pow2(v)), num_warps=WARPS)  # fmt: skip
         assert_targets(ok)
-    n_valid = (target != ignore_index).sum()
-    return loss.sum() / n_valid, lse, n_valid  # nan with no row counted, as torch
+    launch(ce_mean_kernel, (1,), loss, target, mean, n_valid, m, ignore_index, BLOCK=MEAN_BLOCK)
+    return mean, lse, n_valid
 
 
 def backward_parts(logits, target, lse, n_valid, dloss, ignore_index: int) -> torch.Tensor:
@@ -148,16 +169,16 @@ def backward_parts(logits, target, lse, n_valid, dloss, ignore_index: int) -> to
 
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, ignore_index):
-        loss, lse, n_valid = forward_parts(logits, target, ignore_index)
+    def forward(ctx, logits, target, ignore_index, out_dtype=torch.float32):
+        loss, lse, n_valid = forward_parts(logits, target, ignore_index, out_dtype)
         ctx.save_for_backward(logits, target, lse, n_valid)
         ctx.ignore_index = ignore_index
-        return loss  # fp32, whatever the logits' dtype
+        return loss
 
     @staticmethod
     def backward(ctx, dloss):
         logits, target, lse, n_valid = ctx.saved_tensors
-        return backward_parts(logits, target, lse, n_valid, dloss, ctx.ignore_index), None, None
+        return backward_parts(logits, target, lse, n_valid, dloss, ctx.ignore_index), None, None, None
 
 
 def supported(logits: torch.Tensor, target: torch.Tensor, **kwargs) -> str | None:
@@ -179,4 +200,4 @@ def cross_entropy(logits, target, ignore_index: int = -100):
     why = supported(logits, target)
     if why:
         raise ValueError(f"logits, target: the fused cross entropy does not take {why}")
-    return CrossEntropyFunction.apply(logits, target, ignore_index).to(logits.dtype)
+    return CrossEntropyFunction.apply(logits, target, ignore_index, logits.dtype)

@@ -111,6 +111,7 @@ def _first(pairs: list, x: int) -> int:
     return next(v for bound, v in pairs if x <= bound)
 
 
+@functools.cache
 def _warps(block: int) -> int:
     return _first(TUNED["fwd_warps"], block)
 
@@ -120,20 +121,32 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
-def _bwd_config(n_rows: int, block: int, itemsize: int, device: torch.device) -> tuple[int, int, int]:
-    """(programs, rows a step, warps) of the backward, from the op's table (tuned.json)."""
+@functools.cache
+def _bwd_setup(block: int, itemsize: int, device: torch.device) -> tuple[int, int, int]:
+    """(most programs, rows a step, warps) of the backward, from the op's table (tuned.json)."""
     rows = _first(TUNED["bwd_rows_a_step"], block)
     per_sm = _first(TUNED["bwd_programs_per_sm"], block)
     warps = _first(TUNED["bwd_warps_by_tile_bytes"], rows * block * itemsize)
-    return max(1, min(n_rows, per_sm * _sms(device))), rows, warps
+    return per_sm * _sms(device), rows, warps
+
+
+def _bwd_config(n_rows: int, block: int, itemsize: int, device: torch.device) -> tuple[int, int, int]:
+    """(programs, rows a step, warps) of the backward for n_rows rows."""
+    most, rows, warps = _bwd_setup(block, itemsize, device)
+    return max(1, min(n_rows, most)), rows, warps
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t as contiguous rows of n (t itself where it is one already)."""
+    if t.ndim != 2:
+        t = t.reshape(-1, n)
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def forward_parts(x, weight, bias, eps: float, rms: bool):
     """(y, stats): the norm of x over its last dimension, and each row's mean and 1/std (fp32)."""
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x, n)
     m = x2.shape[0]
     y = torch.empty_like(x2)
     stats = torch.empty((2, m), dtype=torch.float32, device=x.device)  # mean, 1/std
@@ -142,19 +155,14 @@ def forward_parts(x, weight, bias, eps: float, rms: bool):
         launch(norm_fwd_kernel, (m,), x2, weight, bias if bias is not None else weight, y, stats,
                x2.stride(0), y.stride(0), m, n, eps, RMS=rms, HAS_B=bias is not None, BLOCK=block,
                num_warps=_warps(block))  # fmt: skip
-    return y.view(x.shape), stats
+    return (y if x.ndim == 2 else y.view(x.shape)), stats
 
 
 def backward_parts(dy, x, weight, stats, has_bias: bool, rms: bool):
     """(dx, dweight, dbias or None) of the norm, from its input and the forward's stats."""
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2, dy2 = _rows(x, n), _rows(dy, n)
     m = x2.shape[0]
-    dy2 = dy.reshape(-1, n)
-    if dy2.stride(-1) != 1:
-        dy2 = dy2.contiguous()
     dx = torch.empty_like(x2)
     block = next_pow2(n)
     g, rows, warps = _bwd_config(m, block, x2.element_size(), x2.device)
@@ -169,7 +177,8 @@ def backward_parts(dy, x, weight, stats, has_bias: bool, rms: bool):
         partial.zero_()
     launch(colsum_kernel, (cdiv(n, COLSUM_BLOCK), slabs), partial, sums, g, n, ROWS=COLSUM_ROWS,
            BLOCK=COLSUM_BLOCK)  # fmt: skip
-    return dx.view(x.shape), *((sums[0], sums[1]) if has_bias else (sums, None))
+    dx = dx if x.ndim == 2 else dx.view(x.shape)
+    return dx, *((sums[0], sums[1]) if has_bias else (sums, None))
 
 
 class NormFunction(torch.autograd.Function):
