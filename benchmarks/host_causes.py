@@ -189,6 +189,12 @@ def main() -> None:
                "host_above_5pct": [o.title for o in opps if o.bound in ("host", "launch") and o.share > 0.05],
                "step_ms": c.measurements["problem"].median_ms,
                "analysis_s": time.perf_counter() - t0}  # fmt: skip
+        idle = p.idle()
+        if idle is not None:  # the pieces of the host causes' predictions, per call
+            n = p.calls
+            row["idle"] = {"idle_ms": idle.idle_ms / n, "scale": idle.scale, "waited_ms": idle.waited_ms / n,
+                           "sync_saving_ms": idle.sync_saving_ms / n,
+                           "by_cause": {c: v / n for c, v in idle.by_cause.items() if v}}  # fmt: skip
         if row["predicted_ms"]:
             row["predicted_over_realized"] = row["predicted_ms"] / realized if realized > 0 else None
         rows.append(row)

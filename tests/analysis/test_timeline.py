@@ -51,6 +51,7 @@ def test_the_breakdown_scales_to_the_wall_time_without_the_profiler():
     assert r.wall_ms == pytest.approx(0.9) and r.idle_ms == pytest.approx(0.3)
     plain = r.scaled_to(0.8)  # the same calls took 800 us unprofiled: 200 us idle, shared 1:2
     assert plain.busy_ms == pytest.approx(0.6) and plain.idle_ms == pytest.approx(0.2) and plain.scaled
+    assert plain.scale == pytest.approx(2 / 3) and r.scale == 1.0  # its factor kept, for the record
     assert plain.by_cause["host work outside torch"] == pytest.approx(0.2 / 3 + 0.4 / 3)
     # both stretches (100 and 200 us) ran no torch op: host work
     assert r.scaled_to(0.5).idle_ms == 0  # faster than the busy time: no idle, never negative

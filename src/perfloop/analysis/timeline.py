@@ -50,6 +50,7 @@ class Idle:
     scaled: bool = False  # causes scaled to the time without the profiler
     waited_ms: float = 0.0  # the host's time inside synchronizing calls
     sync_saving_ms: float = 0.0  # how much sooner the work would end without the waits (timeline.without)
+    scale: float = 1.0  # the unprofiled idle over the profiled (scaled_to's factor; 1: not scaled)
 
     def syncs_take_launch_gaps(self) -> Idle:
         """Where the host's own time (all but its waits) is less than the device's, without the
@@ -78,7 +79,7 @@ class Idle:
                    syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
                    places=[(c, p, ms * k) for c, p, ms in self.places], sampled=self.sampled,
                    device=self.device, scaled=True, waited_ms=self.waited_ms,
-                   sync_saving_ms=self.sync_saving_ms * k)  # fmt: skip
+                   sync_saving_ms=self.sync_saving_ms * k, scale=k)  # fmt: skip
         return out.syncs_take_launch_gaps()
 
     def times(self, k: int) -> Idle:
@@ -89,7 +90,7 @@ class Idle:
                     syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
                     places=[(c, p, ms * k) for c, p, ms in self.places], sampled=self.sampled,
                     device=self.device, scaled=self.scaled, waited_ms=self.waited_ms,
-                    sync_saving_ms=self.sync_saving_ms * k)  # fmt: skip
+                    sync_saving_ms=self.sync_saving_ms * k, scale=self.scale)  # fmt: skip
 
     @property
     def idle_ms(self) -> float:
