@@ -82,6 +82,27 @@ def host_ms(f, calls: int = 200) -> float:
     return issued / calls * 1e3
 
 
+def host_spread_ms(f, calls: int = 500, rounds: int = 3) -> dict:
+    """The host's time per call as host_parts.py takes it (the best of `rounds` runs of `calls`),
+    and each call timed alone within them (median, 90th percentile, max): whether a mean is
+    a pace or a few stalls."""
+    for _ in range(20):
+        f()
+    torch.cuda.synchronize()
+    best, each = float("inf"), []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            t = time.perf_counter()
+            f()
+            each.append(time.perf_counter() - t)
+        best = min(best, (time.perf_counter() - t0) / calls)
+        torch.cuda.synchronize()
+    each.sort()
+    return {"best_of_rounds_ms": best * 1e3, "median_ms": each[len(each) // 2] * 1e3,
+            "p90_ms": each[int(len(each) * 0.9)] * 1e3, "max_ms": each[-1] * 1e3}  # fmt: skip
+
+
 def python_profile(f, calls: int = 200) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -108,7 +129,11 @@ def main(argv=None) -> int:
         for name, t_fn, p_fn in pairs(rows, width):
             row = {"op": name, "shape": [rows, width]}
             for who, f in (("torch", t_fn), ("perfloop", p_fn)):
-                row[who] = {"do_bench_ms": do_bench(f, return_mode="median"), "host_ms": host_ms(f)}
+                row[who] = {
+                    "do_bench_ms": do_bench(f, return_mode="median"),
+                    "host_ms": host_ms(f),
+                    "host_spread": host_spread_ms(f),
+                }
                 (out / f"host_cost_profile_{name}_{rows}x{width}_{who}.txt").write_text(python_profile(f))
             row["do_bench_ratio"] = row["perfloop"]["do_bench_ms"] / row["torch"]["do_bench_ms"]
             row["host_ratio"] = row["perfloop"]["host_ms"] / row["torch"]["host_ms"]
