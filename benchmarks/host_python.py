@@ -31,6 +31,20 @@ def best_us(f, calls: int = 2000, rounds: int = 7) -> float:
     return best
 
 
+class Nop(torch.autograd.Function):
+    """An autograd Function that does nothing: the floor of any fused call's host path."""
+
+    @staticmethod
+    def forward(ctx, a, w):
+        ctx.save_for_backward(a, w)
+        return torch.empty_like(a)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, w = ctx.saved_tensors
+        return torch.empty_like(a), torch.empty_like(w)
+
+
 def pieces() -> dict:
     import perfloop.nn as pnn
     from perfloop.ops.cross_entropy import triton_impl as ce
@@ -47,17 +61,6 @@ def pieces() -> dict:
     logits = torch.randn(4, 64, generator=g).requires_grad_()
     target = torch.randint(0, 64, (4,), generator=g)
     rms, norm, swiglu, loss = pnn.RMSNorm(64), pnn.LayerNorm(64), pnn.SwiGLU(), pnn.CrossEntropyLoss()
-
-    class Nop(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, a, w):
-            ctx.save_for_backward(a, w)
-            return torch.empty_like(a)
-
-        @staticmethod
-        def backward(ctx, grad):
-            a, w = ctx.saved_tensors
-            return torch.empty_like(a), torch.empty_like(w)
 
     def fb(f, inputs, grad=dy):
         return lambda: torch.autograd.grad(f(), inputs, grad)
