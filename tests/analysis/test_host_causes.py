@@ -143,3 +143,33 @@ def test_layout_copies_are_named_as_such_not_as_dtype_casts():
     assert "contiguous" in layout[0].title and "transposed" in layout[0].advice
     assert "0 (forward)" in layout[0].evidence  # the module that copies
     assert not any("dtype casts" in o.title for o in d.opportunities), str(d)
+
+
+def _gpu_cases() -> dict:
+    """benchmarks/host_causes.py's planted models (the ones its H200 table measured), at full size."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "host_causes.py"
+    spec = importlib.util.spec_from_file_location("host_causes", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.cases(small=False, dev="cuda")
+
+
+GPU_CASES = ["numpy in the step", "AdamW foreach=False, 400 params", "pageable host-to-device copy",
+             ".item() per layer", "torch.cuda.synchronize() per layer", "DataLoader with slow collation",
+             "control: one large matmul", "control: empty_cache per layer"]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_on_the_gpu_each_planted_host_problem_ranks_first_and_the_controls_rank_nothing(case):
+    want, problem, _fixed, control = _gpu_cases()[case]
+    d = pl.profile(problem, calls=3, count_work=False).diagnose()
+    host = [o for o in d.opportunities if o.bound in ("host", "launch") and o.share > 0.05]
+    if control:
+        assert not host, str(d)
+        return
+    assert d.opportunities and want in d.opportunities[0].title, str(d)
+    assert d.opportunities[0].advice and d.opportunities[0].saves_ms > 0
