@@ -117,3 +117,57 @@ def test_the_norms_launch_settings_come_from_their_table():
     assert ln._bwd_config(8192, 4096, 2, cpu) == (4, 1, 8)  # 4096-wide bf16 rows: 1 a step, 2 a SM
     assert ln._bwd_config(3, 65536, 4, cpu) == (3, 1, 16)  # never more programs than rows
     assert [ln._warps(b) for b in (256, 1024, 2048, 4096, 8192, 65536)] == [4, 4, 8, 8, 16, 16]
+
+
+SETTINGS = ("num_warps", "num_stages", "ROWS", "GROUP_M")  # and every tile size (*BLOCK*)
+
+
+def _launch_settings_chosen_in_code(path) -> list[str]:
+    """Keyword arguments of the kernel launches in one launcher file whose value is a number
+    written there: a literal, a conditional of literals, or a module-level name bound to one.
+    The interpreter's own configs (under `if interpreting():`) are not launch settings of a GPU."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+
+    def constants(v) -> bool:
+        return all(isinstance(e, ast.Constant) for e in (v.elts if isinstance(v, ast.Tuple) else [v]))
+
+    literal_names = {t.id for node in tree.body if isinstance(node, ast.Assign) and constants(node.value)
+                     for t in ast.walk(node.targets[0]) if isinstance(t, ast.Name)}  # fmt: skip
+
+    def numeric(v) -> bool:
+        if isinstance(v, ast.Constant):
+            return isinstance(v.value, int) and not isinstance(v.value, bool)
+        if isinstance(v, ast.IfExp):
+            return numeric(v.body) and numeric(v.orelse)
+        return isinstance(v, ast.Name) and v.id in literal_names
+
+    interpreted = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "interpreting" in ast.unparse(node.test):
+            interpreted |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or id(node) in interpreted:
+            continue
+        is_launch = (isinstance(node.func, ast.Name) and node.func.id == "launch") or isinstance(
+            node.func, ast.Subscript
+        )  # launch(kernel, ...) or kernel[grid](...)
+        if is_launch:
+            out += [f"{path.parent.name}:{node.lineno} {k.arg}={ast.unparse(k.value)}"
+                    for k in node.keywords if k.arg in SETTINGS or "BLOCK" in (k.arg or "")
+                    if numeric(k.value)]  # fmt: skip
+    return out
+
+
+def test_every_launch_setting_comes_from_the_ops_table_not_the_launcher():
+    """Issue 25 item 4: tiles, warps and stages from the op's tuned.json; a number written in the
+    launcher is a setting no tuner can change and no table records."""
+    from pathlib import Path
+
+    import perfloop.ops
+
+    root = Path(perfloop.ops.__file__).parent
+    found = [s for p in sorted(root.glob("*/triton_impl.py")) for s in _launch_settings_chosen_in_code(p)]
+    assert found == [], "\n".join(found)

@@ -36,6 +36,12 @@ def load_table(op_dir: Path) -> dict:
     return doc["table"]
 
 
+def first_at_most(pairs: list, x: int):
+    """A table's [bound, value] pairs read as steps: the value of the first pair whose bound x
+    does not pass."""
+    return next(v for bound, v in pairs if x <= bound)
+
+
 def _gpu_name() -> str | None:
     """The GPU the kernels launch on, or None where they run interpreted or on no GPU."""
     import torch

@@ -415,7 +415,9 @@ def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | N
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
     block_d = max(16, next_pow2(d))
     dl = torch.empty_like(lse)
-    launch(_bwd_preprocess, (cdiv(sq, 64), b * h), o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=64)
+    pre_m = TUNED["preprocess_block_m"]
+    launch(_bwd_preprocess, (cdiv(sq, pre_m), b * h), o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d,
+           BLOCK_M=pre_m)  # fmt: skip
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype))
     cfgs = cfgs or {}

@@ -22,6 +22,7 @@ from perfloop.ops.tuning import load_table
 
 TUNED = load_table(Path(__file__).parent)  # a row's tile and warps (tuned.json)
 BLOCK, WARPS = TUNED["block"], TUNED["num_warps"]
+MEAN_BLOCK = TUNED["mean_block"]  # rows a step of the one program that takes the mean
 
 
 @triton.jit
@@ -110,7 +111,6 @@ def ce_loss_grad_kernel(L, T, LOSS, NVALID, OK, stride_l, n_cols, ignore_index, 
 
 
 _OK: dict = {}  # per device: 1 until a kernel saw a target out of range (then the context is lost)
-MEAN_BLOCK = 1024  # rows a step of the one program that takes the mean
 
 
 def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> torch.Tensor:

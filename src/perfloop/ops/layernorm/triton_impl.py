@@ -18,11 +18,11 @@ import triton.language as tl
 
 from perfloop.ops.base import cdiv, check_tensor, next_pow2
 from perfloop.ops.launch import launch
-from perfloop.ops.tuning import load_table
+from perfloop.ops.tuning import first_at_most, load_table
 
 MAX_N = 65536  # a row must fit in one program's registers
-COLSUM_ROWS, COLSUM_BLOCK = 32, 64  # the final dw/db sum: a program's tile of partials a step
-TUNED = load_table(Path(__file__).parent)  # warps and the backward's band (tuned.json)
+TUNED = load_table(Path(__file__).parent)  # warps, the backward's band, the dw/db sum's tile (tuned.json)
+COLSUM_ROWS, COLSUM_BLOCK = TUNED["colsum_tile"]  # the final dw/db sum: a program's tile of partials a step
 
 
 @triton.jit
@@ -106,14 +106,9 @@ def colsum_kernel(PARTIAL, OUT, n_parts, n_cols, ROWS: tl.constexpr, BLOCK: tl.c
     tl.store(OUT + slab * n_cols + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cmask)
 
 
-def _first(pairs: list, x: int) -> int:
-    """The value of the first [bound, value] pair whose bound x does not pass."""
-    return next(v for bound, v in pairs if x <= bound)
-
-
 @functools.cache
 def _warps(block: int) -> int:
-    return _first(TUNED["fwd_warps"], block)
+    return first_at_most(TUNED["fwd_warps"], block)
 
 
 @functools.cache
@@ -124,9 +119,9 @@ def _sms(device: torch.device) -> int:
 @functools.cache
 def _bwd_setup(block: int, itemsize: int, device: torch.device) -> tuple[int, int, int]:
     """(most programs, rows a step, warps) of the backward, from the op's table (tuned.json)."""
-    rows = _first(TUNED["bwd_rows_a_step"], block)
-    per_sm = _first(TUNED["bwd_programs_per_sm"], block)
-    warps = _first(TUNED["bwd_warps_by_tile_bytes"], rows * block * itemsize)
+    rows = first_at_most(TUNED["bwd_rows_a_step"], block)
+    per_sm = first_at_most(TUNED["bwd_programs_per_sm"], block)
+    warps = first_at_most(TUNED["bwd_warps_by_tile_bytes"], rows * block * itemsize)
     return per_sm * _sms(device), rows, warps
 
 

@@ -33,9 +33,9 @@ import triton.language as tl
 
 from perfloop.ops.base import cdiv, check_tensor, interpreting, next_pow2
 from perfloop.ops.launch import launch
-from perfloop.ops.tuning import load_table
+from perfloop.ops.tuning import first_at_most, load_table
 
-TUNED = load_table(Path(__file__).parent)  # split: [block, warps]; online: [block, warps, programs/SM]
+TUNED = load_table(Path(__file__).parent)  # split, online, the two-pass combine's warps (tuned.json)
 MAX_ROW_BLOCK = 16384  # columns kept in registers by one program (64 KiB of fp32)
 MAX_TWO_PASS_CHUNKS = 8192  # a row's chunk stats one program combines (64M columns at 8192)
 
@@ -252,7 +252,7 @@ def softmax_split(
         launch(softmax_split_kernel, (items,), *args, **consts, PHASE=1)
         row_stats = torch.empty((n_rows, 2), dtype=torch.float32, device=x2.device)
         launch(softmax_combine_kernel, (n_rows,), stats, row_stats, n_chunks, MAX_CHUNKS=consts["MAX_CHUNKS"],
-               num_warps=4 if n_chunks <= 1024 else 8)  # fmt: skip
+               num_warps=first_at_most(TUNED["combine_warps"], n_chunks))  # fmt: skip
         launch(softmax_split_kernel, (items,), x2, y2, row_stats, *args[3:], **consts, PHASE=2)
         return y2.view(x.shape) if out is None else out
     grid = min(items, max(n_chunks, resident // n_chunks * n_chunks))
