@@ -121,6 +121,27 @@ def cases(small: bool, dev: str) -> dict:
     return out
 
 
+def sync_ops_ms(p) -> float:
+    """The host's time (profiled) in the outermost torch ops around the synchronizing runtime
+    calls (aten::item around its copy and wait): what removing those ops would give back in a
+    host-bound step, beside the waits alone that the replay removes."""
+    from torch.autograd import DeviceType
+
+    from perfloop.analysis.timeline import SYNC_APIS
+
+    tops = {}
+    for e in p._prof.events() if p._prof is not None else []:
+        if e.device_type != DeviceType.CPU or not e.name.startswith(SYNC_APIS):
+            continue
+        if e.name.startswith("cudaMemcpy") and "Async" in e.name:
+            continue
+        top, up = e, e.cpu_parent
+        while up is not None and "::" in up.name:
+            top, up = up, up.cpu_parent
+        tops[id(top)] = top.time_range.end - top.time_range.start
+    return sum(tops.values()) / 1e3
+
+
 def sampling_overhead(dev: str, rounds: int = 5, steps: int = 10) -> dict:
     """A GPT-2 small training step's wall time with the stack sampler running and without,
     in alternating blocks of `steps` steps."""
@@ -194,7 +215,8 @@ def main() -> None:
             n = p.calls
             row["idle"] = {"idle_ms": idle.idle_ms / n, "scale": idle.scale, "waited_ms": idle.waited_ms / n,
                            "sync_saving_ms": idle.sync_saving_ms / n,
-                           "by_cause": {c: v / n for c, v in idle.by_cause.items() if v}}  # fmt: skip
+                           "by_cause": {c: v / n for c, v in idle.by_cause.items() if v},
+                           "sync_ops_ms": sync_ops_ms(p) / n}  # fmt: skip
         if row["predicted_ms"]:
             row["predicted_over_realized"] = row["predicted_ms"] / realized if realized > 0 else None
         rows.append(row)
