@@ -60,6 +60,8 @@ def test_check_passes_and_unknown_names_are_usage_errors(capsys):
         assert main(seeded) == 0
         runs.append(json.loads(capsys.readouterr().out))
     assert runs[0] == runs[1]
+    assert main(["check", "softmax", "--variant", "naive", "--seed", str(2**70)]) == 2
+    assert "--seed" in capsys.readouterr().err
     assert main(["check", "softmaks"]) == 2
     assert "valid: " + ", ".join(pl.ops.names()) in capsys.readouterr().err
     assert main(["check", "gelu", "--variant", "fastest"]) == 2

@@ -42,6 +42,9 @@ def test_a_check_with_a_seed_takes_the_same_inputs_every_time():
     c = op.check("builtin", device="cpu", shapes=[(17, 97)], seed=6)
     assert a == b and [r["case"] for r in a] != [r["case"] for r in c]
     assert all(0 < r["of_tolerance"] < 1 for r in a)
+    for bad in (2**64, -(2**64), 1.5, "7"):
+        with pytest.raises(ValueError, match="seed: "):
+            op.check("builtin", device="cpu", shapes=[(17, 97)], seed=bad)
 
 
 # Seeds on which torch's own arithmetic in 16 bits crossed its op's line (CI's run, and scans

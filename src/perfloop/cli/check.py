@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfloop.cli.args import FAILED, get_op, get_variants, parse_dtype
+from perfloop.cli.args import FAILED, UsageError, get_op, get_variants, parse_dtype
 from perfloop.cli.output import emit_json, progress, table
 
 
@@ -21,6 +21,8 @@ def run(args) -> int:
     from perfloop import ops
     from perfloop.ops.base import CheckFailed
 
+    if args.seed is not None and not -(2**63) <= args.seed <= 2**63 - 1 - args.seeds:
+        raise UsageError(f"--seed: must fit 64 bits (as a failed check prints it), got {args.seed}")
     names = [args.op] if args.op else ops.names()
     results, failed = [], False
     todo = []

@@ -298,6 +298,8 @@ class Op:
         if reason:
             raise Unavailable(f"{self.name}/{variant}: {reason}")
         dtypes = [d for d in (dtypes or v.dtypes) if d in v.dtypes]
+        if seed is not None and not (type(seed) is int and -(2**63) <= seed <= 2**63 - 1 - seeds):
+            raise ValueError(f"seed: need an integer of 64 bits (as a failure prints it), got {seed!r}")
         base_seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
         records = []
         for shape in shapes or self.test_shapes:
