@@ -19,15 +19,19 @@ from pathlib import Path
 import torch
 
 
-def best_us(f, calls: int = 2000, rounds: int = 7) -> float:
-    for _ in range(200):
-        f()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def best_us(pieces: dict, calls: int = 1000, rounds: int = 15) -> dict:
+    """Each piece's best per-call time over `rounds` runs of `calls`, the pieces taking turns
+    in every round (a slow stretch of a shared machine then lands on all of them alike)."""
+    for f in pieces.values():
+        for _ in range(200):
             f()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    best = dict.fromkeys(pieces, float("inf"))
+    for _ in range(rounds):
+        for name, f in pieces.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e6)
     return best
 
 
@@ -47,11 +51,12 @@ class Nop(torch.autograd.Function):
 
 def pieces() -> dict:
     import perfloop.nn as pnn
+    from perfloop.ops.attention import triton_impl as at
     from perfloop.ops.cross_entropy import triton_impl as ce
     from perfloop.ops.layernorm import triton_impl as ln
     from perfloop.ops.swiglu import triton_impl as sw
 
-    for mod in (ln, ce, sw):
+    for mod in (ln, ce, sw, at):
         mod.launch = lambda *a, **k: None  # the kernels left out: their outputs stay unwritten
 
     g = torch.Generator().manual_seed(0)
@@ -60,6 +65,8 @@ def pieces() -> dict:
     b = torch.randn(4, 64, generator=g).requires_grad_()
     logits = torch.randn(4, 64, generator=g).requires_grad_()
     target = torch.randint(0, 64, (4,), generator=g)
+    q, k, v = (torch.randn(1, 2, 16, 64, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    do = torch.randn(1, 2, 16, 64, generator=g).bfloat16()
     rms, norm, swiglu, loss = pnn.RMSNorm(64), pnn.LayerNorm(64), pnn.SwiGLU(), pnn.CrossEntropyLoss()
 
     def fb(f, inputs, grad=dy):
@@ -71,6 +78,8 @@ def pieces() -> dict:
         "perfloop.nn.LayerNorm fwd+bwd": fb(lambda: norm(x), [x, norm.weight, norm.bias]),
         "perfloop.nn.SwiGLU fwd+bwd": fb(lambda: swiglu(x, b), [x, b]),
         "perfloop.nn.CrossEntropyLoss fwd+bwd": fb(lambda: loss(logits, target), [logits], None),
+        "flash_attention fwd (inputs need grad)": lambda: at.flash_attention(q, k, v, True),
+        "flash_attention fwd+bwd": fb(lambda: at.flash_attention(q, k, v, True)[0], [q, k, v], do),
         "layernorm forward_parts": lambda: ln.forward_parts(x.detach(), rms.weight, None, 1e-6, True),
     }
 
@@ -80,7 +89,7 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         print("host_python: set TRITON_INTERPRET=1 on a machine without a GPU", file=sys.stderr)
         return 2
-    res = {name: best_us(f) for name, f in pieces().items()}
+    res = best_us(pieces())
     for name, us in res.items():
         print(f"{name:40} {us:7.2f} us")
     if argv:

@@ -30,6 +30,29 @@ def test_on_the_cpu_every_call_goes_through_tritons_own_path(monkeypatch):
     assert calls == [((3,), (1, 2), {"BLOCK": 4})] * 2 and not L._CACHE
 
 
+def test_an_interpreted_kernel_goes_through_tritons_path_even_beside_a_gpu(monkeypatch):
+    """What decides is the kernel's class (the interpreter's triton.jit makes its own), not only
+    whether a GPU is present: with one present, an interpreted kernel is run and never cached."""
+    from perfloop.ops.base import interpreting
+
+    if not interpreting():
+        pytest.skip("needs TRITON_INTERPRET=1 (the CI sets it)")
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def double(X, Y, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(Y + offs, tl.load(X + offs, mask=offs < n) * 2, mask=offs < n)
+
+    monkeypatch.setattr(L, "_cuda", lambda: True)
+    monkeypatch.setattr(L, "_CACHE", {})
+    x = torch.randn(10, generator=torch.Generator().manual_seed(0))
+    y = torch.empty_like(x)
+    L.launch(double, (1,), x, y, 10, BLOCK=16)
+    assert torch.equal(y, x * 2) and not L._CACHE
+
+
 @pytest.mark.gpu
 def test_cached_launches_match_tritons_own_across_specializations():
     import triton

@@ -7,8 +7,9 @@ through it (and compiles); its CompiledKernel is kept under a key built here fro
 specializes on -- each tensor's dtype and 16-byte alignment, each integer's equality to 1,
 divisibility by 16 and width, the other arguments' types, the keyword arguments' values, the
 current device -- and later calls hand the arguments straight to the compiled kernel's launcher,
-the call Triton itself makes after a cache hit. Under the interpreter, for autotuned kernels, and
-while a launch hook is installed (Proton), every call goes through Triton's own path.
+the call Triton itself makes after a cache hit. Under the interpreter (whose `triton.jit` makes
+another class than JITFunction), for autotuned kernels, and while a launch hook is installed
+(Proton), every call goes through Triton's own path.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import functools
 
 import torch
-
-from perfloop.ops.base import interpreting
 
 _CACHE: dict = {}
 _cuda = functools.cache(torch.cuda.is_available)
@@ -51,10 +50,12 @@ def _hooks_off() -> bool:
     return rt is not None and _unhooked(rt.launch_enter_hook) and _unhooked(rt.launch_exit_hook)
 
 
-def _cacheable(kernel) -> bool:
+@functools.cache
+def _jit_function() -> type:
+    """Triton's compiled-kernel class (under the interpreter `triton.jit` makes another one)."""
     from triton.runtime.jit import JITFunction
 
-    return isinstance(kernel, JITFunction) and _hooks_off()
+    return JITFunction
 
 
 def _tail(kernel, n_args: int, meta: dict) -> tuple | None:
@@ -74,14 +75,14 @@ def _tail(kernel, n_args: int, meta: dict) -> tuple | None:
 def launch(kernel, grid: tuple, *args, **meta):
     """Launch `kernel` over `grid` (a tuple of 1-3 ints) with `args` (positional, in the
     kernel's order) and `meta` (constexprs and launch options by keyword)."""
-    if not _cuda() or interpreting():
+    if not _cuda() or not isinstance(kernel, _jit_function()):  # interpreted, autotuned: Triton's own path
         return kernel[grid](*args, **meta)
     dev = torch._C._cuda_getDevice()
     key = (kernel, dev, tuple(meta.items()), tuple(map(_spec, args)))
     hit = _CACHE.get(key)
     if hit is None or not _hooks_off():
         ck = kernel[grid](*args, **meta)
-        if hit is None and ck is not None and _cacheable(kernel):
+        if hit is None and ck is not None and _hooks_off():
             ck = ck.result() if hasattr(ck, "result") else ck
             tail = _tail(kernel, len(args), meta)
             if tail is not None and all(hasattr(ck, a) for a in ("run", "function", "packed_metadata")):
