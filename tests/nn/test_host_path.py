@@ -95,3 +95,42 @@ def test_the_loss_is_torchs_in_the_logits_dtype_with_rows_ignored(dtype, ignored
     torch.testing.assert_close(
         g_ours.float(), g_want.float(), atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=2e-2
     )
+
+
+def _cases():
+    from perfloop.ops.attention import triton_impl as at
+    from perfloop.ops.swiglu import triton_impl as sw
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 64, generator=g)
+    b = torch.randn(6, 64, generator=g)
+    target = torch.randint(0, 64, (6,), generator=g)
+    q, k, v = (torch.randn(1, 2, 20, 16, generator=g) for _ in range(3))
+    rms, norm, loss, swiglu = pnn.RMSNorm(64), pnn.LayerNorm(64), pnn.CrossEntropyLoss(), pnn.SwiGLU()
+    return [
+        ("RMSNorm", ln.NormFunction, lambda: rms(x), [x]),
+        ("LayerNorm", ln.NormFunction, lambda: norm(x), [x]),
+        ("CrossEntropyLoss", ce.CrossEntropyFunction, lambda: loss(x, target), [x]),
+        ("SwiGLU", sw.GatedFunction, lambda: swiglu(x, b), [x, b]),
+        ("flash_attention", at.FlashAttention, lambda: at.flash_attention(q, k, v, True)[0], [q, k, v]),
+    ]
+
+
+@pytest.mark.parametrize("i", range(5), ids=[c[0] for c in _cases()])
+def test_without_a_gradient_to_take_a_fused_op_runs_its_forward_alone(monkeypatch, i):
+    """Under no_grad (an eval loop, generation) no autograd Function runs: its host cost bought
+    nothing there. The values are the same kernels' either way."""
+    name, function, call, inputs = _cases()[i]
+    for t in inputs:
+        t.requires_grad_()
+    with_grad = call()
+    assert with_grad.grad_fn is not None  # the Function where a gradient is wanted
+    monkeypatch.setattr(function, "apply", lambda *a: pytest.fail(f"{name}: the Function ran under no_grad"))
+    with torch.no_grad():
+        alone = call()
+    assert alone.grad_fn is None and torch.equal(alone, with_grad.detach())
+    monkeypatch.undo()
+    for t in inputs:
+        t.requires_grad_(False)
+    # grad mode on, no input wanting one (a norm's weight still does): the same values
+    assert torch.equal(call().detach(), alone)

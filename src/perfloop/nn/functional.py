@@ -74,9 +74,9 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
         return F.layer_norm(input, normalized_shape, weight, bias, eps) if y is None else y
     if not _takes(input) or _norm_why(input, normalized_shape, weight):
         return F.layer_norm(input, normalized_shape, weight, bias, eps)
-    from perfloop.ops.layernorm.triton_impl import NormFunction
+    from perfloop.ops.layernorm.triton_impl import fused_norm
 
-    return NormFunction.apply(_autocast_fp32(input), weight, bias, eps, False)
+    return fused_norm(_autocast_fp32(input), weight, bias, eps, False)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
@@ -85,10 +85,10 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
         return F.rms_norm(input, normalized_shape, weight, eps) if y is None else y
     if not _takes(input) or _norm_why(input, normalized_shape, weight):
         return F.rms_norm(input, normalized_shape, weight, eps)
-    from perfloop.ops.layernorm.triton_impl import NormFunction
+    from perfloop.ops.layernorm.triton_impl import fused_norm
 
     x = _autocast_fp32(input)
-    return NormFunction.apply(x, weight, None, eps if eps is not None else torch.finfo(x.dtype).eps, True)
+    return fused_norm(x, weight, None, eps if eps is not None else torch.finfo(x.dtype).eps, True)
 
 
 def why_not_cross_entropy(input, target, weight, reduction, label_smoothing) -> str | None:  # noqa: A002
@@ -115,11 +115,11 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         return F.cross_entropy(
             input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
         )
-    from perfloop.ops.cross_entropy.triton_impl import CrossEntropyFunction
+    from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy
 
     # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
     dtype = torch.float32 if torch.is_autocast_enabled(input.device.type) else input.dtype
-    return CrossEntropyFunction.apply(input, target, ignore_index, dtype)
+    return fused_cross_entropy(input, target, ignore_index, dtype)
 
 
 def gelu(input, approximate="none"):  # noqa: A002

@@ -82,12 +82,12 @@ class _FusedNorm:
         if why:
             _fallback(self, why)
             return super().forward(x)
-        from perfloop.ops.layernorm.triton_impl import NormFunction
+        from perfloop.ops.layernorm.triton_impl import fused_norm
 
         x = _autocast_fp32(x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         # no autocast switch around it: the function makes no op autocast would cast
-        return NormFunction.apply(x, self.weight, None if rms else self.bias, eps, rms)
+        return fused_norm(x, self.weight, None if rms else self.bias, eps, rms)
 
 
 class LayerNorm(_FusedNorm, nn.LayerNorm):
@@ -126,7 +126,7 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
     read of the logits, their gradient in one more read and one write, in the logits' dtype."""
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # noqa: A002 -- torch's
-        from perfloop.ops.cross_entropy.triton_impl import CrossEntropyFunction, supported
+        from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy, supported
 
         logits = input
         if torch.compiler.is_compiling():
@@ -142,7 +142,7 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
             return super().forward(logits, target)
         # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
         dtype = torch.float32 if torch.is_autocast_enabled(logits.device.type) else logits.dtype
-        return CrossEntropyFunction.apply(logits, target, self.ignore_index, dtype)
+        return fused_cross_entropy(logits, target, self.ignore_index, dtype)
 
 
 class SwiGLU(nn.Module):

@@ -177,6 +177,12 @@ def autocast_fp32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def needs_grad(*tensors) -> bool:
+    """Whether autograd must record this call: grad mode on and an input that wants a gradient
+    (else a fused op runs its forward alone, without an autograd Function's host cost)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (>= 1): triton.next_power_of_2 without its ~2 us of
     constexpr-function wrapping on each launch (Triton 3.9)."""

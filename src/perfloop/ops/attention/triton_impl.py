@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from perfloop.ops.attention import validate
-from perfloop.ops.base import cdiv, dot_precision, interpreting, k_major_for_tf32, next_pow2
+from perfloop.ops.base import cdiv, dot_precision, interpreting, k_major_for_tf32, needs_grad, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
@@ -455,7 +455,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: need a finite number > 0 (default 1/sqrt(head_dim)), got {scale!r}")
-    return FlashAttention.apply(q, k, v, bool(causal), float(scale))
+    if needs_grad(q, k, v):
+        return FlashAttention.apply(q, k, v, bool(causal), float(scale))
+    return run_forward(q, k, v, bool(causal), float(scale))
 
 
 def attention(q, k, v, causal=False, out=None):

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor, next_pow2
+from perfloop.ops.base import check_tensor, needs_grad, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
@@ -181,6 +181,14 @@ class CrossEntropyFunction(torch.autograd.Function):
         return backward_parts(logits, target, lse, n_valid, dloss, ctx.ignore_index), None, None, None
 
 
+def fused_cross_entropy(logits, target, ignore_index: int, out_dtype: torch.dtype):
+    """The mean loss in out_dtype, through autograd where the logits want a gradient, else the
+    forward alone."""
+    if needs_grad(logits):
+        return CrossEntropyFunction.apply(logits, target, ignore_index, out_dtype)
+    return forward_parts(logits, target, ignore_index, out_dtype)[0]
+
+
 def supported(logits: torch.Tensor, target: torch.Tensor, **kwargs) -> str | None:
     """None if the kernels take this call, else why not."""
     if logits.ndim != 2 or target.ndim != 1 or target.shape[0] != logits.shape[0]:
@@ -200,4 +208,4 @@ def cross_entropy(logits, target, ignore_index: int = -100):
     why = supported(logits, target)
     if why:
         raise ValueError(f"logits, target: the fused cross entropy does not take {why}")
-    return CrossEntropyFunction.apply(logits, target, ignore_index, logits.dtype)
+    return fused_cross_entropy(logits, target, ignore_index, logits.dtype)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import cdiv, check_tensor
+from perfloop.ops.base import cdiv, check_tensor, needs_grad
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
@@ -130,7 +130,7 @@ def gelu(
     x = x.contiguous()
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous()):
         raise ValueError(f"out: need a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
-    if torch.is_grad_enabled() and x.requires_grad:
+    if needs_grad(x):
         y = GeluFunction.apply(x, block, num_warps, exact)
         return y if out is None else out.copy_(y)
     return _forward(x, torch.empty_like(x) if out is None else out, block, num_warps, exact)

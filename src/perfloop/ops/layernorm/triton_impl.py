@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import cdiv, check_tensor, next_pow2
+from perfloop.ops.base import cdiv, check_tensor, needs_grad, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import first_at_most, load_table
 
@@ -191,6 +191,13 @@ class NormFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+def fused_norm(x, weight, bias, eps: float, rms: bool):
+    """The norm through autograd where a gradient is wanted, else its forward alone."""
+    if needs_grad(x, weight, bias):
+        return NormFunction.apply(x, weight, bias, eps, rms)
+    return forward_parts(x, weight, bias, eps, rms)[0]
+
+
 def supported(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     """None if the kernels take these tensors, else why not."""
     if x.shape[-1] > MAX_N:
@@ -207,7 +214,7 @@ def norm(x, weight, bias=None, eps: float = 1e-5, rms: bool = False):
     why = supported(x, weight)
     if why:
         raise ValueError(f"x: the fused norm does not take {why}")
-    return NormFunction.apply(x, weight, bias, eps, rms)
+    return fused_norm(x, weight, bias, eps, rms)
 
 
 def layer_norm(x, weight, bias, eps: float = 1e-5):

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import cdiv, check_tensor
+from perfloop.ops.base import cdiv, check_tensor, needs_grad
 from perfloop.ops.gelu.triton_impl import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
@@ -63,17 +63,21 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def gated_forward(a, b, act: int) -> torch.Tensor:
+    """act(a) * b of two contiguous tensors of one shape and dtype."""
+    y = torch.empty_like(a)
+    n = a.numel()
+    if n:
+        launch(gated_fwd_kernel, (cdiv(n, BLOCK),), a, b, y, n, ACT=act, BLOCK=BLOCK, num_warps=WARPS)
+    return y
+
+
 class GatedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, act):
-        a, b = _flat(a), _flat(b)
-        y = torch.empty_like(a)
-        n = a.numel()
-        if n:
-            launch(gated_fwd_kernel, (cdiv(n, BLOCK),), a, b, y, n, ACT=act, BLOCK=BLOCK, num_warps=WARPS)
         ctx.save_for_backward(a, b)
         ctx.act = act
-        return y
+        return gated_forward(a, b, act)
 
     @staticmethod
     def backward(ctx, dy):
@@ -93,7 +97,8 @@ def _gated(a, b, act: int):
     if a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError(f"a, b: need the same shape and dtype, got {tuple(a.shape)} {a.dtype} and "
                          f"{tuple(b.shape)} {b.dtype}")  # fmt: skip
-    return GatedFunction.apply(a, b, act)
+    a, b = _flat(a), _flat(b)
+    return GatedFunction.apply(a, b, act) if needs_grad(a, b) else gated_forward(a, b, act)
 
 
 def swiglu(a, b):
