@@ -14,7 +14,9 @@ def test_the_key_separates_what_triton_specializes_on():
     assert L._spec(x) != L._spec(x.to(torch.float64))
     # integers: 1, a multiple of 16, other, past 32 bits
     assert len({L._spec(1), L._spec(16), L._spec(17), L._spec(2**31 + 16)}) == 4
-    assert L._spec(17) == L._spec(33)  # both plain, both 32-bit: one kernel serves them
+    # an integer is keyed by its value: finer than Triton's classes (a new size launches once
+    # through Triton's path, which finds the kernel it compiled), and cheaper to take
+    assert L._spec(17) != L._spec(33) and L._spec(17) == L._spec(17)
     assert L._spec(True) != L._spec(1) and L._spec(0.5) == L._spec(1.5)
 
 
@@ -51,6 +53,56 @@ def test_an_interpreted_kernel_goes_through_tritons_path_even_beside_a_gpu(monke
     y = torch.empty_like(x)
     L.launch(double, (1,), x, y, 10, BLOCK=16)
     assert torch.equal(y, x * 2) and not L._CACHE
+
+
+class _Compiled:
+    """A compiled kernel's launcher, as Triton hands it back: records what it was asked to run."""
+
+    def __init__(self, runs):
+        self.runs, self.function, self.packed_metadata = runs, "fn", "meta"
+
+    def run(self, *a):
+        self.runs.append(a)
+
+
+class _Param:
+    def __init__(self, name, default=None):
+        self.name, self.has_default, self.default = name, default is not None, default
+
+
+def test_the_cached_path_on_a_stand_in_gpu(monkeypatch):
+    """The cached launch path with the GPU calls stood in: the first call of a specialization
+    goes through Triton's own path and is kept; a repeat goes straight to the compiled kernel
+    with the grid, stream, arguments and constexprs in Triton's order; what Triton specializes
+    on (an integer's divisibility by 16, a tensor's alignment or dtype) compiles anew."""
+    slow, runs = [], []
+
+    class Kernel:
+        params = [_Param("X"), _Param("n"), _Param("BLOCK"), _Param("EVEN", default=False)]
+
+        def __getitem__(self, grid):
+            def call(*a, **k):
+                slow.append((grid, a, k))
+                return _Compiled(runs)
+
+            return call
+
+    monkeypatch.setattr(L, "_cuda", lambda: True)
+    monkeypatch.setattr(L, "_jit_function", lambda: Kernel)
+    monkeypatch.setattr(L, "_hooks_off", lambda: True)
+    monkeypatch.setattr(L, "_CACHE", {})
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 77, raising=False)
+    k, x = Kernel(), torch.randn(64)
+    L.launch(k, (3,), x, 32, BLOCK=16)
+    L.launch(k, (3, 2), x, 32, BLOCK=16)  # cached: the launcher, with the default constexpr
+    assert len(slow) == 1 and runs == [(3, 2, 1, 77, "fn", "meta", None, None, None, x, 32, 16, False)]
+    for other in [(x, 33), (x[1:], 32), (x.double(), 32)]:  # 33 % 16, misaligned, another dtype
+        L.launch(k, (3,), *other, BLOCK=16)
+    L.launch(k, (3,), x, 32, BLOCK=8)  # another constexpr
+    assert len(slow) == 5 and len(runs) == 1
+    L.launch(k, (1,), x[1:], 32, BLOCK=16)  # each new specialization was kept too
+    assert len(slow) == 5 and len(runs) == 2
 
 
 @pytest.mark.gpu

@@ -4,12 +4,12 @@ cost, for the calls that repeat.
 Triton's `JITFunction.run` binds and specializes every argument, hashes a cache key and builds
 launch metadata on each call before its C launcher runs. The first call of a specialization goes
 through it (and compiles); its CompiledKernel is kept under a key built here from what Triton
-specializes on -- each tensor's dtype and 16-byte alignment, each integer's equality to 1,
-divisibility by 16 and width, the other arguments' types, the keyword arguments' values, the
-current device -- and later calls hand the arguments straight to the compiled kernel's launcher,
-the call Triton itself makes after a cache hit. Under the interpreter (whose `triton.jit` makes
-another class than JITFunction), for autotuned kernels, and while a launch hook is installed
-(Proton), every call goes through Triton's own path.
+specializes on -- each tensor's dtype and 16-byte alignment, each integer's value (which decides
+its equality to 1, divisibility by 16 and width), the other arguments' types, the keyword
+arguments' values, the current device -- and later calls hand the arguments straight to the
+compiled kernel's launcher, the call Triton itself makes after a cache hit. Under the
+interpreter (whose `triton.jit` makes another class than JITFunction), for autotuned kernels,
+and while a launch hook is installed (Proton), every call goes through Triton's own path.
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ _cuda = functools.cache(torch.cuda.is_available)
 
 
 def _spec(a, tensor=torch.Tensor):
-    if type(a) is int:  # most arguments (sizes, strides): tested first
-        return a == 1, a % 16 == 0, -2147483648 <= a < 2147483648
-    if isinstance(a, tensor):
+    """An argument's part of the key: an integer itself (finer than Triton's specialization on
+    it, and cheaper to take than that), a tensor's dtype and 16-byte alignment, else its type."""
+    t = type(a)
+    if t is int:  # most arguments (sizes, strides): tested first
+        return a
+    if t is tensor or isinstance(a, tensor):
         return a.dtype, a.data_ptr() & 15 == 0
-    return type(a)
+    return t
 
 
 @functools.cache
