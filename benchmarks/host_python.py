@@ -1,9 +1,10 @@
 """The Python around a fused module's kernels, per call, on any machine (issue 25, item 1): each
 fused module's forward + backward with its kernel launches left out (`launch` replaced by a
 function that returns at once), against an autograd Function that does nothing at all, on a
-tiny CPU tensor. What is left is the wrapper's own host cost: the module's checks, the autograd
-Function, reshapes, allocations and launch settings. The GPU's host (benchmarks/host_parts.py)
-pays the same Python ~4x slower (its forward_parts' non-launch part: 32 us there).
+tiny tensor (on the GPU where there is one; its kernels are never launched). What is left is the
+wrapper's own host cost: the module's checks, the autograd Function, reshapes, allocations and
+launch settings. The GPU's host (benchmarks/host_parts.py) pays the same Python ~4x slower (its
+forward_parts' non-launch part: 32 us there).
 
     TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/host_python.py [OUT_DIR]
 """
@@ -59,15 +60,19 @@ def pieces() -> dict:
     for mod in (ln, ce, sw, at):
         mod.launch = lambda *a, **k: None  # the kernels left out: their outputs stay unwritten
 
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels never run: only their Python
+
+    def rand(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(dev, dtype)
+
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, 64, generator=g).requires_grad_()
-    dy = torch.randn(4, 64, generator=g)
-    b = torch.randn(4, 64, generator=g).requires_grad_()
-    logits = torch.randn(4, 64, generator=g).requires_grad_()
-    target = torch.randint(0, 64, (4,), generator=g)
-    q, k, v = (torch.randn(1, 2, 16, 64, generator=g).bfloat16().requires_grad_() for _ in range(3))
-    do = torch.randn(1, 2, 16, 64, generator=g).bfloat16()
-    rms, norm, swiglu, loss = pnn.RMSNorm(64), pnn.LayerNorm(64), pnn.SwiGLU(), pnn.CrossEntropyLoss()
+    x, dy, b, logits = rand(4, 64).requires_grad_(), rand(4, 64), rand(4, 64).requires_grad_(), rand(4, 64)
+    logits.requires_grad_()
+    target = torch.randint(0, 64, (4,), generator=g).to(dev)
+    q, k, v = (rand(1, 2, 16, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    do = rand(1, 2, 16, 64, dtype=torch.bfloat16)
+    rms, norm = pnn.RMSNorm(64, device=dev), pnn.LayerNorm(64, device=dev)
+    swiglu, loss = pnn.SwiGLU(), pnn.CrossEntropyLoss()
 
     def fb(f, inputs, grad=dy):
         return lambda: torch.autograd.grad(f(), inputs, grad)
