@@ -61,6 +61,37 @@ def test_the_functional_norms_and_loss_of_a_gpt_are_verified_and_fused_at_their_
         torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=n)
 
 
+def test_a_patched_gpt_evaluated_the_way_nanogpt_does_runs_the_kernels_without_autograd(nanogpt, monkeypatch):
+    """nanoGPT's estimate_loss: @torch.no_grad() around model.eval() and the forward. The fused
+    call sites run their forward alone there (no autograd Function) and give the loss torch's
+    code gives."""
+    model, batch = _gpt(nanogpt)
+    ref = copy.deepcopy(model)
+    pl.patch(model, batch, loss_fn=_loss)
+    from perfloop.ops.cross_entropy import triton_impl as ce
+    from perfloop.ops.layernorm import triton_impl as ln
+
+    def refused(*a):
+        raise AssertionError("an autograd Function ran under no_grad")
+
+    used = []
+    monkeypatch.setattr(ce.CrossEntropyFunction, "apply", refused)
+    monkeypatch.setattr(ln.NormFunction, "apply", refused)
+    monkeypatch.setattr(ln, "forward_parts", _spy(ln.forward_parts, "norm", used))
+    monkeypatch.setattr(ce, "forward_parts", _spy(ce.forward_parts, "ce", used))
+
+    @torch.no_grad()
+    def estimate_loss(m):
+        m.eval()
+        out = _loss(m, batch)
+        m.train()
+        return out
+
+    got, want = estimate_loss(model), estimate_loss(ref)
+    assert used.count("norm") == 3 and used.count("ce") == 1 and got.grad_fn is None
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def _spy(fn, label, used):
     def call(*a, **k):
         used.append(label)
