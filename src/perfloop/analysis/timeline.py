@@ -16,7 +16,7 @@ them). On a CPU the same question is asked of the time between the step's ops.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torch.autograd import DeviceType
 
@@ -68,29 +68,26 @@ class Idle:
         self.places = [(c, p, ms) for (c, p), ms in merged.most_common()]
         return self
 
+    def _idle_times(self, k: float, **fields) -> Idle:
+        """A copy with every idle stretch (causes, syncs, places, the syncs' saving) times k."""
+        return replace(self, by_cause={c: v * k for c, v in self.by_cause.items()},
+                       syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
+                       places=[(c, p, ms * k) for c, p, ms in self.places],
+                       sync_saving_ms=self.sync_saving_ms * k, **fields)  # fmt: skip
+
     def scaled_to(self, wall_ms: float) -> Idle:
         """The same breakdown for the calls' wall time without the profiler (whose per-op cost
         slows the host and so lengthens the gaps): the idle is that wall minus the busy time,
         shared among the causes as the profiled gaps were."""
         idle_ms = max(0.0, wall_ms - self.busy_ms)
         k = idle_ms / self.idle_ms if self.idle_ms else 0.0
-        out = Idle(wall_ms=max(wall_ms, self.busy_ms), busy_ms=self.busy_ms,
-                   by_cause={c: v * k for c, v in self.by_cause.items()},
-                   syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
-                   places=[(c, p, ms * k) for c, p, ms in self.places], sampled=self.sampled,
-                   device=self.device, scaled=True, waited_ms=self.waited_ms,
-                   sync_saving_ms=self.sync_saving_ms * k, scale=k)  # fmt: skip
+        out = self._idle_times(k, wall_ms=max(wall_ms, self.busy_ms), scaled=True, scale=k)
         return out.syncs_take_launch_gaps()
 
     def times(self, k: int) -> Idle:
         """One call's breakdown as k calls' (the counts of synchronizing calls and the time
         spent in them are the profile's already)."""
-        return Idle(wall_ms=self.wall_ms * k, busy_ms=self.busy_ms * k,
-                    by_cause={c: v * k for c, v in self.by_cause.items()},
-                    syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
-                    places=[(c, p, ms * k) for c, p, ms in self.places], sampled=self.sampled,
-                    device=self.device, scaled=self.scaled, waited_ms=self.waited_ms,
-                    sync_saving_ms=self.sync_saving_ms * k, scale=self.scale)  # fmt: skip
+        return self._idle_times(k, wall_ms=self.wall_ms * k, busy_ms=self.busy_ms * k)
 
     @property
     def idle_ms(self) -> float:

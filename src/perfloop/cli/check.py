@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfloop.cli.args import FAILED, UsageError, get_op, get_variants, parse_dtype
+from perfloop.cli.args import FAILED, as_flag, get_op, get_variants, parse_dtype
 from perfloop.cli.output import emit_json, progress, table
 
 
@@ -19,10 +19,12 @@ def register(verb) -> None:
 
 def run(args) -> int:
     from perfloop import ops
-    from perfloop.ops.base import CheckFailed
+    from perfloop.ops.base import CheckFailed, check_seed
 
-    if args.seed is not None and not -(2**63) <= args.seed <= 2**63 - 1 - args.seeds:
-        raise UsageError(f"--seed: must fit 64 bits (as a failed check prints it), got {args.seed}")
+    try:
+        check_seed(args.seed, args.seeds)
+    except ValueError as exc:
+        raise as_flag(exc, "--seed") from None
     names = [args.op] if args.op else ops.names()
     results, failed = [], False
     todo = []

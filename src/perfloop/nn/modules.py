@@ -47,12 +47,13 @@ def _why_no_kernel(module: nn.Module, x: torch.Tensor) -> str | None:
     """Why the kernels cannot take this call (None: they can); the answer is kept per device,
     dtype and row length, so a step pays for the checks once."""
     key = (x.device, x.dtype, x.shape[-1], torch.is_autocast_enabled(x.device.type))
-    known = module.__dict__.get("_perfloop_why")
-    if known is not None and key in known:
-        return known[key]
-    from perfloop.ops.layernorm.triton_impl import supported
+    return _cached_why(module, key, lambda: _norm_supported(_autocast_fp32(x), module.weight), x)
 
-    return _cached_why(module, key, lambda: supported(_autocast_fp32(x), module.weight), x)
+
+def _norm_supported(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    from perfloop.ops.layernorm.triton_impl import supported  # on a miss only: Triton loads late
+
+    return supported(x, weight)
 
 
 def _cached_why(module: nn.Module, key, call_check, x: torch.Tensor) -> str | None:

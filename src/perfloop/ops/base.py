@@ -177,6 +177,19 @@ def autocast_fp32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """t as rows of its last dimension, each contiguous (t itself where it is that already)."""
+    if t.ndim != 2:
+        t = t.reshape(-1, t.shape[-1])
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def check_seed(seed, seeds: int = 1) -> None:
+    """A check's first seed: None (fresh), or an integer that leaves `seeds` seeds within 64 bits."""
+    if seed is not None and not (type(seed) is int and -(2**63) <= seed <= 2**63 - 1 - seeds):
+        raise ValueError(f"seed: need an integer of 64 bits (as a failure prints it), got {seed!r}")
+
+
 def needs_grad(*tensors) -> bool:
     """Whether autograd must record this call: grad mode on and an input that wants a gradient
     (else a fused op runs its forward alone, without an autograd Function's host cost)."""
@@ -304,8 +317,7 @@ class Op:
         if reason:
             raise Unavailable(f"{self.name}/{variant}: {reason}")
         dtypes = [d for d in (dtypes or v.dtypes) if d in v.dtypes]
-        if seed is not None and not (type(seed) is int and -(2**63) <= seed <= 2**63 - 1 - seeds):
-            raise ValueError(f"seed: need an integer of 64 bits (as a failure prints it), got {seed!r}")
+        check_seed(seed, seeds)
         base_seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
         records = []
         for shape in shapes or self.test_shapes:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import cdiv, check_tensor, needs_grad, next_pow2
+from perfloop.ops.base import as_rows, cdiv, check_tensor, needs_grad, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import first_at_most, load_table
 
@@ -131,17 +131,10 @@ def _bwd_config(n_rows: int, block: int, itemsize: int, device: torch.device) ->
     return max(1, min(n_rows, most)), rows, warps
 
 
-def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """t as contiguous rows of n (t itself where it is one already)."""
-    if t.ndim != 2:
-        t = t.reshape(-1, n)
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def forward_parts(x, weight, bias, eps: float, rms: bool):
     """(y, stats): the norm of x over its last dimension, and each row's mean and 1/std (fp32)."""
     n = x.shape[-1]
-    x2 = _rows(x, n)
+    x2 = as_rows(x)
     m = x2.shape[0]
     y = torch.empty_like(x2)
     stats = torch.empty((2, m), dtype=torch.float32, device=x.device)  # mean, 1/std
@@ -156,7 +149,7 @@ def forward_parts(x, weight, bias, eps: float, rms: bool):
 def backward_parts(dy, x, weight, stats, has_bias: bool, rms: bool):
     """(dx, dweight, dbias or None) of the norm, from its input and the forward's stats."""
     n = x.shape[-1]
-    x2, dy2 = _rows(x, n), _rows(dy, n)
+    x2, dy2 = as_rows(x), as_rows(dy)
     m = x2.shape[0]
     dx = torch.empty_like(x2)
     block = next_pow2(n)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import check_tensor, next_pow2
+from perfloop.ops.base import as_rows, check_tensor, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
 
@@ -39,9 +39,7 @@ def rowsum(
     num_warps: int | None = None,
 ) -> torch.Tensor:
     check_tensor("x", x)
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x)
     out = torch.empty(x.shape[:-1], dtype=x.dtype, device=x.device) if out is None else out
     if out.shape != x.shape[:-1] or out.dtype != x.dtype or not out.is_contiguous():
         raise ValueError(f"out: need a contiguous {x.dtype} tensor of shape {tuple(x.shape[:-1])}")

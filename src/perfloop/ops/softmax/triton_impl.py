@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from perfloop.ops.base import cdiv, check_tensor, interpreting, next_pow2
+from perfloop.ops.base import as_rows, cdiv, check_tensor, interpreting, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import first_at_most, load_table
 
@@ -162,9 +162,7 @@ def softmax_combine_kernel(stats_ptr, row_stats_ptr, n_chunks, MAX_CHUNKS: tl.co
 def _rows_of(x: torch.Tensor, out: torch.Tensor | None):
     """x and the output as (rows, columns) views; the output allocated or checked."""
     check_tensor("x", x)
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = as_rows(x)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
         raise ValueError(f"out: need a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
