@@ -161,9 +161,11 @@ def _launch_settings_chosen_in_code(path) -> list[str]:
     return out
 
 
-def test_every_launch_setting_comes_from_the_ops_table_not_the_launcher():
-    """Issue 25 item 4: tiles, warps and stages from the op's tuned.json; a number written in the
-    launcher is a setting no tuner can change and no table records."""
+def test_no_launch_writes_a_tile_warp_or_stage_count_of_its_own():
+    """Issue 25 item 4: tiles, warps and stages from the op's tuned.json; a number written in a
+    launch is a setting no tuner can change and no table records. (Rules computed before the
+    launch -- softmax's warps from the row's block, a small block's 4 warps in row sum and the
+    online softmax -- are not what this reads.)"""
     from pathlib import Path
 
     import perfloop.ops
