@@ -1,11 +1,13 @@
 """Device time by kernel, by launching op, by module (backward charged to the forward module,
 optimizer apart), by category."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import perfloop as pl
-from perfloop.analysis.attribution import category
+from perfloop.analysis.attribution import _outer_op, category
 from perfloop.ops.gelu.torch_impl import naive
 
 
@@ -122,3 +124,21 @@ def test_a_gpt_step_on_the_gpu_is_attributed_to_modules_and_its_backward_to_the_
     assert sum(i.ms for i in bwd if i.module != "(no module)") / sum(i.ms for i in bwd) > 0.95
     assert any(i.module == "optimizer" and "fused_adamw" in i.op for i in its)
     assert any(r.name == "transformer.h.0.attn.c_attn" and r.backward_ms > 0 for r in p.breakdown("module"))
+
+
+def _event(name, parent=None):
+    return SimpleNamespace(name=name, cpu_parent=parent)
+
+
+@pytest.mark.parametrize("boundary", ["Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad",
+                                      "autograd::engine::evaluate_function: MulBackward0",
+                                      "module: blocks.0.mlp"])  # fmt: skip
+def test_a_launch_is_charged_to_the_outermost_op_below_its_module_backward_or_optimizer(boundary):
+    # the profiler's chain from a kernel launch up to the step: ops nest inside a module, a backward
+    # node or an optimizer step, and whatever is above that boundary belongs to another charge
+    top = _event("aten::outside_the_boundary", _event("ProfilerStep#3"))
+    wrapper = _event(boundary, top)
+    outer = _event("aten::linear", wrapper)
+    launch = _event("cudaLaunchKernel", _event("aten::addmm", outer))
+    assert _outer_op(launch) == "aten::linear"
+    assert _outer_op(_event("cudaLaunchKernel", wrapper)) == ""

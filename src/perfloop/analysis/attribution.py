@@ -235,7 +235,7 @@ def _outer_op(e) -> str:
     """The outermost op around event e, inside its module and phase."""
     outer = ""
     for a in _ancestors(e):
-        if a.name.startswith((BACKWARD, OPTIMIZER, MODULE)):
+        if a.name.startswith((BACKWARD, *OPTIMIZER, MODULE)):
             break
         if "::" in a.name:
             outer = a.name
