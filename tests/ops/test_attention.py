@@ -197,10 +197,11 @@ def test_a_config_that_does_not_fit_steps_down_and_is_remembered(monkeypatch):
 
     monkeypatch.setattr(triton_impl, "interpreting", lambda: False)  # the GPU tables, not the interpreter's
     monkeypatch.setattr(triton_impl, "_FITTED", {})
+    monkeypatch.setattr(triton_impl, "_PLANS", {})
     q = torch.randn(1, 1, 256, 128, dtype=torch.bfloat16)
     k = Kernel()
     launch = lambda cfg=None: triton_impl._launch(  # noqa: E731
-        k, "dkdv", cfg, lambda c: (1, 1), (), {}, 128, 256, 256, q
+        k, "dkdv", cfg, lambda c: (1, 1), (), (False, False, "tf32"), 128, 256, 256, q
     )
     launch()
     assert [(c["BLOCK_N"], c["num_stages"]) for c in k.tried] == [(128, 3), (128, 2), (64, 2), (32, 2)]

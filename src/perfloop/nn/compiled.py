@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from perfloop.ops.base import autocast_fp32 as _autocast_fp32
+from perfloop.ops.base import autocast_on
 from perfloop.ops.cross_entropy import triton_impl as _ce
 from perfloop.ops.layernorm import triton_impl as _norm
 from perfloop.ops.linear_cross_entropy import triton_impl as _lce
@@ -164,7 +165,7 @@ def graph_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="me
             and target.dtype == torch.int64 and x.dtype in _FLOATS):  # fmt: skip
         return None
     loss = cross_entropy(x, target, ignore_index)
-    return loss if torch.is_autocast_enabled(x.device.type) else loss.to(x.dtype)
+    return loss if autocast_on(x.device.type) else loss.to(x.dtype)
 
 
 def graph_linear_cross_entropy(h, weight, target, ignore_index):

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from perfloop.nn.modules import (
     _autocast_fp32,
     _kernel_here,
+    autocast_on,
     why_not_gelu_options,
     why_not_loss_options,
     why_not_norm_options,
@@ -46,7 +47,7 @@ def _takes(x) -> bool:
 
 
 def _norm_why(x, normalized_shape, weight) -> str | None:
-    key = ("norm", x.device, x.dtype, x.shape[-1] if x.ndim else 0, torch.is_autocast_enabled(x.device.type),
+    key = ("norm", x.device, x.dtype, x.shape[-1] if x.ndim else 0, autocast_on(x.device.type),
            tuple(normalized_shape), None if weight is None else (weight.shape, weight.dtype))  # fmt: skip
     return _cached(key, lambda: why_not_norm(x, normalized_shape, weight))
 
@@ -118,7 +119,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy
 
     # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
-    dtype = torch.float32 if torch.is_autocast_enabled(input.device.type) else input.dtype
+    dtype = torch.float32 if autocast_on(input.device.type) else input.dtype
     return fused_cross_entropy(input, target, ignore_index, dtype)
 
 

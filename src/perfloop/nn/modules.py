@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from perfloop.ops.base import autocast_fp32 as _autocast_fp32
-from perfloop.ops.base import interpreting
+from perfloop.ops.base import autocast_on, interpreting
 
 _WARNED: set = set()
 _RECORDING: list = []  # while pl.patch checks a module: its fallbacks go here, unsaid
@@ -46,7 +46,11 @@ def _kernel_here(x: torch.Tensor) -> str | None:
 def _why_no_kernel(module: nn.Module, x: torch.Tensor) -> str | None:
     """Why the kernels cannot take this call (None: they can); the answer is kept per device,
     dtype and row length, so a step pays for the checks once."""
-    key = (x.device, x.dtype, x.shape[-1], torch.is_autocast_enabled(x.device.type))
+    dev = x.device
+    key = (dev, x.dtype, x.shape[-1], autocast_on(dev.type))
+    known = module.__dict__.get("_perfloop_why")
+    if known is not None and key in known:  # the common case: this device, dtype and width seen before
+        return known[key]
     return _cached_why(module, key, lambda: _norm_supported(_autocast_fp32(x), module.weight), x)
 
 
@@ -142,7 +146,7 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
             _fallback(self, why)
             return super().forward(logits, target)
         # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
-        dtype = torch.float32 if torch.is_autocast_enabled(logits.device.type) else logits.dtype
+        dtype = torch.float32 if autocast_on(logits.device.type) else logits.dtype
         return fused_cross_entropy(logits, target, self.ignore_index, dtype)
 
 
@@ -187,7 +191,7 @@ class LinearCrossEntropy(nn.Module):
 
         h, t, w = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1), self.weight
         dev = h.device.type
-        if torch.is_autocast_enabled(dev):
+        if autocast_on(dev):
             dtype = torch.get_autocast_dtype(dev)
             h, w = h.to(dtype), w.to(dtype)
         if torch.compiler.is_compiling():

@@ -63,7 +63,8 @@ def validate(q, k, v, causal=False):
         raise ValueError(f"q, k, v: need one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v: need one device, got {q.device}, {k.device}, {v.device}")
-    if q.shape[:2] != k.shape[:2] or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
+    (b, h, _, d), (kb, kh, _, kd) = q.shape, k.shape
+    if b != kb or h != kh or d != kd or k.shape != v.shape:
         raise ValueError(
             f"q, k, v: shapes must be q (B, H, Sq, D), k and v (B, H, Sk, D); got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"

@@ -359,16 +359,29 @@ def _smaller(cfg: dict) -> dict | None:
     return None
 
 
-def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: dict, d, sq, sk, q) -> None:
+_PLANS: dict = {}  # (kind, head dim, sq, sk, dtype, device, consts) -> the launch's keyword arguments
+
+
+def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: tuple, d, sq, sk, q) -> None:
     """Launch with the table's config for this head dim and dtype, stepping down to smaller
     ones where it does not fit (an RTX card has ~100 KB of shared memory a block, the H200
-    227 KB); what fit is remembered. An explicit `cfg` (tuning) launches as it is, or fails."""
-    key = (kind, d, q.dtype, q.device)
+    227 KB); what fit is remembered with the launch's other settings, per shape. An explicit
+    `cfg` (tuning) launches as it is, or fails. `consts`: (CAUSAL, UPCAST, PRECISION)."""
     explicit = cfg is not None
+    if not explicit:
+        plan_key = (kind, d, sq, sk, q.dtype, q.device, consts)
+        plan = _PLANS.get(plan_key)
+        if plan is not None:
+            launch(kernel, grid_of(plan), *args, **plan)
+            return
+    key = (kind, d, q.dtype, q.device)
     cfg = cfg or _FITTED.get(key) or _config(d, kind, q.dtype)
+    causal, upcast, precision = consts
     while True:
+        meta = {"CAUSAL": causal, "UPCAST": upcast, "PRECISION": precision, **_shape_consts(d, sq, sk, cfg),
+                **cfg}  # fmt: skip
         try:
-            launch(kernel, grid_of(cfg), *args, **consts, **_shape_consts(d, sq, sk, cfg), **cfg)
+            launch(kernel, grid_of(cfg), *args, **meta)
         except _OutOfResources:
             smaller = None if explicit else _smaller(cfg)
             if smaller is None:
@@ -377,6 +390,7 @@ def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: d
             continue
         if not explicit:
             _FITTED[key] = cfg
+            _PLANS[plan_key] = meta
         return
 
 
@@ -384,8 +398,8 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     """(o, lse); `cfg` overrides the table's tiles (tuning)."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
-    o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    o = q.new_empty((b, h, sq, d))
+    lse = q.new_empty((b, h, sq), dtype=torch.float32)
     v = k_major_for_tf32(v)  # V is P V's second operand
     args = (
         q,
@@ -402,7 +416,7 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
         sq,
         sk,
     )
-    consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype))
+    consts = (causal, interpreting(), dot_precision(q.dtype))
     _launch(_fwd_kernel, "fwd", cfg, lambda c: (cdiv(sq, c["BLOCK_M"]), b * h), args, consts,
             d, sq, sk, q)  # fmt: skip
     return o, lse
@@ -419,7 +433,7 @@ def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | N
     launch(_bwd_preprocess, (cdiv(sq, pre_m), b * h), o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d,
            BLOCK_M=pre_m)  # fmt: skip
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    consts = dict(CAUSAL=causal, UPCAST=interpreting(), PRECISION=dot_precision(q.dtype))
+    consts = (causal, interpreting(), dot_precision(q.dtype))
     cfgs = cfgs or {}
     _launch(_bwd_dkdv_kernel, "dkdv", cfgs.get("dkdv"), lambda c: (cdiv(sk, c["BLOCK_N"]), b * h),
             (q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip

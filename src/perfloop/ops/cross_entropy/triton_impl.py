@@ -140,11 +140,10 @@ def forward_parts(logits, target, ignore_index: int, out_dtype: torch.dtype = to
         logits = logits.contiguous()
     target = target.contiguous()
     ok = check_targets(target, v, ignore_index)
-    dev = logits.device
-    lse = torch.empty(m, dtype=torch.float32, device=dev)
-    loss = torch.empty(m, dtype=torch.float32, device=dev)
-    mean = torch.empty((), dtype=out_dtype, device=dev)
-    n_valid = torch.empty((), dtype=target.dtype, device=dev)
+    lse = logits.new_empty(m, dtype=torch.float32)
+    loss = logits.new_empty(m, dtype=torch.float32)
+    mean = logits.new_empty((), dtype=out_dtype)
+    n_valid = target.new_empty(())
     if m:
         launch(ce_fwd_kernel, (m,), logits, target, lse, loss, ok, logits.stride(0), v, ignore_index,
                BLOCK=min(BLOCK, next_pow2(v)), num_warps=WARPS)  # fmt: skip
@@ -159,7 +158,7 @@ def backward_parts(logits, target, lse, n_valid, dloss, ignore_index: int) -> to
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     target = target.contiguous()
-    dlogits = torch.empty((m, v), dtype=logits.dtype, device=logits.device)
+    dlogits = logits.new_empty((m, v))
     if m:
         launch(ce_bwd_kernel, (m,), logits, target, lse, dlogits, dloss.contiguous(), n_valid,
                logits.stride(0), dlogits.stride(0), v, ignore_index, BLOCK=min(BLOCK, next_pow2(v)),

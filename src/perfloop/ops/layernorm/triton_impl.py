@@ -137,7 +137,7 @@ def forward_parts(x, weight, bias, eps: float, rms: bool):
     x2 = as_rows(x)
     m = x2.shape[0]
     y = torch.empty_like(x2)
-    stats = torch.empty((2, m), dtype=torch.float32, device=x.device)  # mean, 1/std
+    stats = x.new_empty((2, m), dtype=torch.float32)  # mean, 1/std
     block = next_pow2(n)
     if m:
         launch(norm_fwd_kernel, (m,), x2, weight, bias if bias is not None else weight, y, stats,
@@ -155,8 +155,8 @@ def backward_parts(dy, x, weight, stats, has_bias: bool, rms: bool):
     block = next_pow2(n)
     g, rows, warps = _bwd_config(m, block, x2.element_size(), x2.device)
     slabs = 2 if has_bias else 1
-    partial = torch.empty((slabs, g, n), dtype=torch.float32, device=x2.device)
-    sums = torch.empty((slabs, n) if has_bias else (n,), dtype=weight.dtype, device=x2.device)
+    partial = x2.new_empty((slabs, g, n), dtype=torch.float32)
+    sums = weight.new_empty((slabs, n) if has_bias else (n,))
     if m:
         launch(norm_bwd_kernel, (g,), x2, weight, dy2, dx, stats, partial, x2.stride(0), dy2.stride(0),
                dx.stride(0), m, n, cdiv(m, g), RMS=rms, HAS_B=has_bias, ROWS=rows, BLOCK=block,
