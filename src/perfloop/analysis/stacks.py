@@ -43,8 +43,9 @@ class Sample:
 
 class Sampler:
     """Samples thread `tid`'s Python stack every `interval_s` while running (a context manager).
-    While it runs the interpreter switches threads every `interval_s` too, so a thread busy in
-    Python is sampled at that pace."""
+    While it runs the interpreter hands the GIL to a waiting thread after `interval_s / 10` (at
+    `interval_s` itself the sampler of a thread busy in Python got one sample in several
+    intervals), so that thread is sampled at about the sampler's pace."""
 
     def __init__(self, tid: int | None = None, interval_s: float = 1e-3):
         self.tid = tid if tid is not None else threading.get_ident()
@@ -82,7 +83,7 @@ class Sampler:
 
     def __enter__(self) -> Sampler:
         self._switch = sys.getswitchinterval()
-        sys.setswitchinterval(self.interval_s)
+        sys.setswitchinterval(self.interval_s / 10)
         self._thread = threading.Thread(target=self._run, name="perfloop-sampler", daemon=True)
         self._thread.start()
         return self
