@@ -159,8 +159,7 @@ def _gpu_cases() -> dict:
 
 GPU_CASES = ["numpy in the step", "AdamW foreach=False, 400 params", "pageable host-to-device copy",
              ".item() per layer", "torch.cuda.synchronize() per layer", "DataLoader with slow collation",
-             "empty_cache per layer, freeing each layer's output", "control: one large matmul",
-             "control: empty_cache per layer, nothing freed"]  # fmt: skip
+             "control: one large matmul", "control: empty_cache per layer, nothing freed"]  # fmt: skip
 
 
 @pytest.mark.gpu
