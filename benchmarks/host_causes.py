@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import perfloop as pl
 from perfloop.device import env_fingerprint
@@ -26,6 +28,55 @@ from perfloop.harness.timing import compare
 def mlp(width: int, layers: int, dev: str) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(dev)
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention without flash: the T x T scores written out, masked, softmaxed."""
+
+    def __init__(self, d: int, heads: int, t: int):
+        super().__init__()
+        self.c_attn, self.c_proj, self.n_head = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
+        self.register_buffer("bias", torch.tril(torch.ones(t, t)).view(1, 1, t, t))
+
+    def heads(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        return [z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v)]
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.heads(x)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+
+class FlashSelfAttention(CausalSelfAttention):
+    """The advice applied: the same weights through SDPA."""
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.heads(x)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class ChannelsFirstScale(nn.Module):
+    """Each layer scales its activation channels-first, made contiguous after a transpose."""
+
+    def __init__(self, layers: int, copy: bool = True):
+        super().__init__()
+        self.scales, self.copy = nn.Parameter(torch.ones(layers)), copy
+
+    def forward(self, x):
+        for s in self.scales:
+            x = (x.transpose(1, 2).contiguous() * s).transpose(1, 2) if self.copy else x * s
+        return x
+
+
+# cases whose opportunity is estimated from the counted bytes of the ops (profiled with Work)
+COUNTED = ("attention written out", "layout copies")
 
 
 def cases(small: bool, dev: str) -> dict:
@@ -126,6 +177,26 @@ def cases(small: bool, dev: str) -> dict:
                                                                  layers(xb), False)  # fmt: skip
 
     # the relu in place: no layer frees a block the next one asks for
+    torch.manual_seed(0)
+    t_att, d_att = (128, 64) if small else (1024, 768)
+    slow_attn = CausalSelfAttention(d_att, 4 if small else 12, t_att).to(dev)
+    fast_attn = FlashSelfAttention(d_att, 4 if small else 12, t_att).to(dev)
+    fast_attn.load_state_dict(slow_attn.state_dict())
+    xa = torch.randn(2 if small else 8, t_att, d_att, device=dev, requires_grad=True)
+    out["attention written out (nanoGPT without flash)"] = (
+        "attention written out", lambda: slow_attn(xa).sum().backward(),
+        lambda: fast_attn(xa).sum().backward(), False)  # fmt: skip
+
+    xl = torch.randn(4 if small else 16, 256 if small else 2048, 256 if small else 2048, device=dev,
+                     requires_grad=True)  # fmt: skip
+    copies, direct = ChannelsFirstScale(6).to(dev), ChannelsFirstScale(6, copy=False).to(dev)
+    out["layout copies (.contiguous() after a transpose, per layer)"] = (
+        "layout copies",
+        lambda: copies(xl).sum().backward(),
+        lambda: direct(xl).sum().backward(),
+        False,
+    )
+
     out["control: empty_cache per layer, nothing freed"] = ("", layers(xb, empty, torch.relu_),
                                                             layers(xb, relu=torch.relu_), True)  # fmt: skip
     return out
@@ -200,12 +271,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--only", help="the cases whose name holds this text (default: all)")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for name, (want, problem, fixed, control) in cases(a.small, dev).items():
+        if a.only and a.only not in name:
+            continue
         t0 = time.perf_counter()
-        p = pl.profile(problem, calls=3, count_work=False)
+        p = pl.profile(problem, calls=3, count_work=want in COUNTED)
         d = p.diagnose()
         opps = d.opportunities
         hit = next((i for i, o in enumerate(opps) if want and want in o.title), None)
@@ -232,7 +306,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("case", "rank", "predicted_ms", "realized_ms", "top", "where",
                                               "host_above_5pct")}, default=str), flush=True)  # fmt: skip
-    if dev == "cuda":  # one verdict for one call, with and without its Work
+    if dev == "cuda" and not a.only:  # one verdict for one call, with and without its Work
         n = 8192
         m = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
         plain = pl.profile(lambda: m @ m, calls=3).diagnose()
@@ -241,7 +315,7 @@ def main() -> None:
         rows.append({"case": "one verdict: bf16 8192 matmul", "without_work": plain.bound,
                      "with_work": work.bound, "advice_without": plain.advice})  # fmt: skip
         print(rows[-1], flush=True)
-    if dev == "cuda":
+    if dev == "cuda" and not a.only:
         rows.append(sampling_overhead(dev))
         print(rows[-1], flush=True)
     os.makedirs(a.out, exist_ok=True)

@@ -146,7 +146,8 @@ def test_layout_copies_are_named_as_such_not_as_dtype_casts():
 
 
 def _gpu_cases() -> dict:
-    """benchmarks/host_causes.py's planted models (the ones its H200 table measured), at full size."""
+    """benchmarks/host_causes.py's planted models (the ones its H200 table measured), at full size,
+    each with whether its opportunity needs the ops' counted work."""
     import importlib.util
     from pathlib import Path
 
@@ -154,19 +155,22 @@ def _gpu_cases() -> dict:
     spec = importlib.util.spec_from_file_location("host_causes", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.cases(small=False, dev="cuda")
+    cases = mod.cases(small=False, dev="cuda")
+    return {name: (*case, case[0] in mod.COUNTED) for name, case in cases.items()}  # with: profile with Work
 
 
 GPU_CASES = ["numpy in the step", "AdamW foreach=False, 400 params", "pageable host-to-device copy",
              ".item() per layer", "torch.cuda.synchronize() per layer", "DataLoader with slow collation",
+             "attention written out (nanoGPT without flash)",
+             "layout copies (.contiguous() after a transpose, per layer)",
              "control: one large matmul", "control: empty_cache per layer, nothing freed"]  # fmt: skip
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES)
 def test_on_the_gpu_each_planted_host_problem_ranks_first_and_the_controls_rank_nothing(case):
-    want, problem, _fixed, control = _gpu_cases()[case]
-    d = pl.profile(problem, calls=3, count_work=False).diagnose()
+    want, problem, _fixed, control, counted = _gpu_cases()[case]
+    d = pl.profile(problem, calls=3, count_work=counted).diagnose()
     host = [o for o in d.opportunities if o.bound in ("host", "launch") and o.share > 0.05]
     if control:
         assert not host, str(d)
