@@ -62,16 +62,20 @@ class FlashSelfAttention(CausalSelfAttention):
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
-class ChannelsFirstScale(nn.Module):
-    """Each layer scales its activation channels-first, made contiguous after a transpose."""
+class ChannelsFirst(nn.Module):
+    """Activations kept channels-first (B, C, T), as conv-style code keeps them: each layer's
+    linear over the channels made contiguous on the way in and on the way out."""
 
-    def __init__(self, layers: int, copy: bool = True):
+    def __init__(self, width: int, layers: int, copy: bool = True):
         super().__init__()
-        self.scales, self.copy = nn.Parameter(torch.ones(layers)), copy
+        self.layers, self.copy = nn.ModuleList(nn.Linear(width, width) for _ in range(layers)), copy
 
     def forward(self, x):
-        for s in self.scales:
-            x = (x.transpose(1, 2).contiguous() * s).transpose(1, 2) if self.copy else x * s
+        for layer in self.layers:
+            if self.copy:  # the planted copies: x is (B, C, T)
+                x = layer(x.transpose(1, 2).contiguous()).transpose(1, 2).contiguous()
+            else:  # the advice applied: x stays (B, T, C), the layout the linear takes
+                x = layer(x)
         return x
 
 
@@ -187,13 +191,17 @@ def cases(small: bool, dev: str) -> dict:
         "attention written out", lambda: slow_attn(xa).sum().backward(),
         lambda: fast_attn(xa).sum().backward(), False)  # fmt: skip
 
-    xl = torch.randn(4 if small else 16, 256 if small else 2048, 256 if small else 2048, device=dev,
-                     requires_grad=True)  # fmt: skip
-    copies, direct = ChannelsFirstScale(6).to(dev), ChannelsFirstScale(6, copy=False).to(dev)
-    out["layout copies (.contiguous() after a transpose, per layer)"] = (
+    torch.manual_seed(0)
+    wl, tl = (64, 128) if small else (1024, 4096)
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32  # (fp32 matmuls would rank first on a GPU)
+    copies, direct = ChannelsFirst(wl, 6).to(dev, dt), ChannelsFirst(wl, 6, copy=False).to(dev, dt)
+    direct.load_state_dict(copies.state_dict())
+    xl = torch.randn(2 if small else 8, wl, tl, device=dev, dtype=dt, requires_grad=True)  # (B, C, T)
+    xt = xl.detach().transpose(1, 2).contiguous().requires_grad_()  # (B, T, C), once
+    out["layout copies (.contiguous() around each layer)"] = (
         "layout copies",
         lambda: copies(xl).sum().backward(),
-        lambda: direct(xl).sum().backward(),
+        lambda: direct(xt).sum().backward(),
         False,
     )
 

@@ -162,7 +162,7 @@ def _gpu_cases() -> dict:
 GPU_CASES = ["numpy in the step", "AdamW foreach=False, 400 params", "pageable host-to-device copy",
              ".item() per layer", "torch.cuda.synchronize() per layer", "DataLoader with slow collation",
              "attention written out (nanoGPT without flash)",
-             "layout copies (.contiguous() after a transpose, per layer)",
+             "layout copies (.contiguous() around each layer)",
              "control: one large matmul", "control: empty_cache per layer, nothing freed"]  # fmt: skip
 
 
