@@ -1,7 +1,9 @@
 """Where a fused module's host time goes (issue 25, item 1), against torch's own module: for each
 pair at issue 25's sizes, forward + backward as `do_bench` times it (ANCHORS.md's method), the
 host's own time per call (200 calls issued back to back, one sync at the end: where the host is
-the limit, its pace), and a cProfile of those calls (the Python functions the time is spent in).
+the limit, its pace), and a cProfile of those calls (the Python functions the time is spent in);
+then both ratios again with torch's call and ours measured in turn, round after round (the GPU
+machine's host pace drifts by a third within minutes: one after the other, whole, it misleads).
 
     PYTHONPATH=src python3 benchmarks/host_cost.py OUT_DIR
 
@@ -103,6 +105,19 @@ def host_spread_ms(f, calls: int = 500, rounds: int = 3) -> dict:
             "p90_ms": each[int(len(each) * 0.9)] * 1e3, "max_ms": each[-1] * 1e3}  # fmt: skip
 
 
+def paired_ratio(base, other, measure, rounds: int = 9) -> dict:
+    """other's time over base's, each round measuring the two back to back (which goes first
+    alternating): the median of the rounds' ratios, and their range. A host whose pace drifts
+    within minutes moves both sides of a round alike."""
+    ratios = []
+    for i in range(rounds):
+        first, second = (base, other) if i % 2 == 0 else (other, base)
+        a, b = measure(first), measure(second)
+        ratios.append(b / a if i % 2 == 0 else a / b)
+    ratios.sort()
+    return {"median": ratios[len(ratios) // 2], "min": ratios[0], "max": ratios[-1], "rounds": rounds}
+
+
 def python_profile(f, calls: int = 200) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -137,9 +152,13 @@ def main(argv=None) -> int:
                 (out / f"host_cost_profile_{name}_{rows}x{width}_{who}.txt").write_text(python_profile(f))
             row["do_bench_ratio"] = row["perfloop"]["do_bench_ms"] / row["torch"]["do_bench_ms"]
             row["host_ratio"] = row["perfloop"]["host_ms"] / row["torch"]["host_ms"]
+            # the same two ratios with torch's call and ours taken in turn, round after round
+            row["do_bench_paired"] = paired_ratio(t_fn, p_fn, lambda f: do_bench(f, return_mode="median"))
+            row["host_paired"] = paired_ratio(t_fn, p_fn, lambda f: host_ms(f, calls=100))
             print(f"{name:18} {rows}x{width}: do_bench {row['do_bench_ratio']:.2f}x torch, host "
                   f"{row['perfloop']['host_ms'] * 1e3:.0f} us vs {row['torch']['host_ms'] * 1e3:.0f} us "
-                  f"({row['host_ratio']:.2f}x)")  # fmt: skip
+                  f"({row['host_ratio']:.2f}x); in turn: do_bench {row['do_bench_paired']['median']:.2f}x, "
+                  f"host {row['host_paired']['median']:.2f}x")  # fmt: skip
             rows_out.append(row)
             (out / "host_cost.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                             "rows": rows_out}, indent=1))  # fmt: skip
