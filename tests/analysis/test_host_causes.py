@@ -145,8 +145,9 @@ def test_layout_copies_are_named_as_such_not_as_dtype_casts():
     assert not any("dtype casts" in o.title for o in d.opportunities), str(d)
 
 
-def _bench():
-    """benchmarks/host_causes.py, the planted models its H200 table measured."""
+def _gpu_cases() -> dict:
+    """benchmarks/host_causes.py's planted models (the ones its H200 table measured), at full size,
+    each with whether its opportunity needs the ops' counted work."""
     import importlib.util
     from pathlib import Path
 
@@ -154,25 +155,8 @@ def _bench():
     spec = importlib.util.spec_from_file_location("host_causes", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod
-
-
-def _gpu_cases() -> dict:
-    """The planted models at full size, each with whether its opportunity needs the ops' counted
-    work."""
-    mod = _bench()
     cases = mod.cases(small=False, dev="cuda")
     return {name: (*case, case[0] in mod.COUNTED) for name, case in cases.items()}  # with: profile with Work
-
-
-def test_layout_copies_around_each_layer_rank_first_with_advice_on_the_layout():
-    # the benchmark's channels-first model at its CPU size: a .contiguous() before and after each linear
-    want, problem, _fixed, _control = _bench().cases(small=True, dev="cpu")[
-        "layout copies (.contiguous() around each layer)"
-    ]
-    d = pl.profile(problem, calls=3).diagnose()
-    assert d.opportunities and d.opportunities[0].title.startswith(want), str(d)
-    assert "contiguous" in d.opportunities[0].title and "layout" in d.opportunities[0].advice, str(d)
 
 
 GPU_CASES = ["numpy in the step", "AdamW foreach=False, 400 params", "pageable host-to-device copy",
