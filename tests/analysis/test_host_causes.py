@@ -163,7 +163,9 @@ GPU_CASES = ["numpy in the step", "AdamW foreach=False, 400 params", "pageable h
              ".item() per layer", "torch.cuda.synchronize() per layer", "DataLoader with slow collation",
              "attention written out (nanoGPT without flash)",
              "layout copies (.contiguous() around each layer)",
-             "control: one large matmul", "control: empty_cache per layer, nothing freed"]  # fmt: skip
+             "control: one large matmul"]  # fmt: skip
+# the benchmark's empty_cache control (nothing freed between layers) is not in this list: removing
+# its empty_cache saved 5.2-5.4% of the step on the H200, and its allocator read 4.6% and 5.6%
 
 
 @pytest.mark.gpu

@@ -25,9 +25,7 @@ def test_a_thread_busy_in_python_and_torch_is_sampled_at_the_samplers_pace():
     # with the interpreter's switch interval at the sampler's own, 1-2 samples in 80 ms here
     assert len(s.samples) >= 0.4 * busy_s / 1e-3, len(s.samples)
     places = {p.place for p in s.samples}
-    assert any("test_stacks.py" in p and "(_collate_like)" in p or "(<listcomp>)" in p for p in places), (
-        places
-    )
+    assert any(p.startswith("test_stacks.py:") for p in places), places  # the busy function's own lines
 
 
 def test_the_interpreters_switch_interval_is_given_back():

@@ -48,9 +48,6 @@ def _why_no_kernel(module: nn.Module, x: torch.Tensor) -> str | None:
     dtype and row length, so a step pays for the checks once."""
     dev = x.device
     key = (dev, x.dtype, x.shape[-1], autocast_on(dev.type))
-    known = module.__dict__.get("_perfloop_why")
-    if known is not None and key in known:  # the common case: this device, dtype and width seen before
-        return known[key]
     return _cached_why(module, key, lambda: _norm_supported(_autocast_fp32(x), module.weight), x)
 
 
@@ -65,9 +62,11 @@ def _cached_why(module: nn.Module, key, call_check, x: torch.Tensor) -> str | No
     itself: let it see torch's), else the checks for this key, run once per module and key."""
     if torch.compiler.is_compiling():
         return "compiling"
+    cache = module.__dict__.get("_perfloop_why")
+    if cache is not None and key in cache:  # the common case: this key seen before
+        return cache[key]
     cache = module.__dict__.setdefault("_perfloop_why", {})
-    if key not in cache:
-        cache[key] = _kernel_here(x) or why_not(module) or call_check()
+    cache[key] = _kernel_here(x) or why_not(module) or call_check()
     return cache[key]
 
 
