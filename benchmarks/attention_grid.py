@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=float, default=0.10)
     ap.add_argument("--budget", type=float, default=0.25, help="seconds of timing per point and mode")
     ap.add_argument("--max-gib", type=float, default=40.0)
+    ap.add_argument("--batch", type=int, nargs="+", default=list(BATCH), help="the batch sizes to run (all)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("attention_grid: needs a CUDA GPU", file=sys.stderr)
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     rec = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
            "commit": env.get("git"), "torch": torch.__version__, "points": {}}  # fmt: skip
     t0 = time.perf_counter()
-    for b, h, t, d, mask in itertools.product(BATCH, HEADS, TOKENS, DIMS, MASKS):
+    for b, h, t, d, mask in itertools.product(args.batch, HEADS, TOKENS, DIMS, MASKS):
         keys = [f"b={b} h={h} t={t} d={d} mask={mask} mode={m}" for m in ("fwd", "fwd+bwd")]
         if point_gib(b, h, t, d) > args.max_gib:
             for key in keys:

@@ -28,3 +28,22 @@ def test_tf32_matmul_reads_b_k_major(tf32, monkeypatch):
         torch.backends.cuda.matmul.allow_tf32 = was
     assert seen == [(1, 56) if tf32 else (24, 1)]  # (stride_bk, stride_bn) at launch
     torch.testing.assert_close(y.double(), op.reference(a, b), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (300, 520, 260), (1, 777, 33)])
+def test_tf32_tiles_on_the_gpu_stay_within_tf32s_error(shape):
+    """The TF32 tile list (its own, K steps of 32) checked against fp64 at tile-sized and ragged
+    shapes, with TF32 allowed as a user turns it on."""
+    from perfloop.ops.matmul_relu import triton_impl
+
+    op = pl.ops.get("matmul_relu")
+    a, b = op.make_inputs(shape, device="cuda", seed=3)
+    was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        y = triton_impl.matmul_relu(a, b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+    atol, rtol = op.tolerance(torch.float32, shape)
+    torch.testing.assert_close(y.double().cpu(), op.reference(a, b), atol=atol, rtol=rtol)

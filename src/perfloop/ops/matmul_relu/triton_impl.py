@@ -58,6 +58,26 @@ def matmul_relu_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+@triton.jit
+def transpose_kernel(x_ptr, y_ptr, R, C, stride_xr, stride_xc, BLOCK: tl.constexpr):
+    """y (C, R), row-major, = x (R, C) transposed: a tile read along x's rows, written along y's."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (r[:, None] < R) & (c[None, :] < C)
+    tile = tl.load(x_ptr + r[:, None] * stride_xr + c[None, :] * stride_xc, mask=mask)
+    tl.store(y_ptr + c[:, None] * R + r[None, :], tl.trans(tile), mask=tl.trans(mask))
+
+
+def k_major(b: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """b (K, N) as a view whose K dim is contiguous (one tiled transpose), for TF32 dots."""
+    if b.stride(0) == 1 or b.shape[0] <= 1:
+        return b
+    k, n = b.shape
+    y = b.new_empty((n, k))
+    transpose_kernel[(cdiv(k, block), cdiv(n, block))](b, y, k, n, b.stride(0), b.stride(1), BLOCK=block)
+    return y.t()
+
+
 def _config(bm, bn, bk, group, stages, warps):
     return triton.Config(
         {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group},
@@ -78,7 +98,20 @@ CONFIGS = [
     _config(128, 64, 32, 8, 4, 4),
 ]
 
+# TF32: a stage of 32-bit operands takes twice a 16-bit one's shared memory (K steps of 32); on the
+# H200 at 4096 and 6144 the first of these ran 0.83-0.88x cuBLAS's TF32 kernel, the bf16 list's
+# best fp32 choice 0.60-0.65x (benchmarks/tf32_tune.py)
+TF32_CONFIGS = [
+    _config(128, 256, 32, 8, 4, 8),
+    _config(128, 256, 32, 8, 3, 8),
+    _config(128, 256, 16, 8, 5, 8),
+    _config(256, 128, 32, 8, 3, 8),
+    _config(128, 128, 32, 8, 4, 4),
+    _config(64, 128, 32, 8, 4, 4),
+]
+
 _tuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(matmul_relu_kernel)
+_tuned_tf32 = triton.autotune(configs=TF32_CONFIGS, key=["M", "N", "K"])(matmul_relu_kernel)
 
 
 def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -117,5 +150,7 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
         def grid(meta):
             return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
 
-        _tuned[grid](*args, PRECISION=precision)
+        (_tuned_tf32 if precision == "tf32" and a.dtype == torch.float32 else _tuned)[grid](
+            *args, PRECISION=precision
+        )
     return out

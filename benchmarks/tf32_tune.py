@@ -1,0 +1,104 @@
+"""TF32 matmul + ReLU against cuBLAS + ReLU: the kernel's tiles for 32-bit operands, timed
+interleaved in one run, with B K-major (copied once, outside the timing), with the copy in the
+call (the op's path), and with the operands swapped (C^T = B^T A^T, no copy).
+
+    PYTHONPATH=src python3 benchmarks/tf32_tune.py OUT_DIR [SIZE ...]   (default 4096 6144)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import perfloop as pl
+from perfloop.ops.base import cdiv
+from perfloop.ops.matmul_relu import triton_impl as T
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, stages, warps); 32-bit operands: a stage of (BM + BN) x BK
+# takes twice the shared memory of a bf16 one, so BK 32 where bf16 takes 64
+CANDIDATES = [
+    (128, 256, 32, 8, 3, 8),
+    (128, 256, 32, 8, 4, 8),
+    (256, 128, 32, 8, 3, 8),
+    (256, 128, 32, 8, 4, 8),
+    (128, 128, 32, 8, 4, 4),
+    (128, 128, 32, 8, 5, 8),
+    (128, 256, 16, 8, 5, 8),
+    (128, 128, 64, 8, 3, 8),
+    (64, 256, 32, 8, 4, 4),
+    (128, 256, 32, 16, 4, 8),
+    (128, 256, 32, 4, 4, 8),
+]
+
+
+def launch(a, b, c, cfg, m, n, k):
+    bm, bn, bk, g, stages, warps = cfg
+    T.matmul_relu_kernel[(cdiv(m, bm) * cdiv(n, bn),)](
+        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, PRECISION="tf32", num_stages=stages, num_warps=warps,
+    )  # fmt: skip
+    return c
+
+
+def one_size(s: int, res: dict) -> None:
+    g = torch.Generator(device=DEV).manual_seed(0)
+    a = torch.randn(s, s, device=DEV, generator=g)
+    b = torch.randn(s, s, device=DEV, generator=g) / s**0.5
+    bk_major = b.t().contiguous().t()
+    c, ct = torch.empty(s, s, device=DEV), torch.empty(s, s, device=DEV)
+    want = torch.relu(a @ b)
+    fns = {"cublas+relu": lambda: torch.relu(a @ b), "op (copy in call)": lambda: T.matmul_relu(a, b)}
+    errors = {}
+    for cfg in CANDIDATES:
+        name = "tile " + "x".join(map(str, cfg))
+        try:
+            got = launch(a, bk_major, c, cfg, s, s, s)
+        except Exception as e:  # out of shared memory: said, not timed
+            errors[name] = f"{type(e).__name__}: {str(e)[:120]}"
+            continue
+        errors[name] = float((got - want).abs().max())
+        fns[name] = lambda cfg=cfg: launch(a, bk_major, c, cfg, s, s, s)
+    best = (128, 256, 32, 8, 4, 8)
+    fns["tile 128x256x32 + copy"] = lambda: launch(a, b.t().contiguous().t(), c, best, s, s, s)
+    fns["tile 128x256x32 + triton transpose"] = lambda: launch(a, T.k_major(b), c, best, s, s, s)
+    errors["tile 128x256x32 + triton transpose"] = float(
+        (fns["tile 128x256x32 + triton transpose"]() - want).abs().max()
+    )
+    fns["torch copy alone"] = lambda: b.t().contiguous()
+    for blk in (32, 64):
+        fns[f"triton transpose {blk} alone"] = lambda blk=blk: T.k_major(b, blk)
+        assert torch.equal(T.k_major(b, blk), b), "transpose"
+    # C^T = B^T A^T written through C's transpose: A^T is K-major as it lies, no copy
+    fns["swapped 128x256x32, no copy"] = lambda: launch(b.t(), a.t(), ct.t(), best, s, s, s)
+    fns["swapped 128x256x32, no copy"]()
+    errors["swapped 128x256x32, no copy"] = float((ct - want).abs().max())
+    work = pl.Work(flops=2 * s**3, dtype="tf32")
+    cmp = pl.compare(fns, baseline="cublas+relu", budget_s=4.0, work=work)
+    base = cmp.measurements["cublas+relu"].median_ms
+    for name, m in cmp.measurements.items():
+        row = {"size": s, "variant": name, "ms": m.median_ms, "vs_cublas": base / m.median_ms,
+               "max_err": errors.get(name)}  # fmt: skip
+        res["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    for name, e in errors.items():
+        if isinstance(e, str):
+            res["rows"].append({"size": s, "variant": name, "error": e})
+            print(name, e, flush=True)
+
+
+def main(out: Path, sizes: list[int]) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    res = {"device": pl.device_info(), "rows": []}
+    for s in sizes:
+        one_size(s, res)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "tf32-tune.json").write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), [int(x) for x in sys.argv[2:]] or [4096, 6144])
