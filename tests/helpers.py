@@ -48,6 +48,19 @@ def one_core_loaded():
             hog.wait()
 
 
+@contextlib.contextmanager
+def tf32_matmuls(on: bool):
+    """torch.backends.cuda.matmul.allow_tf32 set to `on` inside, as it was after."""
+    import torch
+
+    was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+
+
 def busy(ms: float):
     """A function that spins for `ms` milliseconds: a workload of known cost."""
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 import perfloop as pl
+from helpers import tf32_matmuls
 from perfloop.analysis.opportunities import StepDiagnosis
 
 
@@ -70,12 +71,8 @@ def test_a_call_that_ran_work_is_never_unclear():
 
 @pytest.mark.gpu
 def test_on_the_gpu_an_fp32_matmul_with_tf32_off_is_a_precision_problem():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with tf32_matmuls(False):
         d = pl.profile(_planted(nn.GELU(), 4096, 4096, "cuda", linear=True), calls=3).diagnose()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
     top = d.opportunities[0]
     assert top.bound == "precision" and "TF32" in top.title, str(d)
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import perfloop as pl
+from helpers import tf32_matmuls
 from perfloop.ops.attention import reference, reference_lse
 
 triton_impl = pytest.importorskip("perfloop.ops.attention.triton_impl")
@@ -223,12 +224,8 @@ def test_tf32_forward_reads_v_sequence_major(tf32, monkeypatch):
     monkeypatch.setattr(triton_impl, "_fwd_kernel", spy)
     shape = (1, 2, 40, 48, 32, True)
     q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=12)
-    was = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
+    with tf32_matmuls(tf32):
         o, _ = triton_impl.run_forward(q, k, v, causal, 32**-0.5)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = was
     assert seen == [(1, 48) if tf32 else (32, 1)]  # V's (sequence, head-dim) strides at launch
     o_ref, *_ = _ref_grads(q, k, v, causal, torch.ones_like(o))
     _close(o, o_ref, 2e-3, "out")

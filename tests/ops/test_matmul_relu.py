@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import perfloop as pl
+from helpers import tf32_matmuls
 
 
 @pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "ieee"])
@@ -20,12 +21,8 @@ def test_tf32_matmul_reads_b_k_major(tf32, monkeypatch):
     monkeypatch.setattr(triton_impl, "matmul_relu_kernel", spy)
     op = pl.ops.get("matmul_relu")
     a, b = op.make_inputs((40, 24, 56), seed=8)  # M, N, K: b is (56, 24), row-major
-    was = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
+    with tf32_matmuls(tf32):
         y = triton_impl.matmul_relu(a, b)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = was
     assert seen == [(1, 56) if tf32 else (24, 1)]  # (stride_bk, stride_bn) at launch
     torch.testing.assert_close(y.double(), op.reference(a, b), atol=1e-3, rtol=1e-3)
 
@@ -39,11 +36,23 @@ def test_tf32_tiles_on_the_gpu_stay_within_tf32s_error(shape):
 
     op = pl.ops.get("matmul_relu")
     a, b = op.make_inputs(shape, device="cuda", seed=3)
-    was = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
+    with tf32_matmuls(True):
         y = triton_impl.matmul_relu(a, b)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = was
     atol, rtol = op.tolerance(torch.float32, shape)
     torch.testing.assert_close(y.double().cpu(), op.reference(a, b), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (5, 1), (67, 130), (64, 64), (3, 200)])
+def test_the_tiled_transpose_gives_b_k_major_and_unchanged(shape):
+    """k_major: the same matrix, its K dim contiguous, for ragged and tile-sized shapes and for a
+    strided view; a B already K-major comes back as it is."""
+    pytest.importorskip("triton")
+    from perfloop.ops.matmul_relu import triton_impl
+
+    g = torch.Generator().manual_seed(sum(shape))
+    b = torch.randn(shape, generator=g)
+    y = triton_impl.k_major(b, block=32)
+    assert torch.equal(y, b) and (y.stride(0) == 1 or shape[0] == 1)
+    view = torch.randn(shape[0], shape[1] + 3, generator=g)[:, 1:-2]  # rows strided past its width
+    assert torch.equal(triton_impl.k_major(view, block=32), view)
+    assert triton_impl.k_major(y) is y
