@@ -93,7 +93,7 @@ def one_size(s: int, res: dict) -> None:
 
 def main(out: Path, sizes: list[int]) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
-    res = {"device": pl.device_info(), "rows": []}
+    res = {"device": pl.env_fingerprint(), "rows": []}
     for s in sizes:
         one_size(s, res)
         out.mkdir(parents=True, exist_ok=True)
