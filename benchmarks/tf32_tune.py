@@ -2,7 +2,7 @@
 interleaved in one run, with B K-major (copied once, outside the timing), with the copy in the
 call (the op's path), and with the operands swapped (C^T = B^T A^T, no copy).
 
-    PYTHONPATH=src python3 benchmarks/tf32_tune.py OUT_DIR [SIZE ...]   (default 4096 6144)
+    PYTHONPATH=src python3 benchmarks/tf32_tune.py OUT_DIR [SIZE ...] [--op-only]   (default 4096 6144)
 """
 
 from __future__ import annotations
@@ -45,16 +45,16 @@ def launch(a, b, c, cfg, m, n, k):
     return c
 
 
-def one_size(s: int, res: dict) -> None:
+def one_size(s: int, res: dict, op_only: bool) -> None:
     g = torch.Generator(device=DEV).manual_seed(0)
     a = torch.randn(s, s, device=DEV, generator=g)
     b = torch.randn(s, s, device=DEV, generator=g) / s**0.5
     bk_major = b.t().contiguous().t()
     c, ct = torch.empty(s, s, device=DEV), torch.empty(s, s, device=DEV)
     want = torch.relu(a @ b)
-    fns = {"cublas+relu": lambda: torch.relu(a @ b), "op (copy in call)": lambda: T.matmul_relu(a, b)}
+    fns = {"cublas+relu": lambda: torch.relu(a @ b), "op (K-major copy in call)": lambda: T.matmul_relu(a, b)}
     errors = {}
-    for cfg in CANDIDATES:
+    for cfg in CANDIDATES if not op_only else []:
         name = "tile " + "x".join(map(str, cfg))
         try:
             got = launch(a, bk_major, c, cfg, s, s, s)
@@ -64,6 +64,8 @@ def one_size(s: int, res: dict) -> None:
         errors[name] = float((got - want).abs().max())
         fns[name] = lambda cfg=cfg: launch(a, bk_major, c, cfg, s, s, s)
     best = (128, 256, 32, 8, 4, 8)
+    if op_only:
+        return _timed(fns, errors, s, res)
     fns["tile 128x256x32 + copy"] = lambda: launch(a, b.t().contiguous().t(), c, best, s, s, s)
     fns["tile 128x256x32 + triton transpose"] = lambda: launch(a, T.k_major(b), c, best, s, s, s)
     errors["tile 128x256x32 + triton transpose"] = float(
@@ -77,6 +79,10 @@ def one_size(s: int, res: dict) -> None:
     fns["swapped 128x256x32, no copy"] = lambda: launch(b.t(), a.t(), ct.t(), best, s, s, s)
     fns["swapped 128x256x32, no copy"]()
     errors["swapped 128x256x32, no copy"] = float((ct - want).abs().max())
+    _timed(fns, errors, s, res)
+
+
+def _timed(fns: dict, errors: dict, s: int, res: dict) -> None:
     work = pl.Work(flops=2 * s**3, dtype="tf32")
     cmp = pl.compare(fns, baseline="cublas+relu", budget_s=4.0, work=work)
     base = cmp.measurements["cublas+relu"].median_ms
@@ -91,14 +97,15 @@ def one_size(s: int, res: dict) -> None:
             print(name, e, flush=True)
 
 
-def main(out: Path, sizes: list[int]) -> None:
+def main(out: Path, sizes: list[int], op_only: bool = False) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     res = {"device": pl.env_fingerprint(), "rows": []}
     for s in sizes:
-        one_size(s, res)
+        one_size(s, res, op_only)
         out.mkdir(parents=True, exist_ok=True)
         (out / "tf32-tune.json").write_text(json.dumps(res, indent=1, default=str))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), [int(x) for x in sys.argv[2:]] or [4096, 6144])
+    rest = [x for x in sys.argv[2:] if x != "--op-only"]
+    main(Path(sys.argv[1]), [int(x) for x in rest] or [4096, 6144], op_only="--op-only" in sys.argv)
