@@ -112,6 +112,21 @@ def test_host_work_outside_torch_is_charged_to_the_sampled_line():
     assert r.sampled
 
 
+def test_a_stretch_spent_inside_torchs_own_calls_is_not_host_work_outside_torch():
+    """The thread was in torch's own code the whole stretch (the autograd engine between backward
+    ops on a CPU, where another process's time slice can land): torch's time, not the user's
+    host work, though the samples' user line is the one that called `.backward()`."""
+    from perfloop.analysis.stacks import Sample
+
+    step = ev("step", 0, 3000)
+    mm = ev("aten::mm", 0, 20, step)
+    kernels = [(10, 500), (2500, 3000)]
+    samples = [Sample(t, "train.py:47 (step)", frozenset({"torch"})) for t in range(600, 2400, 100)]
+    r = idle([step, mm], kernels, samples=samples)
+    assert r.by_cause["host work outside torch"] == 0.0
+    assert r.by_cause["host launch overhead"] == pytest.approx(2.0)
+
+
 def test_a_stretch_mostly_inside_the_dataloaders_iterator_is_data_loading():
     step = ev("step", 0, 2000)
     nxt = ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 150, 1800, step)

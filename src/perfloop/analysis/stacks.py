@@ -2,7 +2,8 @@
 profiled thread every millisecond (`sys._current_frames()`), so idle device time can be charged
 to the line of the user's code that made the device wait. Each sample keeps the innermost frame
 of the user's own code (not torch's, perfloop's, the standard library's or an installed
-package's) and which libraries were on the stack below it (NumPy, the optimizer, the DataLoader).
+package's) and which libraries were on the stack below it (NumPy, the optimizer, the DataLoader),
+and whether the innermost frame was torch's own (the thread inside a torch call).
 
 The samples' clock is `time.perf_counter_ns`; `Sampler.align` maps them onto a profiler's
 timeline through a range recorded at a known instant.
@@ -38,7 +39,7 @@ def _library_roots() -> tuple[str, ...]:
 class Sample:
     t: float  # perf_counter_ns, or profiler microseconds once aligned
     place: str  # "file.py:LINE (function)" of the innermost user frame, "" when none
-    tags: frozenset  # libraries on the stack: "numpy", "optimizer", "dataloader"
+    tags: frozenset  # libraries on the stack: "numpy", "optimizer", "dataloader"; "torch": innermost in torch
 
 
 class Sampler:
@@ -55,9 +56,10 @@ class Sampler:
         self._stop = threading.Event()
         self._roots = _library_roots()
         self._places: dict = {}  # code object, line -> place (a step repeats its lines)
+        self._torch = os.path.dirname(torch.__file__) + os.sep
 
     def _read(self, frame) -> Sample:
-        tags = set()
+        tags = {"torch"} if frame.f_code.co_filename.startswith(self._torch) else set()
         place = ""
         f = frame
         while f is not None:

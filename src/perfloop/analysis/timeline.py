@@ -163,6 +163,14 @@ def _place(s: float, e: float, samples) -> str:
     return votes.most_common(1)[0][0] if votes else ""
 
 
+def _in_torch(s: float, e: float, samples) -> bool:
+    """Most samples in [s, e] caught the thread inside torch's own code (the autograd engine
+    between backward ops, a module's Python): torch's time between its ops, not host work
+    outside it. False with no samples there."""
+    inside = [("torch" in x.tags) for x in samples if s <= x.t <= e]
+    return sum(inside) * 2 > len(inside) if inside else False
+
+
 def _drained(device_intervals, launched_at) -> list[tuple[float, float, bool]]:
     """The device's busy blocks (start, end, whether the host was behind: every kernel in it
     launched only after the one before had ended)."""
@@ -256,7 +264,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
             cause = ALLOCATOR
         elif inside:
             cause = inside[-1][0]
-        elif e - s >= OUTSIDE_US and _overlap(s, e, ops) < half:
+        elif e - s >= OUTSIDE_US and _overlap(s, e, ops) < half and not _in_torch(s, e, samples):
             cause = OUTSIDE
         elif before_first(s, e):
             cause = FIRST
