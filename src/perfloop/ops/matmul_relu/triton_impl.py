@@ -98,9 +98,8 @@ CONFIGS = [
     _config(128, 64, 32, 8, 4, 4),
 ]
 
-# TF32: a stage of 32-bit operands takes twice a 16-bit one's shared memory (K steps of 32); on the
-# H200 at 4096 and 6144 the first of these ran 0.83-0.88x cuBLAS's TF32 kernel, the bf16 list's
-# best fp32 choice 0.60-0.65x (benchmarks/tf32_tune.py)
+# TF32: a stage of 32-bit operands takes twice a 16-bit one's shared memory, so K steps of 32
+# (chosen by benchmarks/tf32_tune.py)
 TF32_CONFIGS = [
     _config(128, 256, 32, 8, 4, 8),
     _config(128, 256, 32, 8, 3, 8),
@@ -131,7 +130,7 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
         return out.zero_()  # relu(0) = 0
     precision = dot_precision(a.dtype)
     if precision == "tf32" and a.dtype == torch.float32:
-        b = k_major(b)  # wgmma's 32-bit operands are K-major only; 3.4x faster than torch's copy (H200)
+        b = k_major(b)  # wgmma reads 32-bit operands K-major only
     args = (a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             out.stride(0), out.stride(1))  # fmt: skip
     if interpreting():
