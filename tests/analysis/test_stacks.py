@@ -33,3 +33,23 @@ def test_the_interpreters_switch_interval_is_given_back():
     with Sampler(interval_s=2e-3):
         assert sys.getswitchinterval() < before
     assert sys.getswitchinterval() == before
+
+
+def test_a_thread_inside_torchs_own_call_is_tagged_torch_at_the_line_that_called_it():
+    """Inside `.backward()` (the engine in C, under torch's Python) the samples say "torch" and
+    still name the caller's line; the Python of a collate-like loop is not torch's."""
+    x = torch.randn(64, requires_grad=True)
+    y = x
+    for _ in range(2000):
+        y = y * 1.0001
+    loss = y.sum()
+    until = time.perf_counter() + 0.08
+    with Sampler(interval_s=1e-3) as inside:
+        while time.perf_counter() < until:
+            loss.backward(retain_graph=True)  # the line the samples should name
+    with Sampler(interval_s=1e-3) as outside:
+        _collate_like(torch.arange(2000), time.perf_counter() + 0.08)
+    tagged = [s for s in inside.samples if "torch" in s.tags]
+    assert len(tagged) > 0.8 * len(inside.samples) > 0, [(s.place, s.tags) for s in inside.samples]
+    assert all(s.place.startswith("test_stacks.py:") and "(test_a_thread_inside" in s.place for s in tagged)
+    assert sum("torch" in s.tags for s in outside.samples) < 0.2 * len(outside.samples)
