@@ -5,9 +5,11 @@ the limit, its pace), and a cProfile of those calls (the Python functions the ti
 then both ratios again with torch's call and ours measured in turn, round after round (the GPU
 machine's host pace drifts by a third within minutes: one after the other, whole, it misleads).
 
-    PYTHONPATH=src python3 benchmarks/host_cost.py OUT_DIR
+    PYTHONPATH=src python3 benchmarks/host_cost.py OUT_DIR [OP,OP...]
 
-Writes OUT_DIR/host_cost.json and OUT_DIR/host_cost_profile_<name>.txt; needs a GPU.
+For the norms, their fused call through the Python autograd Function (the path before the C++
+one, ops/layernorm/native.cpp) is timed too, in turn with the C++ one. Writes
+OUT_DIR/host_cost.json and OUT_DIR/host_cost_profile_<name>.txt; needs a GPU.
 """
 
 from __future__ import annotations
@@ -130,6 +132,21 @@ def python_profile(f, calls: int = 200) -> str:
     return buf.getvalue()
 
 
+def python_function(f):
+    """f with the norms' C++ Function off: their Python autograd Function runs instead."""
+    from perfloop.ops.layernorm import triton_impl
+
+    def run():
+        plan = triton_impl._plan
+        triton_impl._plan = lambda *a: None
+        try:
+            f()
+        finally:
+            triton_impl._plan = plan
+
+    return run
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or not torch.cuda.is_available():
@@ -139,10 +156,24 @@ def main(argv=None) -> int:
 
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
+    only = set(argv[1].split(",")) if len(argv) > 1 else None
     rows_out = []
     for rows, width in SHAPES:
         for name, t_fn, p_fn in pairs(rows, width):
+            if only and name not in only:
+                continue
             row = {"op": name, "shape": [rows, width]}
+            if name in ("RMSNorm", "LayerNorm"):
+                py_fn = python_function(p_fn)
+                row["python_function"] = {"do_bench_ms": do_bench(py_fn, return_mode="median"),
+                                          "host_ms": host_ms(py_fn)}  # fmt: skip
+                row["cpp_over_python_paired"] = {
+                    "do_bench": paired_ratio(py_fn, p_fn, lambda f: do_bench(f, return_mode="median")),
+                    "host": paired_ratio(py_fn, p_fn, lambda f: host_ms(f, calls=100)),
+                }
+                row["python_function_over_torch_paired"] = paired_ratio(
+                    t_fn, py_fn, lambda f: do_bench(f, return_mode="median")
+                )
             for who, f in (("torch", t_fn), ("perfloop", p_fn)):
                 row[who] = {
                     "do_bench_ms": do_bench(f, return_mode="median"),
@@ -159,6 +190,14 @@ def main(argv=None) -> int:
                   f"{row['perfloop']['host_ms'] * 1e3:.0f} us vs {row['torch']['host_ms'] * 1e3:.0f} us "
                   f"({row['host_ratio']:.2f}x); in turn: do_bench {row['do_bench_paired']['median']:.2f}x, "
                   f"host {row['host_paired']['median']:.2f}x")  # fmt: skip
+            if "python_function" in row:
+                c = row["cpp_over_python_paired"]["do_bench"]
+                h = row["cpp_over_python_paired"]["host"]["median"]
+                d = row["python_function_over_torch_paired"]["median"]
+                print(
+                    f"{'':18} C++ Function over the Python one, in turn: do_bench {c['median']:.2f}x "
+                    f"({c['min']:.2f}-{c['max']:.2f}), host {h:.2f}x; Python Function / torch {d:.2f}x"
+                )
             rows_out.append(row)
             (out / "host_cost.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                             "rows": rows_out}, indent=1))  # fmt: skip

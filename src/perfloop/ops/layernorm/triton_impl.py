@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from perfloop.ops import native
 from perfloop.ops.base import as_rows, cdiv, check_tensor, needs_grad, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import first_at_most, load_table
@@ -184,9 +185,58 @@ class NormFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+_PLANS: dict = {}  # (shape, dtypes, bias?, rms, device) -> the C++ side's plan, or None
+_NO_PLAN = object()
+
+
+def _make_plan(x, weight, bias, rms: bool):
+    """The three kernels compiled for x's shape and dtypes and handed to native.cpp; None where
+    the C++ Function cannot run them (native.why_not says why)."""
+    ext = native.extension("layernorm")
+    n = x.shape[-1]
+    m = x.numel() // n if n else 0
+    if ext is None or m == 0:
+        return None
+    block = next_pow2(n)
+    g, rows, warps = _bwd_config(m, block, x.element_size(), x.device)
+    has_b = bias is not None
+    slabs = 2 if has_b else 1
+
+    def t(dtype):  # warmup compiles for a tensor's dtype and alignment: a small aligned one does
+        return torch.empty(16, dtype=dtype, device=x.device)
+
+    xd, wd, f32 = t(x.dtype), t(weight.dtype), t(torch.float32)
+    bd = t(bias.dtype) if has_b else wd
+    rpp = cdiv(m, g)
+    fwd = native.add_kernel(ext, norm_fwd_kernel, (m,), xd, wd, bd, xd, f32, n, n, m, n, 1e-5, RMS=rms,
+                            HAS_B=has_b, BLOCK=block, num_warps=_warps(block))  # fmt: skip
+    bwd = native.add_kernel(ext, norm_bwd_kernel, (g,), xd, wd, xd, xd, f32, f32, n, n, n, m, n, rpp, RMS=rms,
+                            HAS_B=has_b, ROWS=rows, BLOCK=block, num_warps=warps)  # fmt: skip
+    colsum = native.add_kernel(ext, colsum_kernel, (cdiv(n, COLSUM_BLOCK), slabs), f32, wd, g, n,
+                               ROWS=COLSUM_ROWS, BLOCK=COLSUM_BLOCK)  # fmt: skip
+    if None in (fwd, bwd, colsum):
+        native._WHY["layernorm"] = "a kernel needs more than a plain launch gives (scratch memory, clusters)"
+        return None
+    return ext.add_plan(fwd, bwd, colsum, g, rpp, cdiv(n, COLSUM_BLOCK))
+
+
+def _plan(x, weight, bias, rms: bool):
+    key = (x.shape, x.dtype, weight.dtype, bias is None, rms, x.get_device())
+    plan = _PLANS.get(key, _NO_PLAN)
+    if plan is _NO_PLAN:
+        plan = _PLANS[key] = _make_plan(x, weight, bias, rms)
+    return plan
+
+
 def fused_norm(x, weight, bias, eps: float, rms: bool):
-    """The norm through autograd where a gradient is wanted, else its forward alone."""
+    """The norm through autograd where a gradient is wanted (the C++ Function where it runs,
+    else the Python one), else its forward alone."""
     if needs_grad(x, weight, bias):
+        if x.is_cuda and (bias is None or bias.dtype == weight.dtype):
+            plan = _plan(x, weight, bias, rms)
+            if plan is not None:
+                stream = torch._C._cuda_getCurrentRawStream(x.get_device())
+                return native.extension("layernorm").norm(x, weight, bias, eps, plan, stream)
         return NormFunction.apply(x, weight, bias, eps, rms)
     return forward_parts(x, weight, bias, eps, rms)[0]
 

@@ -1,0 +1,144 @@
+"""Fused ops whose autograd Function is written in C++ (each op's `native.cpp`, on
+`native_launch.h`): the forward and the backward launch the op's compiled Triton kernels with
+no Python between, so a training call costs the host about what torch's own modules do.
+
+`extension(op)` builds (once per machine and torch version, cached) and loads the op's C++;
+`add_kernel(ext, kernel, grid, *args, **meta)` compiles one specialization of a Triton kernel
+and hands it to the C++ side, which then launches it with arguments of the same specialization.
+Where a GPU, a C++ compiler or a Triton this reads is missing, `extension` answers None and
+`why_not()` says why: the op runs its Python autograd Function instead. `PERFLOOP_NATIVE=0`
+turns the path off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+from perfloop.device import cache_dir
+
+HERE = Path(__file__).parent
+_WHY: dict[str, str] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("PERFLOOP_NATIVE", "1") != "0"
+
+
+def why_not(op: str) -> str | None:
+    """Why `op`'s C++ Function is not in use (None: it is, or has not been asked for yet)."""
+    return _WHY.get(op)
+
+
+@functools.cache
+def build(op: str):
+    """Compile and load ops/<op>/native.cpp as a torch extension (raises if it cannot)."""
+    from torch.utils.cpp_extension import load
+
+    src = (HERE / op / "native.cpp").read_text()
+    header = (HERE / "native_launch.h").read_text()
+    key = hashlib.sha1((src + header + torch.__version__).encode()).hexdigest()[:12]
+    build_dir = cache_dir() / "native" / f"{op}_{key}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return load(
+        name=f"perfloop_native_{op}_{key}",
+        sources=[str(HERE / op / "native.cpp")],
+        extra_include_paths=[str(HERE)],
+        extra_cflags=["-O2"],
+        extra_ldflags=["-ldl"],
+        build_directory=str(build_dir),
+        verbose=False,
+    )
+
+
+@functools.cache
+def extension(op: str):
+    """op's loaded C++ extension, or None (the reason kept for `why_not(op)`, said once)."""
+    if not enabled():
+        _WHY[op] = "PERFLOOP_NATIVE=0"
+        return None
+    if not torch.cuda.is_available():
+        _WHY[op] = "no CUDA GPU"
+        return None
+    try:
+        return build(op)
+    except Exception as e:  # a missing compiler or ninja, a failed build: the Python path still runs
+        _WHY[op] = f"its C++ did not build ({type(e).__name__}: {str(e).strip().splitlines()[-1][:300]})"
+        warnings.warn(f"perfloop: {op}'s C++ autograd Function is not in use: {_WHY[op]}; the op runs "
+                      "its Python autograd Function (more host time per call)", RuntimeWarning,
+                      stacklevel=3)  # fmt: skip
+        return None
+
+
+_KINDS = {"i32": "i", "u32": "i", "i64": "l", "u64": "l", "fp32": "f", "constexpr": "-"}
+
+
+def param_kinds(names: list[str], signature: dict) -> str | None:
+    """One letter per argument of the kernel's Python signature (native_launch.h's), from the
+    compiled kernel's signature; None if an argument has a type the C++ side does not pass."""
+    out = []
+    for name in names:
+        t = signature.get(name, "constexpr")
+        kind = "p" if isinstance(t, str) and t.startswith("*") else _KINDS.get(t)
+        if kind is None:
+            return None
+        out.append(kind)
+    return "".join(out)
+
+
+def ptx_param_bytes(ptx: str, name: str) -> list[int] | None:
+    """The byte size of each parameter of the PTX entry `name`, in order (None if not found)."""
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
+    if m is None:
+        return None
+    return [int(re.search(r"(\d+)$", t).group(1)) // 8 for t in re.findall(r"\.param\s+\.(\w+)", m.group(1))]
+
+
+def trailing_nulls(kinds: str, param_bytes: list[int]) -> int | None:
+    """How many pointer parameters the compiled kernel takes after the signature's (Triton's
+    scratch buffers); None where the passed ones do not line up with the PTX's."""
+    want = [8 if k in "pl" else 4 for k in kinds if k != "-"]
+    if param_bytes[: len(want)] != want or any(b != 8 for b in param_bytes[len(want) :]):
+        return None
+    return len(param_bytes) - len(want)
+
+
+def launch_spec(kernel, ck) -> tuple[str, int] | None:
+    """(kinds, trailing nulls) of a compiled kernel, or None where it needs what a plain
+    cuLaunchKernel does not give (scratch memory, clusters, PDL) or its PTX does not line up."""
+    md = ck.metadata
+    if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+        return None
+    if getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_pdl", False):
+        return None
+    clusters = tuple(getattr(md, "cluster_dims", (1, 1, 1)))
+    if getattr(md, "launch_cooperative_grid", False) or clusters not in ((1, 1, 1), (0, 0, 0)):
+        return None
+    kinds = param_kinds([p.name for p in kernel.params], dict(ck.src.signature))
+    ptx = ck.asm.get("ptx") if hasattr(ck.asm, "get") else None
+    sizes = ptx_param_bytes(ptx, md.name) if ptx else None
+    nulls = trailing_nulls(kinds, sizes) if kinds is not None and sizes is not None else None
+    return None if nulls is None else (kinds, nulls)
+
+
+def add_kernel(ext, kernel, grid: tuple, *args, **meta) -> int | None:
+    """Compile `kernel` for these arguments (no launch) and register it with the C++ side: its
+    index there, or None if the C++ side cannot launch it."""
+    ck = kernel.warmup(*args, grid=grid, **meta)
+    ck = ck.result() if hasattr(ck, "result") else ck
+    spec = launch_spec(kernel, ck)
+    if spec is None:
+        return None
+    if ck.function is None:
+        ck._init_handles()
+    _KEEP.append(ck)  # the CUfunction lives as long as its CompiledKernel's module
+    return ext.add_kernel(int(ck.function), 32 * ck.metadata.num_warps, ck.metadata.shared, *spec)
+
+
+_KEEP: list = []

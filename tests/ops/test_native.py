@@ -1,0 +1,164 @@
+"""The C++ autograd path (ops/native.py, ops/native_launch.h, ops/layernorm/native.cpp): how a
+compiled Triton kernel's parameters are read and packed (CPU: Triton compiles for sm_90 here
+without a GPU, and the extension builds against the CPU torch), and on a GPU that the C++
+Function gives exactly what the Python one gives."""
+
+import pytest
+import torch
+
+from perfloop.ops import native
+
+pytest.importorskip("triton")
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from perfloop.ops import native
+from perfloop.ops.layernorm import triton_impl
+
+out = []
+for name, signature, constexprs in json.loads(sys.argv[1]):
+    jit = getattr(triton_impl, name)
+    sig = {p.name: signature.get(p.name, "constexpr") for p in jit.params}
+    ck = triton.compile(ASTSource(jit, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+    out.append([native.launch_spec(jit, ck), native.ptx_param_bytes(ck.asm["ptx"], ck.metadata.name)])
+print(json.dumps(out))
+"""
+
+
+def _compiled_specs(*kernels):
+    """native.launch_spec and the PTX's parameter sizes of each (kernel name, signature,
+    constexprs), compiled by Triton for an H100/H200 (sm_90) -- possible on any machine. In a
+    process of its own: under TRITON_INTERPRET=1 a kernel's language is the interpreter's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-c", _COMPILE, json.dumps(kernels)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    return [(tuple(spec) if spec else None, sizes) for spec, sizes in out]
+
+
+NORM_FWD = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "STATS": "*fp32", "stride_x": "i32",
+            "stride_y": "i32", "n_rows": "i32", "n_cols": "i32", "eps": "fp32"}  # fmt: skip
+
+
+def test_compiled_kernels_parameters_are_read_from_their_signature_and_ptx():
+    """Five pointers, four 32-bit sizes and eps as fp32 passed, three constexprs not; then an
+    integer Triton specialized into a constexpr (equal to 1: the dw sum over one program's
+    partials, for a single row) not passed either, or every later parameter is read one off."""
+    colsum = {"PARTIAL": "*fp32", "OUT": "*bf16", "n_parts": "constexpr", "n_cols": "i32"}
+    (fwd, fwd_sizes), (one, one_sizes) = _compiled_specs(
+        ("norm_fwd_kernel", NORM_FWD, {"RMS": True, "HAS_B": False, "BLOCK": 1024}),
+        ("colsum_kernel", colsum, {"n_parts": 1, "ROWS": 32, "BLOCK": 64}),
+    )
+    assert fwd[0] == "pppppiiiif---"
+    nulls = fwd[1]
+    assert fwd_sizes == [8] * 5 + [4] * 5 + [8] * nulls
+    assert one[0] == "pp-i--" and one[1] == nulls
+    assert one_sizes == [8, 8, 4] + [8] * nulls
+
+
+def test_parameters_that_do_not_line_up_with_the_ptx_are_refused():
+    # a 64-bit integer where the PTX has a 32-bit one, and an unknown type
+    assert native.trailing_nulls("pil", [8, 4, 4]) is None
+    assert native.trailing_nulls("pi", [8, 4, 4]) is None  # a 4-byte extra is no scratch pointer
+    assert native.trailing_nulls("p-i", [8, 4, 8, 8]) == 2
+    assert native.param_kinds(["flag"], {"flag": "i1"}) is None
+    assert native.param_kinds(["x", "n"], {"x": "*fp16", "n": "i64"}) == "pl"
+    assert native.ptx_param_bytes(".visible .entry other(\n.param .u64 other_param_0\n)", "k") is None
+
+
+@pytest.fixture(scope="module")
+def ext():
+    try:
+        return native.build("layernorm")
+    except Exception as e:  # no C++ compiler or ninja on this machine
+        pytest.skip(f"the extension does not build here: {e}")
+
+
+def test_arguments_are_packed_as_cuLaunchKernel_reads_them(ext):
+    # a 32-bit integer in the low bytes of its slot, a 64-bit one whole, a float's bits, a
+    # constexpr skipped, Triton's scratch pointers null
+    big = 2**40 + 3
+    slots = ext.pack_for_test("il-f", 2, [-7, big, 5, 1.5])
+    assert slots[0] & 0xFFFFFFFF == (-7) & 0xFFFFFFFF
+    assert slots[1] == big
+    assert slots[2] == 0x3FC00000  # 1.5f
+    assert slots[3:] == [0, 0]
+
+
+def test_a_wrong_argument_count_is_an_error_that_says_so(ext):
+    with pytest.raises(RuntimeError, match="3 arguments for a kernel of 4"):
+        ext.pack_for_test("iiii", 0, [1, 2, 3])
+
+
+def _python_norm(x, w, b, eps, rms):
+    from perfloop.ops.layernorm.triton_impl import NormFunction
+
+    return NormFunction.apply(x, w, b, eps, rms)
+
+
+CASES = [  # (shape, dtype, rms, bias, x made non-contiguous)
+    ((1024, 768), torch.bfloat16, True, False, False),
+    ((4, 256, 768), torch.bfloat16, False, True, False),
+    ((64, 4096), torch.float32, True, False, False),
+    ((300, 1000), torch.float16, False, True, True),
+    ((1, 4096), torch.bfloat16, True, False, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dtype,rms,bias,strided", CASES)
+def test_the_cpp_function_gives_what_the_python_one_gives(shape, dtype, rms, bias, strided):
+    from perfloop.ops.layernorm.triton_impl import fused_norm
+
+    if native.extension("layernorm") is None:
+        pytest.fail(f"the C++ Function is not in use: {native.why_not('layernorm')}")
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    n = shape[-1]
+    x0 = torch.randn(*shape[:-1], 2 * n if strided else n, device="cuda", dtype=dtype, generator=g)
+    w0 = 1 + 0.1 * torch.randn(n, device="cuda", dtype=dtype, generator=g)
+    b0 = 0.1 * torch.randn(n, device="cuda", dtype=dtype, generator=g) if bias else None
+    dy = torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
+    results = []
+    for fn in (fused_norm, _python_norm):
+        leaf, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        b = b0.clone().requires_grad_() if bias else None
+        x = leaf[..., ::2] if strided else leaf  # every other column: rows with a stride of 2n
+        y = fn(x, w, b, 1e-5, rms)
+        y.backward(dy)
+        results.append((y.grad_fn, y, leaf.grad, w.grad, b.grad if bias else None))
+    (cpp_fn, *cpp), (_, *py) = results
+    assert "NormFn" in cpp_fn.name(), cpp_fn.name()
+    for a, c in zip(cpp, py, strict=True):
+        assert (a is None and c is None) or torch.equal(a, c)
+
+
+@pytest.mark.gpu
+def test_the_cpp_function_runs_on_the_callers_stream_and_takes_an_expanded_gradient():
+    from perfloop.ops.layernorm.triton_impl import fused_norm
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x0 = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
+    w0 = torch.rand(2048, device="cuda", dtype=torch.bfloat16, generator=g) + 0.5
+    side = torch.cuda.Stream()
+    outs = []
+    for fn in (fused_norm, _python_norm):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = fn(x, w, None, 1e-6, True)
+            y.float().sum().backward()  # the gradient reaches the norm as an expanded (stride-0) tensor
+        torch.cuda.current_stream().wait_stream(side)
+        outs.append((y.grad_fn.name(), y, x.grad, w.grad))
+    assert "NormFn" in outs[0][0]
+    for a, c in zip(outs[0][1:], outs[1][1:], strict=True):
+        assert torch.equal(a, c)
