@@ -24,17 +24,51 @@ namespace perfloop {
 
 using CuLaunch = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
                          void**, void**);
+using CuCtxGetCurrent = int (*)(void**);
+using CuCtxSetCurrent = int (*)(void*);
+using CuDeviceGet = int (*)(int*, int);
+using CuPrimaryCtxRetain = int (*)(void**, int);
 
-inline CuLaunch cu_launch() {
-  static CuLaunch fn = [] {
+struct Driver {
+  CuLaunch launch;
+  CuCtxGetCurrent ctx_get;
+  CuCtxSetCurrent ctx_set;
+  CuDeviceGet device_get;
+  CuPrimaryCtxRetain primary_retain;
+};
+
+inline void* driver_symbol(void* lib, const char* name) {
+  void* f = dlsym(lib, name);
+  TORCH_CHECK(f != nullptr, "perfloop native launch: libcuda.so.1 has no ", name);
+  return f;
+}
+
+inline const Driver& driver() {
+  static const Driver d = [] {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
     TORCH_CHECK(lib != nullptr, "perfloop native launch: cannot open libcuda.so.1 (no CUDA driver)");
-    auto f = reinterpret_cast<CuLaunch>(dlsym(lib, "cuLaunchKernel"));
-    TORCH_CHECK(f != nullptr, "perfloop native launch: libcuda.so.1 has no cuLaunchKernel");
-    return f;
+    return Driver{reinterpret_cast<CuLaunch>(driver_symbol(lib, "cuLaunchKernel")),
+                  reinterpret_cast<CuCtxGetCurrent>(driver_symbol(lib, "cuCtxGetCurrent")),
+                  reinterpret_cast<CuCtxSetCurrent>(driver_symbol(lib, "cuCtxSetCurrent")),
+                  reinterpret_cast<CuDeviceGet>(driver_symbol(lib, "cuDeviceGet")),
+                  reinterpret_cast<CuPrimaryCtxRetain>(driver_symbol(lib, "cuDevicePrimaryCtxRetain"))};
   }();
-  return fn;
+  return d;
+}
+
+// A thread that has not yet made a CUDA runtime call (autograd's device thread, whose
+// allocations come from torch's cache) has no current context: make the device's primary
+// context current, as Triton's own launcher does.
+inline void ensure_context(int device) {
+  const Driver& d = driver();
+  void* ctx = nullptr;
+  TORCH_CHECK(d.ctx_get(&ctx) == 0, "perfloop native launch: cuCtxGetCurrent failed");
+  if (ctx != nullptr) return;
+  int dev = 0;
+  TORCH_CHECK(d.device_get(&dev, device) == 0, "perfloop native launch: cuDeviceGet failed");
+  TORCH_CHECK(d.primary_retain(&ctx, dev) == 0 && d.ctx_set(ctx) == 0,
+              "perfloop native launch: cannot make device ", device, "'s context current");
 }
 
 struct Kernel {
@@ -103,7 +137,7 @@ inline void launch(const Kernel& k, unsigned gx, unsigned gy, unsigned gz, void*
   std::array<void*, kMaxParams> ptrs{};
   const int n = pack(k, args.begin(), args.size(), slots);
   for (int i = 0; i < n; ++i) ptrs[i] = &slots[i];
-  const int rc = cu_launch()(k.function, gx, gy, gz, k.threads, 1, 1, k.shared, stream, ptrs.data(), nullptr);
+  const int rc = driver().launch(k.function, gx, gy, gz, k.threads, 1, 1, k.shared, stream, ptrs.data(), nullptr);
   TORCH_CHECK(rc == 0, "perfloop native launch: cuLaunchKernel returned CUDA error ", rc);
 }
 

@@ -4,6 +4,7 @@
 #include "native_launch.h"
 
 using perfloop::Arg;
+using perfloop::ensure_context;
 using perfloop::kernels;
 using perfloop::launch;
 using perfloop::packed;
@@ -31,18 +32,20 @@ int64_t add_plan(int64_t fwd, int64_t bwd, int64_t colsum, int64_t programs, int
 }
 
 struct NormFn : public torch::autograd::Function<NormFn> {
+  // bias: an optional argument, not an undefined tensor (autograd records each tensor's device)
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, double eps, int64_t plan, int64_t stream) {
-    TORCH_CHECK(weight.device() == x.device() && (!bias.defined() || bias.device() == x.device()),
+                            const std::optional<at::Tensor>& bias, double eps, int64_t plan, int64_t stream) {
+    const bool has_b = bias.has_value() && bias->defined();
+    TORCH_CHECK(weight.device() == x.device() && (!has_b || bias->device() == x.device()),
                 "perfloop norm: weight and bias must be on x's device (", x.device(), ")");
-    TORCH_CHECK(weight.numel() == x.size(-1) && (!bias.defined() || bias.numel() == x.size(-1)),
+    TORCH_CHECK(weight.numel() == x.size(-1) && (!has_b || bias->numel() == x.size(-1)),
                 "perfloop norm: weight and bias must have x's last dimension (", x.size(-1), ") elements");
     c10::DeviceGuard guard(x.device());
+    ensure_context(x.device().index());
     const Plan& p = plans().at(plan);
     const at::Tensor xc = packed(x);
     const at::Tensor w = packed(weight);
-    const bool has_b = bias.defined();
-    const at::Tensor b = has_b ? packed(bias) : w;
+    const at::Tensor b = has_b ? packed(*bias) : w;
     const int64_t n = xc.size(-1);
     const int64_t m = xc.numel() / n;
     at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
@@ -63,6 +66,7 @@ struct NormFn : public torch::autograd::Function<NormFn> {
     const at::Tensor& w = saved[1];
     const at::Tensor& stats = saved[2];
     c10::DeviceGuard guard(x.device());
+    ensure_context(x.device().index());
     const Plan& p = plans().at(ctx->saved_data["plan"].toInt());
     void* s = reinterpret_cast<void*>(ctx->saved_data["stream"].toInt());
     const bool has_b = ctx->saved_data["has_b"].toBool();
@@ -84,7 +88,7 @@ struct NormFn : public torch::autograd::Function<NormFn> {
 
 at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps,
                 int64_t plan, int64_t stream) {
-  return NormFn::apply(x, weight, bias.has_value() ? *bias : at::Tensor(), eps, plan, stream);
+  return NormFn::apply(x, weight, bias, eps, plan, stream);
 }
 
 }  // namespace
