@@ -162,3 +162,25 @@ def test_the_cpp_function_runs_on_the_callers_stream_and_takes_an_expanded_gradi
     assert "NormFn" in outs[0][0]
     for a, c in zip(outs[0][1:], outs[1][1:], strict=True):
         assert torch.equal(a, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["silu", "tanh", "none"])
+@pytest.mark.parametrize("shape,dtype", [((4096, 2816), torch.bfloat16), ((7, 333), torch.float32)])
+def test_the_gated_cpp_function_gives_what_the_python_one_gives(act, shape, dtype):
+    from perfloop.ops.swiglu import triton_impl as sw
+
+    if native.extension("swiglu") is None:
+        pytest.fail(f"the C++ Function is not in use: {native.why_not('swiglu')}")
+    g = torch.Generator(device="cuda").manual_seed(shape[1])
+    a0, b0, dy = (torch.randn(*shape, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    code = {"silu": sw.SILU, "tanh": sw.GELU_TANH, "none": sw.GELU_ERF}[act]
+    outs = []
+    for fn in (sw._gated_function, sw.GatedFunction.apply):
+        a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+        y = fn(a, b, code)
+        y.backward(dy)
+        outs.append((y.grad_fn.name(), y, a.grad, b.grad))
+    assert "GatedFn" in outs[0][0], outs[0][0]
+    for x, z in zip(outs[0][1:], outs[1][1:], strict=True):
+        assert torch.equal(x, z)

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from perfloop.ops import native
 from perfloop.ops.base import cdiv, check_tensor, needs_grad
 from perfloop.ops.gelu.triton_impl import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
 from perfloop.ops.launch import launch
@@ -91,6 +92,41 @@ class GatedFunction(torch.autograd.Function):
         return da, db, None
 
 
+_PLANS: dict = {}  # (size, dtype, activation, device) -> the C++ side's plan, or None
+_NO_PLAN = object()
+
+
+def _make_plan(a, act: int):
+    """The two kernels compiled for a's size and dtype and handed to native.cpp; None where the
+    C++ Function cannot run them (native.why_not says why)."""
+    ext = native.extension("swiglu")
+    n = a.numel()
+    if ext is None or n == 0:
+        return None
+    t = torch.empty(16, dtype=a.dtype, device=a.device)  # warmup compiles for dtype and alignment
+    grid = (cdiv(n, BLOCK),)
+    meta = {"ACT": act, "BLOCK": BLOCK, "num_warps": WARPS}
+    fwd = native.add_kernel(ext, gated_fwd_kernel, grid, t, t, t, n, **meta)
+    bwd = native.add_kernel(ext, gated_bwd_kernel, grid, t, t, t, t, t, n, **meta)
+    if None in (fwd, bwd):
+        native._WHY["swiglu"] = "a kernel needs more than a plain launch gives (scratch memory, clusters)"
+        return None
+    return ext.add_plan(fwd, bwd, grid[0])
+
+
+def _gated_function(a, b, act: int):
+    """act(a) * b through autograd: the C++ Function where it runs, else the Python one."""
+    if a.is_cuda:
+        key = (a.numel(), a.dtype, act, a.get_device())
+        plan = _PLANS.get(key, _NO_PLAN)
+        if plan is _NO_PLAN:
+            plan = _PLANS[key] = _make_plan(a, act)
+        if plan is not None:
+            stream = torch._C._cuda_getCurrentRawStream(a.get_device())
+            return native.extension("swiglu").gated(a, b, plan, stream)
+    return GatedFunction.apply(a, b, act)
+
+
 def _gated(a, b, act: int):
     check_tensor("a", a)
     check_tensor("b", b)
@@ -98,7 +134,7 @@ def _gated(a, b, act: int):
         raise ValueError(f"a, b: need the same shape and dtype, got {tuple(a.shape)} {a.dtype} and "
                          f"{tuple(b.shape)} {b.dtype}")  # fmt: skip
     a, b = _flat(a), _flat(b)
-    return GatedFunction.apply(a, b, act) if needs_grad(a, b) else gated_forward(a, b, act)
+    return _gated_function(a, b, act) if needs_grad(a, b) else gated_forward(a, b, act)
 
 
 def swiglu(a, b):
