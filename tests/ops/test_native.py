@@ -184,3 +184,41 @@ def test_the_gated_cpp_function_gives_what_the_python_one_gives(act, shape, dtyp
     assert "GatedFn" in outs[0][0], outs[0][0]
     for x, z in zip(outs[0][1:], outs[1][1:], strict=True):
         assert torch.equal(x, z)
+
+
+ATTENTION = [  # (b, h, sq, sk, d, causal, dtype, layout): "bshd" is q of (b, s, h, d) transposed
+    (2, 8, 512, 512, 64, True, torch.bfloat16, "bhsd"),
+    (1, 4, 1000, 1000, 128, False, torch.float16, "bhsd"),
+    (2, 3, 300, 700, 80, False, torch.bfloat16, "bshd"),
+    (1, 2, 1, 77, 64, True, torch.bfloat16, "bhsd"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,h,sq,sk,d,causal,dtype,layout", ATTENTION)
+def test_the_attention_cpp_function_gives_what_the_python_one_gives(b, h, sq, sk, d, causal, dtype, layout):
+    from perfloop.ops.attention import triton_impl as at
+
+    if native.extension("attention") is None:
+        pytest.fail(f"the C++ Function is not in use: {native.why_not('attention')}")
+    g = torch.Generator(device="cuda").manual_seed(sq * 7 + sk)
+
+    def make(s):
+        if layout == "bshd":  # the layout a (b, s, h*d) projection reshaped gives, then transposed
+            return torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+        return torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=g)
+
+    q0, k0, v0 = make(sq), make(sk), make(sk)
+    do = torch.randn(b, h, sq, d, device="cuda", dtype=dtype, generator=g)
+    scale = d**-0.5
+    outs = []
+    for fn in (at._attention_function, at.FlashAttention.apply):
+        q, k, v = (t.detach().clone().requires_grad_() for t in (q0, k0, v0))
+        assert q.stride() == q0.stride()  # clone keeps a dense layout: the C++ side sees the strides
+        o, lse = fn(q, k, v, causal, scale)
+        o.backward(do)
+        outs.append((o.grad_fn.name(), o, lse, q.grad, k.grad, v.grad))
+    assert "AttentionFn" in outs[0][0], outs[0][0]
+    assert not outs[0][2].requires_grad  # the log-sum-exp is not differentiable, as in the Python Function
+    for x, z in zip(outs[0][1:], outs[1][1:], strict=True):
+        assert torch.equal(x, z)

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from perfloop.ops import native
 from perfloop.ops.attention import validate
 from perfloop.ops.base import cdiv, dot_precision, interpreting, k_major_for_tf32, needs_grad, next_pow2
 from perfloop.ops.launch import launch
@@ -362,36 +363,43 @@ def _smaller(cfg: dict) -> dict | None:
 _PLANS: dict = {}  # (kind, head dim, sq, sk, dtype, device, consts) -> the launch's keyword arguments
 
 
-def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: tuple, d, sq, sk, q) -> None:
-    """Launch with the table's config for this head dim and dtype, stepping down to smaller
-    ones where it does not fit (an RTX card has ~100 KB of shared memory a block, the H200
-    227 KB); what fit is remembered with the launch's other settings, per shape. An explicit
-    `cfg` (tuning) launches as it is, or fails. `consts`: (CAUSAL, UPCAST, PRECISION)."""
-    explicit = cfg is not None
-    if not explicit:
-        plan_key = (kind, d, sq, sk, q.dtype, q.device, consts)
-        plan = _PLANS.get(plan_key)
-        if plan is not None:
-            launch(kernel, grid_of(plan), *args, **plan)
-            return
+def _fit(kind: str, d: int, sq: int, sk: int, q, consts: tuple, attempt) -> dict:
+    """`attempt(meta, cfg)` (a launch, or a compile) with the table's config for this head dim
+    and dtype, stepping down to smaller ones where it does not fit (an RTX card has ~100 KB of
+    shared memory a block, the H200 227 KB); what fit is remembered, with the launch's other
+    settings per shape. `consts`: (CAUSAL, UPCAST, PRECISION). Returns the settings."""
     key = (kind, d, q.dtype, q.device)
-    cfg = cfg or _FITTED.get(key) or _config(d, kind, q.dtype)
+    cfg = _FITTED.get(key) or _config(d, kind, q.dtype)
     causal, upcast, precision = consts
     while True:
         meta = {"CAUSAL": causal, "UPCAST": upcast, "PRECISION": precision, **_shape_consts(d, sq, sk, cfg),
                 **cfg}  # fmt: skip
         try:
-            launch(kernel, grid_of(cfg), *args, **meta)
+            attempt(meta, cfg)
         except _OutOfResources:
-            smaller = None if explicit else _smaller(cfg)
-            if smaller is None:
+            cfg = _smaller(cfg)
+            if cfg is None:
                 raise
-            cfg = smaller
             continue
-        if not explicit:
-            _FITTED[key] = cfg
-            _PLANS[plan_key] = meta
+        _FITTED[key] = cfg
+        _PLANS[(kind, d, sq, sk, q.dtype, q.device, consts)] = meta
+        return meta
+
+
+def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: tuple, d, sq, sk, q) -> None:
+    """Launch with the settings that fit this shape (`_fit`); an explicit `cfg` (tuning)
+    launches as it is, or fails."""
+    if cfg is not None:
+        causal, upcast, precision = consts
+        meta = {"CAUSAL": causal, "UPCAST": upcast, "PRECISION": precision, **_shape_consts(d, sq, sk, cfg),
+                **cfg}  # fmt: skip
+        launch(kernel, grid_of(cfg), *args, **meta)
         return
+    plan = _PLANS.get((kind, d, sq, sk, q.dtype, q.device, consts))
+    if plan is not None:
+        launch(kernel, grid_of(plan), *args, **plan)
+        return
+    _fit(kind, d, sq, sk, q, consts, lambda meta, cfg: launch(kernel, grid_of(cfg), *args, **meta))
 
 
 def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
@@ -458,6 +466,72 @@ class FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+_NATIVE: dict = {}  # (shapes, strides, dtype, causal, device) -> the C++ side's plan, or None
+_NO_PLAN = object()
+
+
+def _native_plan(q, k, v, causal: bool):
+    """The four kernels, with the tiles that fit this GPU (`_fit`), compiled for this shape and
+    layout and handed to native.cpp: the plan's index there, or None where the C++ Function
+    cannot run them (native.why_not says why)."""
+    ext = native.extension("attention")
+    if ext is None:
+        return None
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    bh, consts = b * h, (causal, False, dot_precision(q.dtype))
+    t = torch.empty(16, dtype=q.dtype, device=q.device)  # warmup compiles for dtype and alignment
+    f32 = torch.empty(16, dtype=torch.float32, device=q.device)
+    scale = 1.0  # a float argument: its value is not compiled in
+    strides = (*q.stride(), *k.stride(), *v.stride(), h * sq * d, sq * d, d, 1)  # o: contiguous
+    pre_m = TUNED["preprocess_block_m"]
+    kernels = {
+        "fwd": (_fwd_kernel, lambda c: cdiv(sq, c["BLOCK_M"]), (t, t, t, t, f32, scale, *strides, h, sq, sk)),
+        "dkdv": (
+            _bwd_dkdv_kernel,
+            lambda c: cdiv(sk, c["BLOCK_N"]),
+            (t, t, t, t, f32, f32, t, t, scale, h, sq, sk),
+        ),
+        "dq": (_bwd_dq_kernel, lambda c: cdiv(sq, c["BLOCK_M"]), (t, t, t, t, f32, f32, t, scale, h, sq, sk)),
+    }
+    ids, grids = {}, {}
+    for kind, (kernel, grid_x, args) in kernels.items():
+
+        def attempt(meta, cfg, kernel=kernel, grid_x=grid_x, args=args, kind=kind):
+            ids[kind] = native.add_kernel(
+                ext, kernel, (grid_x(cfg), bh), *args, **meta
+            )  # raises if it does not fit
+            grids[kind] = grid_x(cfg)
+
+        plan = _PLANS.get((kind, d, sq, sk, q.dtype, q.device, consts))
+        if plan is not None:
+            attempt(plan, plan)
+        else:
+            _fit(kind, d, sq, sk, q, consts, attempt)
+    pre = native.add_kernel(ext, _bwd_preprocess, (cdiv(sq, pre_m), bh), t, t, f32, sq, HEAD_DIM=d,
+                            BLOCK_D=max(16, next_pow2(d)), BLOCK_M=pre_m)  # fmt: skip
+    if None in (pre, *ids.values()):
+        native._WHY["attention"] = "a kernel needs more than a plain launch gives (scratch memory, clusters)"
+        return None
+    return ext.add_plan(ids["fwd"], pre, ids["dkdv"], ids["dq"], grids["fwd"], cdiv(sq, pre_m), grids["dkdv"],
+                        grids["dq"])  # fmt: skip
+
+
+def _attention_function(q, k, v, causal: bool, scale: float):
+    """(out, lse) through autograd: the C++ Function where it runs (16-bit inputs, 16-byte
+    aligned), else the Python one."""
+    if q.is_cuda and q.dtype != torch.float32 and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, causal, q.get_device())
+        plan = _NATIVE.get(key, _NO_PLAN)
+        if plan is _NO_PLAN:
+            plan = _NATIVE[key] = _native_plan(q, k, v, causal)
+        if plan is not None:
+            stream = torch._C._cuda_getCurrentRawStream(q.get_device())
+            o, lse = native.extension("attention").attention(q, k, v, scale, plan, stream)
+            return o, lse
+    return FlashAttention.apply(q, k, v, causal, scale)
+
+
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
     """(out, lse): FlashAttention-2 forward; `out.backward(...)` runs the Triton backward.
 
@@ -470,7 +544,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: need a finite number > 0 (default 1/sqrt(head_dim)), got {scale!r}")
     if needs_grad(q, k, v):
-        return FlashAttention.apply(q, k, v, bool(causal), float(scale))
+        return _attention_function(q, k, v, bool(causal), float(scale))
     return run_forward(q, k, v, bool(causal), float(scale))
 
 
