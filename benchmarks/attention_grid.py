@@ -66,6 +66,11 @@ def main(argv=None) -> int:
         print("attention_grid: needs a CUDA GPU", file=sys.stderr)
         return 2
     last = grid.read(args.check) if args.check else None  # a bad recording stops before any timing
+    if last is not None:  # a run of some batches is checked on those batches' points only
+        last = {
+            **last,
+            "points": {k: p for k, p in last["points"].items() if int(k.split()[0][2:]) in args.batch},
+        }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = pl.env_fingerprint()

@@ -100,6 +100,40 @@ def test_a_wrong_argument_count_is_an_error_that_says_so(ext):
         ext.pack_for_test("iiii", 0, [1, 2, 3])
 
 
+def test_kernels_and_plans_are_numbered_in_the_order_handed_over(ext):
+    first = ext.add_kernel(0, 128, 0, "pi", 2)
+    assert ext.add_kernel(0, 256, 1024, "ppl", 0) == first + 1
+    plan = ext.add_plan(first, first + 1, first, 4, 8, 2)
+    assert ext.add_plan(first, first, first, 1, 1, 1) == plan + 1
+
+
+def test_an_extension_that_does_not_build_leaves_the_python_function_and_says_why(monkeypatch):
+    def fails(op):
+        raise RuntimeError("Error building extension 'perfloop_native_layernorm': g++ not found")
+
+    monkeypatch.setattr(native.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(native, "build", fails)
+    native.extension.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="layernorm's C\\+\\+ autograd Function is not in use"):
+            assert native.extension("layernorm") is None
+        assert "g++ not found" in native.why_not("layernorm")
+    finally:
+        native.extension.cache_clear()
+        native._WHY.clear()
+
+
+def test_perfloop_native_0_turns_the_path_off(monkeypatch):
+    monkeypatch.setenv("PERFLOOP_NATIVE", "0")
+    monkeypatch.setattr(native.torch.cuda, "is_available", lambda: True)
+    native.extension.cache_clear()
+    try:
+        assert native.extension("swiglu") is None and native.why_not("swiglu") == "PERFLOOP_NATIVE=0"
+    finally:
+        native.extension.cache_clear()
+        native._WHY.clear()
+
+
 def _python_norm(x, w, b, eps, rms):
     from perfloop.ops.layernorm.triton_impl import NormFunction
 

@@ -127,6 +127,18 @@ def launch_spec(kernel, ck) -> tuple[str, int] | None:
     return None if nulls is None else (kinds, nulls)
 
 
+_UNSET = object()
+
+
+def plan_for(plans: dict, key, make):
+    """plans[key], made by `make()` the first time the key is asked for (None where the C++
+    Function cannot take calls with this key)."""
+    plan = plans.get(key, _UNSET)
+    if plan is _UNSET:
+        plan = plans[key] = make()
+    return plan
+
+
 def add_kernel(ext, kernel, grid: tuple, *args, **meta) -> int | None:
     """Compile `kernel` for these arguments (no launch) and register it with the C++ side: its
     index there, or None if the C++ side cannot launch it."""

@@ -16,7 +16,9 @@
 
 #include <array>
 #include <cstring>
+#include <deque>
 #include <initializer_list>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -148,17 +150,37 @@ inline at::Tensor packed(const at::Tensor& t) {
   return t.contiguous().clone(at::MemoryFormat::Contiguous);
 }
 
-// The registry of kernels handed over from Python, shared by every op of one extension.
-inline std::vector<Kernel>& kernels() {
-  static std::vector<Kernel> all;
+// What Python hands over (kernels, an op's plans), indexed in the order added. A deque keeps
+// every element where it is as others are added; the lock keeps autograd's thread, reading in
+// a backward, apart from a forward on another thread adding a plan for a new shape.
+template <typename T>
+class Registry {
+ public:
+  int64_t add(T item) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    items_.push_back(std::move(item));
+    return static_cast<int64_t>(items_.size()) - 1;
+  }
+  const T& at(int64_t i) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(items_.size()), "perfloop native: no entry ", i);
+    return items_[static_cast<size_t>(i)];
+  }
+
+ private:
+  std::mutex mutex_;
+  std::deque<T> items_;
+};
+
+inline Registry<Kernel>& kernels() {
+  static Registry<Kernel> all;
   return all;
 }
 
 inline int64_t add_kernel(int64_t function, int64_t threads, int64_t shared, const std::string& params,
                           int64_t trailing_nulls) {
-  kernels().push_back(Kernel{reinterpret_cast<void*>(function), static_cast<unsigned>(threads),
-                             static_cast<unsigned>(shared), params, static_cast<int>(trailing_nulls)});
-  return static_cast<int64_t>(kernels().size()) - 1;
+  return kernels().add(Kernel{reinterpret_cast<void*>(function), static_cast<unsigned>(threads),
+                              static_cast<unsigned>(shared), params, static_cast<int>(trailing_nulls)});
 }
 
 // What pack() makes of integer and float arguments, for a test on a machine with no GPU.

@@ -20,15 +20,14 @@ struct Plan {
   int64_t fwd_x, pre_x, dkdv_x, dq_x;      // each grid's first dimension (the second is B*H)
 };
 
-std::vector<Plan>& plans() {
-  static std::vector<Plan> all;
+perfloop::Registry<Plan>& plans() {
+  static perfloop::Registry<Plan> all;
   return all;
 }
 
 int64_t add_plan(int64_t fwd, int64_t pre, int64_t dkdv, int64_t dq, int64_t fwd_x, int64_t pre_x, int64_t dkdv_x,
                  int64_t dq_x) {
-  plans().push_back(Plan{fwd, pre, dkdv, dq, fwd_x, pre_x, dkdv_x, dq_x});
-  return static_cast<int64_t>(plans().size()) - 1;
+  return plans().add(Plan{fwd, pre, dkdv, dq, fwd_x, pre_x, dkdv_x, dq_x});
 }
 
 struct AttentionFn : public torch::autograd::Function<AttentionFn> {

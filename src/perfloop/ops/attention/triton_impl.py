@@ -467,7 +467,6 @@ class FlashAttention(torch.autograd.Function):
 
 
 _NATIVE: dict = {}  # (shapes, strides, dtype, causal, device) -> the C++ side's plan, or None
-_NO_PLAN = object()
 
 
 def _native_plan(q, k, v, causal: bool):
@@ -522,9 +521,7 @@ def _attention_function(q, k, v, causal: bool, scale: float):
     aligned), else the Python one."""
     if q.is_cuda and q.dtype != torch.float32 and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
         key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, causal, q.get_device())
-        plan = _NATIVE.get(key, _NO_PLAN)
-        if plan is _NO_PLAN:
-            plan = _NATIVE[key] = _native_plan(q, k, v, causal)
+        plan = native.plan_for(_NATIVE, key, lambda: _native_plan(q, k, v, causal))
         if plan is not None:
             stream = torch._C._cuda_getCurrentRawStream(q.get_device())
             o, lse = native.extension("attention").attention(q, k, v, scale, plan, stream)

@@ -20,15 +20,14 @@ struct Plan {
   int64_t colsum_blocks;
 };
 
-std::vector<Plan>& plans() {
-  static std::vector<Plan> all;
+perfloop::Registry<Plan>& plans() {
+  static perfloop::Registry<Plan> all;
   return all;
 }
 
 int64_t add_plan(int64_t fwd, int64_t bwd, int64_t colsum, int64_t programs, int64_t rows_per_program,
                  int64_t colsum_blocks) {
-  plans().push_back(Plan{fwd, bwd, colsum, programs, rows_per_program, colsum_blocks});
-  return static_cast<int64_t>(plans().size()) - 1;
+  return plans().add(Plan{fwd, bwd, colsum, programs, rows_per_program, colsum_blocks});
 }
 
 struct NormFn : public torch::autograd::Function<NormFn> {

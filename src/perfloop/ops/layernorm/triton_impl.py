@@ -186,7 +186,6 @@ class NormFunction(torch.autograd.Function):
 
 
 _PLANS: dict = {}  # (shape, dtypes, bias?, rms, device) -> the C++ side's plan, or None
-_NO_PLAN = object()
 
 
 def _make_plan(x, weight, bias, rms: bool):
@@ -222,10 +221,7 @@ def _make_plan(x, weight, bias, rms: bool):
 
 def _plan(x, weight, bias, rms: bool):
     key = (x.shape, x.dtype, weight.dtype, bias is None, rms, x.get_device())
-    plan = _PLANS.get(key, _NO_PLAN)
-    if plan is _NO_PLAN:
-        plan = _PLANS[key] = _make_plan(x, weight, bias, rms)
-    return plan
+    return native.plan_for(_PLANS, key, lambda: _make_plan(x, weight, bias, rms))
 
 
 def fused_norm(x, weight, bias, eps: float, rms: bool):

@@ -17,14 +17,13 @@ struct Plan {
   int64_t programs;
 };
 
-std::vector<Plan>& plans() {
-  static std::vector<Plan> all;
+perfloop::Registry<Plan>& plans() {
+  static perfloop::Registry<Plan> all;
   return all;
 }
 
 int64_t add_plan(int64_t fwd, int64_t bwd, int64_t programs) {
-  plans().push_back(Plan{fwd, bwd, programs});
-  return static_cast<int64_t>(plans().size()) - 1;
+  return plans().add(Plan{fwd, bwd, programs});
 }
 
 struct GatedFn : public torch::autograd::Function<GatedFn> {

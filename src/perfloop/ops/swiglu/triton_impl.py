@@ -93,7 +93,6 @@ class GatedFunction(torch.autograd.Function):
 
 
 _PLANS: dict = {}  # (size, dtype, activation, device) -> the C++ side's plan, or None
-_NO_PLAN = object()
 
 
 def _make_plan(a, act: int):
@@ -117,10 +116,7 @@ def _make_plan(a, act: int):
 def _gated_function(a, b, act: int):
     """act(a) * b through autograd: the C++ Function where it runs, else the Python one."""
     if a.is_cuda:
-        key = (a.numel(), a.dtype, act, a.get_device())
-        plan = _PLANS.get(key, _NO_PLAN)
-        if plan is _NO_PLAN:
-            plan = _PLANS[key] = _make_plan(a, act)
+        plan = native.plan_for(_PLANS, (a.numel(), a.dtype, act, a.get_device()), lambda: _make_plan(a, act))
         if plan is not None:
             stream = torch._C._cuda_getCurrentRawStream(a.get_device())
             return native.extension("swiglu").gated(a, b, plan, stream)
