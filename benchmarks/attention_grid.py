@@ -67,10 +67,8 @@ def main(argv=None) -> int:
         return 2
     last = grid.read(args.check) if args.check else None  # a bad recording stops before any timing
     if last is not None:  # a run of some batches is checked on those batches' points only
-        last = {
-            **last,
-            "points": {k: p for k, p in last["points"].items() if int(k.split()[0][2:]) in args.batch},
-        }
+        ran = {k: p for k, p in last["points"].items() if int(k.split()[0][2:]) in args.batch}
+        last = {**last, "points": ran}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = pl.env_fingerprint()
