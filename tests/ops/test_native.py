@@ -134,6 +134,77 @@ def test_perfloop_native_0_turns_the_path_off(monkeypatch):
         native._WHY.clear()
 
 
+class _FakeExtension:
+    """The C++ side's registry as Python sees it: plans numbered in order."""
+
+    def __init__(self):
+        self.plans = []
+
+    def add_plan(self, *ids_and_sizes):
+        self.plans.append(ids_and_sizes)
+        return len(self.plans) - 1
+
+
+def _recording_plans(monkeypatch):
+    """native.add_kernel replaced by a record of what each op's plan hands over (no GPU)."""
+    handed = []
+
+    def add_kernel(ext, kernel, grid, *args, **meta):
+        handed.append((kernel, grid, args, meta))
+        return len(handed) - 1
+
+    ext = _FakeExtension()
+    monkeypatch.setattr(native, "extension", lambda op: ext)
+    monkeypatch.setattr(native, "add_kernel", add_kernel)
+    return ext, handed
+
+
+def _every_parameter_given(handed):
+    for kernel, _, args, meta in handed:
+        names = kernel.arg_names  # the interpreter's kernels and JITFunction both have them
+        launch_options = {"num_warps", "num_stages"}
+        assert set(meta) <= set(names) | launch_options, (kernel, meta)
+        assert len(args) + len(set(meta) - launch_options) == len(names), (kernel, len(args), meta)
+
+
+def test_each_ops_plan_compiles_its_kernels_with_every_parameter_given(monkeypatch):
+    """The Python half of each C++ Function on the CPU: every kernel of a plan is compiled with a
+    value for each of its parameters (the positional ones in the kernel's order, the constexprs
+    by name), and the plan gets the kernels' indices in the order its C++ launches them."""
+    from perfloop.ops.attention import triton_impl as at
+    from perfloop.ops.layernorm import triton_impl as ln
+    from perfloop.ops.swiglu import triton_impl as sw
+
+    ext, handed = _recording_plans(monkeypatch)
+    x, w = torch.randn(300, 1000), torch.randn(1000)
+    assert ln._make_plan(x, w, w, rms=False) == 0
+    assert [h[0] for h in handed] == [ln.norm_fwd_kernel, ln.norm_bwd_kernel, ln.colsum_kernel]
+    assert ext.plans[0][:3] == (0, 1, 2)
+    _every_parameter_given(handed)
+
+    handed.clear()
+    assert sw._make_plan(torch.randn(7, 333), sw.GELU_TANH) == 1
+    assert [h[0] for h in handed] == [sw.gated_fwd_kernel, sw.gated_bwd_kernel]
+    _every_parameter_given(handed)
+
+    handed.clear()
+    monkeypatch.setattr(at, "_PLANS", {})
+    monkeypatch.setattr(at, "_FITTED", {})
+    q = torch.randn(2, 3, 300, 80).transpose(1, 2).contiguous().transpose(1, 2)  # a (b, s, h, d) layout
+    k = torch.randn(2, 3, 700, 80)
+    assert at._native_plan(q, k, k, causal=True) == 2
+    assert [h[0] for h in handed] == [
+        at._fwd_kernel,
+        at._bwd_dkdv_kernel,
+        at._bwd_dq_kernel,
+        at._bwd_preprocess,
+    ]
+    fwd_ids = ext.plans[2][:4]
+    assert fwd_ids == (0, 3, 1, 2)  # the C++ plan's order: forward, preprocess, dk/dv, dq
+    assert handed[0][2][6:10] == q.stride()  # the forward is compiled for q's own strides
+    _every_parameter_given(handed)
+
+
 def _python_norm(x, w, b, eps, rms):
     from perfloop.ops.layernorm.triton_impl import NormFunction
 

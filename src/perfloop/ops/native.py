@@ -130,12 +130,14 @@ def launch_spec(kernel, ck) -> tuple[str, int] | None:
 _UNSET = object()
 
 
-def plan_for(plans: dict, key, make):
+def plan_for(plans: dict, key, make, device: torch.device):
     """plans[key], made by `make()` the first time the key is asked for (None where the C++
-    Function cannot take calls with this key)."""
+    Function cannot take calls with this key), with `device` current: Triton loads a kernel
+    into the current device's context, and the C++ side launches it on the tensors' device."""
     plan = plans.get(key, _UNSET)
     if plan is _UNSET:
-        plan = plans[key] = make()
+        with torch.cuda.device(device):
+            plan = plans[key] = make()
     return plan
 
 

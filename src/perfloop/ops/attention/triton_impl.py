@@ -521,7 +521,7 @@ def _attention_function(q, k, v, causal: bool, scale: float):
     aligned), else the Python one."""
     if q.is_cuda and q.dtype != torch.float32 and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
         key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, causal, q.get_device())
-        plan = native.plan_for(_NATIVE, key, lambda: _native_plan(q, k, v, causal))
+        plan = native.plan_for(_NATIVE, key, lambda: _native_plan(q, k, v, causal), q.device)
         if plan is not None:
             stream = torch._C._cuda_getCurrentRawStream(q.get_device())
             o, lse = native.extension("attention").attention(q, k, v, scale, plan, stream)

@@ -221,7 +221,7 @@ def _make_plan(x, weight, bias, rms: bool):
 
 def _plan(x, weight, bias, rms: bool):
     key = (x.shape, x.dtype, weight.dtype, bias is None, rms, x.get_device())
-    return native.plan_for(_PLANS, key, lambda: _make_plan(x, weight, bias, rms))
+    return native.plan_for(_PLANS, key, lambda: _make_plan(x, weight, bias, rms), x.device)
 
 
 def fused_norm(x, weight, bias, eps: float, rms: bool):

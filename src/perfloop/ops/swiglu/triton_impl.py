@@ -116,7 +116,8 @@ def _make_plan(a, act: int):
 def _gated_function(a, b, act: int):
     """act(a) * b through autograd: the C++ Function where it runs, else the Python one."""
     if a.is_cuda:
-        plan = native.plan_for(_PLANS, (a.numel(), a.dtype, act, a.get_device()), lambda: _make_plan(a, act))
+        key = (a.numel(), a.dtype, act, a.get_device())
+        plan = native.plan_for(_PLANS, key, lambda: _make_plan(a, act), a.device)
         if plan is not None:
             stream = torch._C._cuda_getCurrentRawStream(a.get_device())
             return native.extension("swiglu").gated(a, b, plan, stream)
