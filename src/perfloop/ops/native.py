@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -46,6 +47,9 @@ def build(op: str):
     key = hashlib.sha1((src + header + torch.__version__).encode()).hexdigest()[:12]
     build_dir = cache_dir() / "native" / f"{op}_{key}"
     build_dir.mkdir(parents=True, exist_ok=True)
+    if not any(build_dir.glob("*.so")):
+        print(f"perfloop: compiling {op}'s C++ autograd Function (once per machine and torch version, "
+              f"about a minute) in {build_dir}", file=sys.stderr)  # fmt: skip
     return load(
         name=f"perfloop_native_{op}_{key}",
         sources=[str(HERE / op / "native.cpp")],

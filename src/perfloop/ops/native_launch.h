@@ -146,8 +146,9 @@ inline void launch(const Kernel& k, unsigned gx, unsigned gy, unsigned gz, void*
 // A tensor the kernels may take as compiled: contiguous, 16-byte aligned (what Triton assumed
 // of the tensors the kernels were compiled with).
 inline at::Tensor packed(const at::Tensor& t) {
-  if (t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
-  return t.contiguous().clone(at::MemoryFormat::Contiguous);
+  if (!t.is_contiguous()) return t.contiguous();  // a new allocation: aligned
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
+  return t.clone(at::MemoryFormat::Contiguous);
 }
 
 // What Python hands over (kernels, an op's plans), indexed in the order added. A deque keeps
