@@ -173,10 +173,17 @@ class Registry {
   std::deque<T> items_;
 };
 
-inline Registry<Kernel>& kernels() {
-  static Registry<Kernel> all;
+// One registry per type in each extension: its kernels, and its op's plans.
+template <typename T>
+inline Registry<T>& registry() {
+  static Registry<T> all;
   return all;
 }
+
+inline Registry<Kernel>& kernels() { return registry<Kernel>(); }
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 
 inline int64_t add_kernel(int64_t function, int64_t threads, int64_t shared, const std::string& params,
                           int64_t trailing_nulls) {

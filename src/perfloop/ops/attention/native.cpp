@@ -4,13 +4,7 @@
 // this GPU) for one shape, layout and dtype.
 #include "native_launch.h"
 
-using perfloop::ensure_context;
-using perfloop::kernels;
-using perfloop::launch;
-using perfloop::packed;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
+namespace perfloop {
 namespace {
 
 constexpr double kLog2e = 1.4426950408889634;
@@ -20,10 +14,7 @@ struct Plan {
   int64_t fwd_x, pre_x, dkdv_x, dq_x;      // each grid's first dimension (the second is B*H)
 };
 
-perfloop::Registry<Plan>& plans() {
-  static perfloop::Registry<Plan> all;
-  return all;
-}
+Registry<Plan>& plans() { return registry<Plan>(); }
 
 int64_t add_plan(int64_t fwd, int64_t pre, int64_t dkdv, int64_t dq, int64_t fwd_x, int64_t pre_x, int64_t dkdv_x,
                  int64_t dq_x) {
@@ -82,9 +73,10 @@ variable_list attention(const at::Tensor& q, const at::Tensor& k, const at::Tens
 }
 
 }  // namespace
+}  // namespace perfloop
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_kernel", &perfloop::add_kernel);
-  m.def("add_plan", &add_plan);
-  m.def("attention", &attention, "(out, lse) with the backward in C++ (q, k, v, scale, plan, stream)");
+  m.def("add_plan", &perfloop::add_plan);
+  m.def("attention", &perfloop::attention, "(out, lse) with the backward in C++ (q, k, v, scale, plan, stream)");
 }

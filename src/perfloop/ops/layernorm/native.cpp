@@ -3,14 +3,7 @@
 // arguments, as its Python NormFunction; a plan holds the three kernels compiled for one shape.
 #include "native_launch.h"
 
-using perfloop::Arg;
-using perfloop::ensure_context;
-using perfloop::kernels;
-using perfloop::launch;
-using perfloop::packed;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
+namespace perfloop {
 namespace {
 
 struct Plan {
@@ -20,10 +13,7 @@ struct Plan {
   int64_t colsum_blocks;
 };
 
-perfloop::Registry<Plan>& plans() {
-  static perfloop::Registry<Plan> all;
-  return all;
-}
+Registry<Plan>& plans() { return registry<Plan>(); }
 
 int64_t add_plan(int64_t fwd, int64_t bwd, int64_t colsum, int64_t programs, int64_t rows_per_program,
                  int64_t colsum_blocks) {
@@ -91,10 +81,11 @@ at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, const std::option
 }
 
 }  // namespace
+}  // namespace perfloop
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_kernel", &perfloop::add_kernel);
-  m.def("add_plan", &add_plan);
-  m.def("norm", &norm, "the fused norm with its backward in C++ (x, weight, bias or None, eps, plan, stream)");
+  m.def("add_plan", &perfloop::add_plan);
+  m.def("norm", &perfloop::norm, "the fused norm with its backward in C++ (x, weight, bias or None, eps, plan, stream)");
   m.def("pack_for_test", &perfloop::pack_for_test);
 }

@@ -3,13 +3,7 @@
 // Python GatedFunction; a plan holds the two kernels compiled for one size and activation.
 #include "native_launch.h"
 
-using perfloop::ensure_context;
-using perfloop::kernels;
-using perfloop::launch;
-using perfloop::packed;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
+namespace perfloop {
 namespace {
 
 struct Plan {
@@ -17,10 +11,7 @@ struct Plan {
   int64_t programs;
 };
 
-perfloop::Registry<Plan>& plans() {
-  static perfloop::Registry<Plan> all;
-  return all;
-}
+Registry<Plan>& plans() { return registry<Plan>(); }
 
 int64_t add_plan(int64_t fwd, int64_t bwd, int64_t programs) {
   return plans().add(Plan{fwd, bwd, programs});
@@ -66,9 +57,10 @@ at::Tensor gated(const at::Tensor& a, const at::Tensor& b, int64_t plan, int64_t
 }
 
 }  // namespace
+}  // namespace perfloop
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_kernel", &perfloop::add_kernel);
-  m.def("add_plan", &add_plan);
-  m.def("gated", &gated, "act(a) * b with its backward in C++ (a, b, plan, stream)");
+  m.def("add_plan", &perfloop::add_plan);
+  m.def("gated", &perfloop::gated, "act(a) * b with its backward in C++ (a, b, plan, stream)");
 }
