@@ -49,6 +49,20 @@ def test_rules_big_bf16_matmul_is_compute_bound():
     assert d.evidence["intensity"] > d.evidence["ridge"]
 
 
+def test_rules_gelu_just_past_a_noisy_ridge_is_not_called_compute_bound():
+    """Ceilings measured on a busy 2-core CPU (copy 65 GB/s, fp32 matmul 0.07 TFLOP/s) put the
+    ridge at 1.07 flop/B, under the naive GELU's 1.25: the rules said "compute-bound at 2% of the
+    matmul ceiling" for 8 elementwise launches (the demo, under load). Within a factor of two of
+    the ridge the measured ceilings cannot tell the roofs apart; the kernels are near neither."""
+    w = pl.Work(bytes=2 * 2048**2 * 4, flops=10 * 2048**2, dtype="torch.float32")
+    noisy = {"copy_gbps": 65.0, "matmul_fp32_tflops": 0.0697}
+    d = classify(device_ms=35.5, wall_ms=36.4, busy_fraction=0.98, distinct_kernels=4, launches=8,
+                 work=w, ceilings=noisy)  # fmt: skip
+    assert d.evidence["intensity"] > d.evidence["ridge"]  # the case: just past the ridge
+    assert d.bound == "memory", str(d)
+    assert "fusing into one kernel" in d.advice
+
+
 def test_rules_without_work_say_what_is_missing():
     d = classify(device_ms=1.0, wall_ms=1.1, busy_fraction=0.9, distinct_kernels=1, launches=1,
                  work=None, ceilings=CEIL)  # fmt: skip

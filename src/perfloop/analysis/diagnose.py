@@ -18,6 +18,7 @@ LAUNCH_BUSY = 0.5  # the device idle more than half the wall time
 SHORT_KERNEL_US = 20.0
 MEMORY_NEAR = 0.6  # achieved GB/s at least this share of the copy ceiling
 COMPUTE_NEAR = 0.5
+RIDGE_MARGIN = 2.0  # compute's side of the roofline: intensity past the ridge by this factor
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ def classify(
     if work.intensity is not None and ridge:
         ev["intensity"] = work.intensity
         ev["ridge"] = ridge
-    compute_side = (work.intensity or 0) > ridge if ridge else False
+    # within a factor of the ridge, measured ceilings (a busy CPU's moved it 4x) cannot tell the
+    # roofs apart: compute-bound there only when the kernels are near the matmul ceiling
+    compute_side = (work.intensity or 0) > RIDGE_MARGIN * ridge if ridge else False
     if peak and tflops and (tflops / peak >= COMPUTE_NEAR or compute_side):
         return Diagnosis(
             "compute",
