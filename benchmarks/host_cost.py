@@ -133,16 +133,16 @@ def python_profile(f, calls: int = 200) -> str:
 
 
 def python_function(f):
-    """f with the norms' C++ Function off: their Python autograd Function runs instead."""
-    from perfloop.ops.layernorm import triton_impl
+    """f with the C++ Functions off: every fused op runs its Python autograd Function instead."""
+    from perfloop.ops import native
 
     def run():
-        plan = triton_impl._plan
-        triton_impl._plan = lambda *a: None
+        plan_for = native.plan_for
+        native.plan_for = lambda *a: None
         try:
             f()
         finally:
-            triton_impl._plan = plan
+            native.plan_for = plan_for
 
     return run
 

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -49,29 +50,37 @@ def arch_flags() -> list[str]:
     return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
 
 
+def build_dir(name: str, *texts: str) -> Path:
+    """The cache folder of an extension built from these sources with this torch (made if
+    missing); said on stderr when nothing is built there yet: the caller waits for a compile."""
+    key = hashlib.sha1(("".join(texts) + torch.__version__).encode()).hexdigest()[:12]
+    out = cache_dir() / "cuda" / f"{name}_{key}"
+    out.mkdir(parents=True, exist_ok=True)
+    if not any(out.glob("*.so")):
+        print(f"perfloop: compiling the {name} extension (once per machine and torch version, about a "
+              f"minute) in {out}", file=sys.stderr)  # fmt: skip
+    return out
+
+
 @functools.cache
 def build(name: str, cu_path: str, binding_cpp: str):
     """Build (or load from the cache) a torch extension from a .cu and a C++ binding."""
     from torch.utils.cpp_extension import load
 
     src = Path(cu_path).read_text()
-    key = hashlib.sha1((src + binding_cpp + torch.__version__ + " ".join(arch_flags())).encode()).hexdigest()[
-        :12
-    ]
-    build_dir = cache_dir() / "cuda" / f"{name}_{key}"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    cpp = build_dir / "binding.cpp"
+    out = build_dir(name, src, binding_cpp, " ".join(arch_flags()))
+    cpp = out / "binding.cpp"
     if not cpp.exists() or cpp.read_text() != binding_cpp:
         cpp.write_text(binding_cpp)
-    cu = build_dir / "kernel.cu"
+    cu = out / "kernel.cu"
     if not cu.exists() or cu.read_text() != src:
         cu.write_text(src)
     return load(
-        name=f"perfloop_{name}_{key}",
+        name=f"perfloop_{out.name}",
         sources=[str(cpp), str(cu)],
         extra_cflags=["-O3"],
         extra_cuda_cflags=["-O3", *arch_flags()],
-        build_directory=str(build_dir),
+        build_directory=str(out),
         verbose=False,
     )
 

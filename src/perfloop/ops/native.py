@@ -13,16 +13,14 @@ turns the path off.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import re
-import sys
 import warnings
 from pathlib import Path
 
 import torch
 
-from perfloop.device import cache_dir
+from perfloop.ops.cuda_build import build_dir
 
 HERE = Path(__file__).parent
 _WHY: dict[str, str] = {}
@@ -42,21 +40,15 @@ def build(op: str):
     """Compile and load ops/<op>/native.cpp as a torch extension (raises if it cannot)."""
     from torch.utils.cpp_extension import load
 
-    src = (HERE / op / "native.cpp").read_text()
-    header = (HERE / "native_launch.h").read_text()
-    key = hashlib.sha1((src + header + torch.__version__).encode()).hexdigest()[:12]
-    build_dir = cache_dir() / "native" / f"{op}_{key}"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    if not any(build_dir.glob("*.so")):
-        print(f"perfloop: compiling {op}'s C++ autograd Function (once per machine and torch version, "
-              f"about a minute) in {build_dir}", file=sys.stderr)  # fmt: skip
+    src = HERE / op / "native.cpp"
+    out = build_dir(f"native_{op}", src.read_text(), (HERE / "native_launch.h").read_text())
     return load(
-        name=f"perfloop_native_{op}_{key}",
-        sources=[str(HERE / op / "native.cpp")],
+        name=f"perfloop_{out.name}",
+        sources=[str(src)],
         extra_include_paths=[str(HERE)],
         extra_cflags=["-O2"],
         extra_ldflags=["-ldl"],
-        build_directory=str(build_dir),
+        build_directory=str(out),
         verbose=False,
     )
 

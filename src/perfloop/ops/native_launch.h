@@ -100,25 +100,24 @@ inline int pack(const Kernel& k, const Arg* args, size_t count, std::array<uint6
   TORCH_CHECK(count == k.params.size(), "perfloop native launch: ", count, " arguments for a kernel of ",
               k.params.size());
   int n = 0;
-  int at = 0;
   for (size_t j = 0; j < count; ++j) {
     const Arg& a = args[j];
-    const char c = k.params[at++];
+    const char c = k.params[j];
     if (c == '-') continue;
     TORCH_CHECK(n < kMaxParams, "perfloop native launch: too many parameters");
     uint64_t slot = 0;
     if (c == 'p') {
-      TORCH_CHECK(a.kind == Arg::Ptr, "perfloop native launch: argument ", at - 1, " is not a tensor");
+      TORCH_CHECK(a.kind == Arg::Ptr, "perfloop native launch: argument ", j, " is not a tensor");
       slot = reinterpret_cast<uint64_t>(a.p);
     } else if (c == 'i') {
-      TORCH_CHECK(a.kind == Arg::Int, "perfloop native launch: argument ", at - 1, " is not an integer");
+      TORCH_CHECK(a.kind == Arg::Int, "perfloop native launch: argument ", j, " is not an integer");
       const int32_t v = static_cast<int32_t>(a.i);
       std::memcpy(&slot, &v, sizeof v);
     } else if (c == 'l') {
-      TORCH_CHECK(a.kind == Arg::Int, "perfloop native launch: argument ", at - 1, " is not an integer");
+      TORCH_CHECK(a.kind == Arg::Int, "perfloop native launch: argument ", j, " is not an integer");
       slot = static_cast<uint64_t>(a.i);
     } else if (c == 'f') {
-      TORCH_CHECK(a.kind == Arg::Float, "perfloop native launch: argument ", at - 1, " is not a float");
+      TORCH_CHECK(a.kind == Arg::Float, "perfloop native launch: argument ", j, " is not a float");
       const float v = static_cast<float>(a.f);
       std::memcpy(&slot, &v, sizeof v);
     } else {
@@ -197,7 +196,7 @@ inline std::vector<int64_t> pack_for_test(const std::string& params, int64_t tra
   Kernel k{nullptr, 0, 0, params, static_cast<int>(trailing_nulls)};
   std::vector<Arg> args;
   for (size_t i = 0; i < values.size(); ++i) {
-    if (params[i] == 'f') args.emplace_back(values[i]);
+    if (i < params.size() && params[i] == 'f') args.emplace_back(values[i]);
     else args.emplace_back(static_cast<int64_t>(values[i]));
   }
   std::array<uint64_t, kMaxParams> slots{};

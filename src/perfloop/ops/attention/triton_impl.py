@@ -520,10 +520,11 @@ def _attention_function(q, k, v, causal: bool, scale: float):
     """(out, lse) through autograd: the C++ Function where it runs (16-bit inputs, 16-byte
     aligned), else the Python one."""
     if q.is_cuda and q.dtype != torch.float32 and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
-        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, causal, q.get_device())
+        dev = q.get_device()
+        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, causal, dev)
         plan = native.plan_for(_NATIVE, key, lambda: _native_plan(q, k, v, causal), q.device)
         if plan is not None:
-            stream = torch._C._cuda_getCurrentRawStream(q.get_device())
+            stream = torch._C._cuda_getCurrentRawStream(dev)
             o, lse = native.extension("attention").attention(q, k, v, scale, plan, stream)
             return o, lse
     return FlashAttention.apply(q, k, v, causal, scale)

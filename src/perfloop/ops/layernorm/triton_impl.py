@@ -219,19 +219,16 @@ def _make_plan(x, weight, bias, rms: bool):
     return ext.add_plan(fwd, bwd, colsum, g, rpp, cdiv(n, COLSUM_BLOCK))
 
 
-def _plan(x, weight, bias, rms: bool):
-    key = (x.shape, x.dtype, weight.dtype, bias is None, rms, x.get_device())
-    return native.plan_for(_PLANS, key, lambda: _make_plan(x, weight, bias, rms), x.device)
-
-
 def fused_norm(x, weight, bias, eps: float, rms: bool):
     """The norm through autograd where a gradient is wanted (the C++ Function where it runs,
     else the Python one), else its forward alone."""
     if needs_grad(x, weight, bias):
         if x.is_cuda and (bias is None or bias.dtype == weight.dtype):
-            plan = _plan(x, weight, bias, rms)
+            dev = x.get_device()
+            key = (x.shape, x.dtype, weight.dtype, bias is None, rms, dev)
+            plan = native.plan_for(_PLANS, key, lambda: _make_plan(x, weight, bias, rms), x.device)
             if plan is not None:
-                stream = torch._C._cuda_getCurrentRawStream(x.get_device())
+                stream = torch._C._cuda_getCurrentRawStream(dev)
                 return native.extension("layernorm").norm(x, weight, bias, eps, plan, stream)
         return NormFunction.apply(x, weight, bias, eps, rms)
     return forward_parts(x, weight, bias, eps, rms)[0]

@@ -116,10 +116,10 @@ def _make_plan(a, act: int):
 def _gated_function(a, b, act: int):
     """act(a) * b through autograd: the C++ Function where it runs, else the Python one."""
     if a.is_cuda:
-        key = (a.numel(), a.dtype, act, a.get_device())
-        plan = native.plan_for(_PLANS, key, lambda: _make_plan(a, act), a.device)
+        dev = a.get_device()
+        plan = native.plan_for(_PLANS, (a.numel(), a.dtype, act, dev), lambda: _make_plan(a, act), a.device)
         if plan is not None:
-            stream = torch._C._cuda_getCurrentRawStream(a.get_device())
+            stream = torch._C._cuda_getCurrentRawStream(dev)
             return native.extension("swiglu").gated(a, b, plan, stream)
     return GatedFunction.apply(a, b, act)
 
