@@ -14,8 +14,9 @@ a slowdown against three things, and says which it used:
    busy on a core) only where the reference followed the code round by round (dividing
    narrows the spread), and a clear raw change the division would silence is "cannot
    judge", not a pass. Where the machine moved more than MAX_DRIFT against the code (faster
-   while the code got slower) the raw tails stand, a lower bound of the code's change; where
-   it moved more than that the code's way there is nothing to judge;
+   while the code got slower) the raw tails stand, a lower bound of the code's change (under
+   load only past MAX_DRIFT itself); where it moved more than that the code's way there is
+   nothing to judge;
 3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
    same commit) when the history holds at least three, else a default for the device kind.
 A slowdown is a regression only past the larger of the user's threshold and that floor, when
@@ -170,15 +171,17 @@ def judge(
     machine = max(drift, 1 / drift) if drift is not None else 1.0
     if (
         contended
-        and not (divided or against)
+        and not divided
         and machine > 1 + floor
-        and abs(math.log(ratio)) < math.log(machine)
+        and abs(math.log(ratio)) < math.log(min(machine, MAX_DRIFT))
     ):
         # another process moved the machine's pace past the noise floor between the runs, more
-        # than the code moved, in a way the reference could not divide out: not the code's change
+        # than the code moved (or past MAX_DRIFT, whichever way), in a way the reference could
+        # not divide out: not the code's change
         why = (f"cannot judge: with another process busy on a core, the machine's pace (the reference "
                f"workload) moved {machine:.2f}x between the runs, round by round unlike the code, and "
-               f"the code's raw {ratio:.2f}x is less; run both again on a quiet machine")  # fmt: skip
+               f"the code's raw {ratio:.2f}x is less than {min(machine, MAX_DRIFT):.2f}x; run both "
+               "again on a quiet machine")  # fmt: skip
         return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
     # the raw times must have moved too: where they did not, only the reference workload did,
