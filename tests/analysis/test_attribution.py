@@ -18,6 +18,10 @@ from perfloop.ops.gelu.torch_impl import naive
     ("ncclDevKernel_AllReduce_Sum_f32", "communication"),
     ("Memcpy HtoD (Pageable -> Device)", "memcpy/memset"),
     ("aten::sum", "reduction"), ("aten::gelu", "elementwise"), ("triton_poi_fused_0", "other"),
+    # the fused ops' own profiler ops (their C++ Functions', nn/compiled.py's custom ops)
+    ("perfloop::norm", "normalization"), ("perfloop::norm_backward", "normalization"),
+    ("perfloop::gated_backward", "elementwise"), ("perfloop::flash_attention_backward", "attention"),
+    ("perfloop::cross_entropy", "reduction"),
 ])  # fmt: skip
 def test_categories_follow_the_rule_table(name, cat):
     assert category(name) == cat

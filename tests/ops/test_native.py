@@ -76,12 +76,29 @@ def test_parameters_that_do_not_line_up_with_the_ptx_are_refused():
     assert native.ptx_param_bytes(".visible .entry other(\n.param .u64 other_param_0\n)", "k") is None
 
 
+def _build(op: str):
+    """op's extension built here; skipped only where a C++ compiler or ninja is missing (a
+    native.cpp that does not compile fails: on the CPU machine, the only place before a GPU
+    that compiles the attention and gated Functions)."""
+    import os
+    import shutil
+
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if shutil.which(os.environ.get("CXX", "c++")) is None or not is_ninja_available():
+        pytest.skip("no C++ compiler or ninja on this machine: the C++ Functions cannot build")
+    return native.build(op)
+
+
 @pytest.fixture(scope="module")
 def ext():
-    try:
-        return native.build("layernorm")
-    except Exception as e:  # no C++ compiler or ninja on this machine
-        pytest.skip(f"the extension does not build here: {e}")
+    return _build("layernorm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["swiglu", "attention"])
+def test_the_other_ops_cpp_functions_compile(op):
+    assert hasattr(_build(op), "add_plan")
 
 
 def test_arguments_are_packed_as_cuLaunchKernel_reads_them(ext):
@@ -105,6 +122,18 @@ def test_kernels_and_plans_are_numbered_in_the_order_handed_over(ext):
     assert ext.add_kernel(0, 256, 1024, "ppl", 0) == first + 1
     plan = ext.add_plan(first, first + 1, first, 4, 8, 2)
     assert ext.add_plan(first, first, first, 1, 1, 1) == plan + 1
+
+
+def test_the_cpp_function_is_a_profiler_op_named_for_the_fused_op(ext):
+    """The forward opens "perfloop::norm" before anything else (here a weight of the wrong size
+    is refused before any launch): a profile charges its kernels to the fused op, where before
+    the forward recorded no op and the backward autograd's name for the C++ node."""
+    plan = ext.add_plan(0, 0, 0, 1, 1, 1)
+    x, w = torch.randn(4, 8), torch.randn(5)
+    refused = pytest.raises(RuntimeError, match="weight and bias must have x's last dimension \\(8\\)")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, refused:
+        ext.norm(x, w, None, 1e-5, plan, 0)
+    assert "perfloop::norm" in {e.name for e in prof.events()}
 
 
 def test_an_extension_that_does_not_build_leaves_the_python_function_and_says_why(monkeypatch):
@@ -327,3 +356,20 @@ def test_the_attention_cpp_function_gives_what_the_python_one_gives(b, h, sq, sk
     assert not outs[0][2].requires_grad  # the log-sum-exp is not differentiable, as in the Python Function
     for x, z in zip(outs[0][1:], outs[1][1:], strict=True):
         assert torch.equal(x, z)
+
+
+@pytest.mark.gpu
+def test_a_profile_charges_the_cpp_functions_kernels_to_the_fused_op():
+    import perfloop as pl
+    from perfloop.ops.layernorm.triton_impl import fused_norm
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    w = (1 + 0.1 * torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=g)).requires_grad_()
+
+    def step():
+        fused_norm(x, w, None, 1e-6, True).float().square().sum().backward()
+
+    ops = {r.name: r for r in pl.profile(step, calls=2).breakdown("op")}
+    assert ops["perfloop::norm"].calls == 2, sorted(ops)  # the forward's one kernel a call
+    assert ops["perfloop::norm_backward"].calls == 2 * 2, sorted(ops)  # dx, then the dw column sums

@@ -39,12 +39,13 @@ CATEGORIES = [
     ("optimizer", r"adam|sgd|lamb|foreach|multi_tensor|fused_adam|optimizer"),
     ("attention", r"scaled_dot_product|flash|fmha|attention|\bsdpa"),
     ("matmul", r"\bmm\b|addmm|bmm|matmul|linear|gemm|cutlass|xmma|sm\d+_|cublas|wgmma|conv"),
-    ("normalization", r"layer_norm|rms_norm|batch_norm|group_norm|norm_"),
+    ("normalization", r"layer_norm|rms_norm|batch_norm|group_norm|norm_|perfloop::norm"),
     ("dtype cast/copy", r"copy_|_to_copy|\bto\b|cast|contiguous|clone"),
-    ("reduction", r"sum|mean|max|min|softmax|reduce|argmax|norm\b|logsumexp|nll_loss"),
+    ("reduction", r"sum|mean|max|min|softmax|reduce|argmax|norm\b|logsumexp|nll_loss|cross_entropy"),
     (
         "elementwise",
-        r"add|mul|sub|div|gelu|relu|silu|tanh|exp|pow|sigmoid|where|elementwise|vectorized|fill|sqrt|lerp",
+        r"add|mul|sub|div|gelu|relu|silu|tanh|exp|pow|sigmoid|where|elementwise|vectorized|fill|sqrt|lerp"
+        r"|gated|swiglu|geglu",
     ),
 ]
 

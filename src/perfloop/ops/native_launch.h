@@ -9,8 +9,13 @@
 // Only libc10/libtorch are linked: cuLaunchKernel is found in the driver torch has loaded,
 // and the stream is the one Python passed in (the forward's; autograd runs a backward on its
 // forward's stream), so this builds with a CPU-only torch too.
+//
+// Each Function records its forward and its backward as profiler ops, "perfloop::<op>" and
+// "perfloop::<op>_backward" (nn/compiled.py's custom ops' names where the op has one): a
+// profile charges the kernels they launch to the fused op.
 #pragma once
 
+#include <ATen/record_function.h>
 #include <dlfcn.h>
 #include <torch/extension.h>
 

@@ -24,7 +24,8 @@ int64_t add_plan(int64_t fwd, int64_t pre, int64_t dkdv, int64_t dq, int64_t fwd
 struct AttentionFn : public torch::autograd::Function<AttentionFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, int64_t plan, int64_t stream) {
-    c10::DeviceGuard guard(q.device());
+    RECORD_FUNCTION("perfloop::flash_attention", std::vector<c10::IValue>({q, k, v}));
+    c10::DeviceGuard on_device(q.device());
     ensure_context(q.device().index());
     const Plan& p = plans().at(plan);
     const int64_t b = q.size(0), h = q.size(1), sq = q.size(2), d = q.size(3), sk = k.size(2);
@@ -45,10 +46,11 @@ struct AttentionFn : public torch::autograd::Function<AttentionFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_FUNCTION("perfloop::flash_attention_backward", std::vector<c10::IValue>({grads[0]}));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor q = packed(saved[0]), k = packed(saved[1]), v = packed(saved[2]), o = packed(saved[3]);
     const at::Tensor& lse = saved[4];
-    c10::DeviceGuard guard(q.device());
+    c10::DeviceGuard on_device(q.device());
     ensure_context(q.device().index());
     const Plan& p = plans().at(ctx->saved_data["plan"].toInt());
     void* s = reinterpret_cast<void*>(ctx->saved_data["stream"].toInt());

@@ -24,12 +24,13 @@ struct NormFn : public torch::autograd::Function<NormFn> {
   // bias: an optional argument, not an undefined tensor (autograd records each tensor's device)
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, double eps, int64_t plan, int64_t stream) {
+    RECORD_FUNCTION("perfloop::norm", std::vector<c10::IValue>({x, weight}));
     const bool has_b = bias.has_value() && bias->defined();
     TORCH_CHECK(weight.device() == x.device() && (!has_b || bias->device() == x.device()),
                 "perfloop norm: weight and bias must be on x's device (", x.device(), ")");
     TORCH_CHECK(weight.numel() == x.size(-1) && (!has_b || bias->numel() == x.size(-1)),
                 "perfloop norm: weight and bias must have x's last dimension (", x.size(-1), ") elements");
-    c10::DeviceGuard guard(x.device());
+    c10::DeviceGuard on_device(x.device());
     ensure_context(x.device().index());
     const Plan& p = plans().at(plan);
     const at::Tensor xc = packed(x);
@@ -50,11 +51,12 @@ struct NormFn : public torch::autograd::Function<NormFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_FUNCTION("perfloop::norm_backward", std::vector<c10::IValue>({grads[0]}));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
     const at::Tensor& stats = saved[2];
-    c10::DeviceGuard guard(x.device());
+    c10::DeviceGuard on_device(x.device());
     ensure_context(x.device().index());
     const Plan& p = plans().at(ctx->saved_data["plan"].toInt());
     void* s = reinterpret_cast<void*>(ctx->saved_data["stream"].toInt());

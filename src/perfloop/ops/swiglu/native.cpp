@@ -20,9 +20,10 @@ int64_t add_plan(int64_t fwd, int64_t bwd, int64_t programs) {
 struct GatedFn : public torch::autograd::Function<GatedFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, int64_t plan,
                             int64_t stream) {
+    RECORD_FUNCTION("perfloop::gated", std::vector<c10::IValue>({a, b}));
     TORCH_CHECK(a.sizes() == b.sizes() && a.dtype() == b.dtype() && a.device() == b.device(),
                 "perfloop gated activation: a and b need one shape, dtype and device");
-    c10::DeviceGuard guard(a.device());
+    c10::DeviceGuard on_device(a.device());
     ensure_context(a.device().index());
     const Plan& p = plans().at(plan);
     const at::Tensor ac = packed(a);
@@ -37,10 +38,11 @@ struct GatedFn : public torch::autograd::Function<GatedFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_FUNCTION("perfloop::gated_backward", std::vector<c10::IValue>({grads[0]}));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& a = saved[0];
     const at::Tensor& b = saved[1];
-    c10::DeviceGuard guard(a.device());
+    c10::DeviceGuard on_device(a.device());
     ensure_context(a.device().index());
     const Plan& p = plans().at(ctx->saved_data["plan"].toInt());
     const at::Tensor dy = packed(grads[0]);
