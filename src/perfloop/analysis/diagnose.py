@@ -119,8 +119,9 @@ def classify(
             ev,
             f"memory-bound: {distinct_kernels} kernels, {launches:g} launches, "
             f"~{passes:.0f} passes over memory (device time x copy bandwidth / minimum bytes) "
-            f"where 1 read + 1 write suffice: fusing into one kernel should be "
-            f"~{passes:.0f}x faster ({fmt_ms(device_ms)} -> ~{fmt_ms(ideal_ms)}). "
+            f"where 1 read + 1 write suffice: fused into one kernel it is at most "
+            f"~{passes:.0f}x faster ({fmt_ms(device_ms)} -> ~{fmt_ms(ideal_ms)} at the copy ceiling; "
+            "arithmetic that does not hide behind the loads, as tanh on a CPU, keeps it slower). "
             "torch.compile does this for standard ops; write Triton when the access "
             "pattern is new.",
         )
