@@ -196,3 +196,69 @@ def test_an_ops_row_names_every_call_site_of_its_kind():
     assert _where_any("normalization", sites) == f"{ln} (x2 modules); RMSNorm module: pl.patch swaps it"
     assert "no norm pl.patch can reach in the model" in _where_any("normalization", {"head": {}})
     assert _where_any(None, sites) == "" and _where_any("normalization", None) == ""
+
+
+LONG = textwrap.dedent("""
+    import sys
+    import torch
+
+    log = open(sys.argv[1], "a")
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    x = torch.randn(64, 32)
+    try:
+        for i in range(int(sys.argv[2])):
+            opt.zero_grad()
+            try:
+                net(x).square().mean().backward()
+                opt.step()
+            except Exception:  # a loop that carries on past its own errors
+                continue
+            log.write(f"{i}\\n")
+    finally:
+        log.write("finally\\n")
+        log.close()
+""")
+
+
+def test_exit_after_ends_the_script_once_the_profile_is_taken_and_its_finally_blocks_run(tmp_path):
+    """Occurrences 2 and 3 profiled (skip 1), the 4th counted: it ends at the 5th step() call,
+    so iterations 0-3 ran to their end and none after, though the loop catches Exception."""
+    script, log = tmp_path / "long.py", tmp_path / "log.txt"
+    script.write_text(LONG)
+    p = profile_script(script, [str(log), "100000"], skip=1, steps=2, exit_after=True)
+    _clean()
+    assert log.read_text().split() == ["0", "1", "2", "3", "finally"]
+    assert p.calls == 2 and p.step == OPTIMIZER_STEP
+    assert any(r.flops for r in p.breakdown("module"))  # the counted occurrence was kept
+
+
+def test_without_exit_after_the_script_runs_to_its_end_and_is_told_once(tmp_path):
+    script, log = tmp_path / "long.py", tmp_path / "log.txt"
+    script.write_text(LONG)
+    told = []
+    p = profile_script(script, [str(log), "12"], skip=1, steps=2, on_taken=lambda: told.append(1))
+    _clean()
+    assert log.read_text().split() == [*map(str, range(12)), "finally"]
+    assert told == [1] and p.calls == 2
+
+
+def test_the_cli_ends_a_long_benchmark_once_its_profile_is_taken(tmp_path, capsys):
+    """nanogpt_bench at 100000 steps: without --exit-after it would run for hours on this CPU."""
+    db = str(tmp_path / "r.db")
+    args = [*TINY[:-1], "--real_steps=100000"]
+    assert main(["profile", "--db", db, "--json", "--exit-after", "--script", str(BENCH), *args]) == 0
+    _clean()
+    out = capsys.readouterr().out
+    payload = json.loads(out[out.index("\n{") + 1 :])
+    assert payload["window"] == "2 occurrence(s) of 'optimizer.step'" and payload["modules"]
+
+
+def test_the_cli_says_when_the_profile_is_taken_and_the_script_runs_on(tmp_path, capsys):
+    script, log = tmp_path / "long.py", tmp_path / "log.txt"
+    script.write_text(LONG)
+    assert main(["profile", "--db", str(tmp_path / "r.db"), "--script", str(script), str(log), "12"]) == 0
+    _clean()
+    err = capsys.readouterr().err
+    assert err.count("the profile is taken; the script runs on to its end (--exit-after") == 1
+    assert log.read_text().split()[-2:] == ["11", "finally"]

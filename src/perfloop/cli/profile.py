@@ -56,6 +56,9 @@ def register(verb) -> None:
         "--depth", type=int, default=3, help="module names rolled up to this many parts (default 3)"
     )
     s.add_argument("--no-count", action="store_true", help="do not count FLOPs and bytes (no roofline)")
+    s.add_argument("--exit-after", action="store_true",
+                   help="end the script once its profile is taken (its finally blocks run, its later "
+                   "steps do not); default: it runs to its end")  # fmt: skip
     s.add_argument("--report", metavar="DIR", help="also write a report page there: roofline, modules, idle")
     p.add_argument("--trace-file", help="read a Chrome trace torch.profiler wrote elsewhere "
                    "(record_shapes=True for FLOPs and bytes) instead of running anything")  # fmt: skip
@@ -156,6 +159,18 @@ def _progress_printer(path: str, quiet: bool):
     return progress
 
 
+def _taken_printer(args):
+    """What to say once the profile is taken and the script runs on (nothing under --json)."""
+    if args.json:
+        return None
+
+    def say():
+        print("perfloop: the profile is taken; the script runs on to its end (--exit-after ends it "
+              "once the profile is taken)", file=sys.stderr, flush=True)  # fmt: skip
+
+    return say
+
+
 def _perfloop_options_in(script_args: list[str]) -> list[str]:
     """perfloop's own options among the script's arguments (a script that failed may have been
     handed them by mistake)."""
@@ -200,7 +215,8 @@ def run_step_profile(args) -> int:
                 p = from_trace(args.trace_file, progress=_progress_printer(args.trace_file, args.json))
             else:
                 p = profile_script(args.script, args.script_args, range_name, skip=args.skip,
-                                   steps=args.steps, window=window, count_work=not args.no_count)  # fmt: skip
+                                   steps=args.steps, window=window, count_work=not args.no_count,
+                                   exit_after=args.exit_after, on_taken=_taken_printer(args))  # fmt: skip
     except ScriptError as exc:
         if exc.code is None:
             import traceback

@@ -48,6 +48,10 @@ class _Exit(BaseException):  # noqa: N818 -- os._exit(code) called in the script
         self.code = code
 
 
+class _Taken(BaseException):  # noqa: N818 -- exit_after: the profile is taken, the script ends here
+    pass
+
+
 class ScriptError(Exception):
     """The script raised or exited with a non-zero code: `.original` is its exception, `.code`
     the exit code (None when it raised)."""
@@ -97,11 +101,27 @@ class _Window:
     due_at: float = 0.0
     count_next: bool = False  # an occurrence began while the timed stop was due
     ended_at: float | None = None  # seconds into a time window when the script ended
+    exit_after: bool = False  # end the script (in its main thread) once the profile is taken
+    on_taken: object = None  # called once when it is taken and the script runs on
+    main_thread: int = field(default_factory=threading.get_ident)
+    taken: bool = False  # the profile was taken, and said so (or the script ended for it)
+
+    def check_taken(self) -> None:
+        """Once the profile is taken, at the next hook in the script's main thread: end the script
+        there (exit_after: a BaseException its `except Exception` does not catch), else say so."""
+        if self.state != "done" or self.taken or threading.get_ident() != self.main_thread:
+            return
+        self.taken = True
+        if self.exit_after:
+            raise _Taken()
+        if self.on_taken is not None:
+            self.on_taken()
 
     # ---- ranges
     def enter(self, name: str) -> None:
         with self.lock:
             self._enter(name)
+        self.check_taken()
 
     def _enter(self, name: str) -> None:
         self.seen[name] += 1
@@ -136,6 +156,7 @@ class _Window:
             return
         with self.lock:
             self._exit()
+        self.check_taken()
 
     def boundary(self, name: str) -> None:
         """A step boundary (an optimizer's step() returned): one occurrence ends, the next begins."""
@@ -143,6 +164,7 @@ class _Window:
             if name == self.range_name:
                 self._exit()
             self._enter(name)
+        self.check_taken()
 
     def _exit(self) -> None:
         if self.stop_due:
@@ -166,6 +188,7 @@ class _Window:
             elif self.state == "timed" and now >= start + duration and not self.stop_due:
                 self.calls = 1
                 self._stop_timed()
+        self.check_taken()
 
     # ---- the profilers
     def _sync(self):
@@ -248,6 +271,7 @@ class _Window:
                         self._start_counting()
                 elif self.stop_due == "counting":
                     self._stop_counting()
+        self.check_taken()
 
     def _stop_timed(self, force: bool = False):
         if self.state != "timed" or (not force and self._unsafe("timed")):
@@ -299,12 +323,16 @@ def profile_script(
     steps: int = 1,
     window: tuple[float, float] | None = None,
     count_work: bool = True,
+    exit_after: bool = False,
+    on_taken=None,
 ) -> profiling.Profile:
     """Run the script at `path` with `argv` as its arguments and profile a window of it.
 
     `range_name`: the step whose occurrences `skip + 1 .. skip + steps` are profiled (calls =
     steps): AUTO (optimizer.step() boundaries, or "step" ranges), OPTIMIZER_STEP, or a range's
-    name; None with `window=(start s, duration s)`: the time window instead.
+    name; None with `window=(start s, duration s)`: the time window instead. `exit_after`: end
+    the script once the profile is taken (its `finally` blocks run, its later steps do not), as
+    Nsight Systems' `--capture-range-end=stop`; else `on_taken()` is called then, once.
     Raises ValueError for a window that never opened (naming the ranges seen), ScriptError
     when the script raised.
     """
@@ -320,7 +348,8 @@ def profile_script(
                                or window[0] < 0 or not window[1] > 0):  # fmt: skip
         raise ValueError(f"--window: must be START:DURATION in finite seconds, START >= 0, DURATION > 0, "
                          f"got {window!r}")  # fmt: skip
-    w = _Window(range_name, skip, steps, window, count_work, _device.has_cuda())
+    w = _Window(range_name, skip, steps, window, count_work, _device.has_cuda(), exit_after=exit_after,
+                on_taken=on_taken)  # fmt: skip
     saved_argv, saved_path, saved_cwd = sys.argv, list(sys.path), os.getcwd()
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
@@ -336,6 +365,8 @@ def profile_script(
             w.t0 = time.perf_counter()
             try:
                 runpy.run_path(path, run_name="__main__")
+            except _Taken:
+                pass
             except (SystemExit, _Exit) as exc:
                 if exc.code not in (None, 0):
                     raise ScriptError(exc) from exc
