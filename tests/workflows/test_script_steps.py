@@ -259,6 +259,39 @@ def test_the_cli_says_when_the_profile_is_taken_and_the_script_runs_on(tmp_path,
     script.write_text(LONG)
     assert main(["profile", "--db", str(tmp_path / "r.db"), "--script", str(script), str(log), "12"]) == 0
     _clean()
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert err.count("the profile is taken; the script runs on to its end (--exit-after") == 1
+    assert "GPU idle" not in out and "no torch op running (the CPU is the device)" in out  # no GPU here
     assert log.read_text().split()[-2:] == ["11", "finally"]
+
+
+IN_MAIN = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+
+    def main():  # the model lives in main's frame: gone when the script ends
+        model = nn.Sequential(nn.Linear(32, 64), nn.LayerNorm(64), nn.GELU(), nn.Linear(64, 10))
+        loss_fn = nn.CrossEntropyLoss()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x, y = torch.randn(64, 32), torch.randint(0, 10, (64,))
+        for _ in range(8):
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+def test_the_call_sites_are_read_while_the_model_lives_not_after_the_script_ends(tmp_path):
+    """examples/train_gpt.py builds its model in main(): read at the script's end the model was
+    gone, and every norm and loss was said to be out of pl.patch's reach."""
+    script = tmp_path / "train.py"
+    script.write_text(IN_MAIN)
+    p = profile_script(script, [], skip=1, steps=2)
+    _clean()
+    assert "LayerNorm module: pl.patch swaps it" in p.sites["1"]["normalization"], p.sites
+    assert "CrossEntropyLoss module" in p.sites["CrossEntropyLoss"]["cross_entropy"], p.sites

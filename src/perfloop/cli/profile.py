@@ -276,7 +276,8 @@ def run_step_profile(args) -> int:
     out.print(table(ops, p.calls, "op", top=args.top), markup=False, highlight=False)
     if idle is not None:
         causes = ", ".join(f"{c} {v / p.calls:.3f} ms" for c, v in idle.by_cause.items() if v)
-        out.print(f"GPU idle {idle.idle_share:.0%} of the window ({causes or 'none'})")
+        what = "GPU idle" if idle.device == "GPU" else "no torch op running (the CPU is the device)"
+        out.print(f"{what} {idle.idle_share:.0%} of the window ({causes or 'none'})")
     out.print(str(d), markup=False, highlight=False)
     if p.sites:
         from perfloop.workflows.script import patch_summary

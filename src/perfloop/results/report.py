@@ -206,7 +206,8 @@ def _step_section(a: dict, out: Path, i: int) -> list[str]:
     if idle:
         causes = {c: v / calls for c, v in idle["by_cause"].items()}
         name = f"step-{i}-idle.png"
-        plot_bars(out / name, f"GPU idle per call ({sum(causes.values()):.3f} ms)", "ms",
+        what = "GPU idle" if idle.get("device", "GPU") == "GPU" else "no torch op running"
+        plot_bars(out / name, f"{what} per call ({sum(causes.values()):.3f} ms)", "ms",
                   {c: {"ms": v} for c, v in causes.items()}, log=False)  # fmt: skip
         parts.append(f"<img src='{name}' alt='idle time by cause'>")
     opp = (p.get("diagnosis") or {}).get("opportunities", [])

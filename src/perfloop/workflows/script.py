@@ -105,6 +105,8 @@ class _Window:
     on_taken: object = None  # called once when it is taken and the script runs on
     main_thread: int = field(default_factory=threading.get_ident)
     taken: bool = False  # the profile was taken, and said so (or the script ended for it)
+    read_sites: object = None  # () -> pl.patch's call sites in the models seen (nn.patch.plan)
+    sites: dict | None = None  # ... read when the window closed, while those models live
 
     def check_taken(self) -> None:
         """Once the profile is taken, at the next hook in the script's main thread: end the script
@@ -282,6 +284,8 @@ class _Window:
         self._end_sampling()
         recording.stop_profiler(self.prof)
         self.state = "timed_done" if self.count_work and self.range_name else "done"
+        if self.read_sites is not None and self.sites is None:
+            self.sites = self.read_sites()
 
     def _stop_counting(self, force: bool = False):
         if self.state != "counting" or (not force and self._unsafe("counting")):
@@ -362,6 +366,7 @@ def profile_script(
             _exit_in_main_thread(),
             _step_sources(w),
         ):
+            w.read_sites = lambda: _sites(tracker.roots, w.warnings)
             w.t0 = time.perf_counter()
             try:
                 runpy.run_path(path, run_name="__main__")
@@ -384,7 +389,7 @@ def profile_script(
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
     p = _result(w)
-    p.sites = _sites(tracker.roots, p.warnings)
+    p.sites = w.sites if w.sites is not None else _sites(tracker.roots, p.warnings)
     return p
 
 
