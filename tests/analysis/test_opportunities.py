@@ -63,6 +63,14 @@ def test_the_planted_problem_ranks_first(body, rows, d, module, bound):
     assert top.saves_ms > 0 and 0 < top.share <= 1
 
 
+def test_on_a_cpu_the_advice_names_no_gpu_remedy():
+    """A CPU step of 1000 tiny ops: fuse them, not 'replay as a CUDA graph' (there is none here)."""
+    d_ = pl.profile(_planted(ThousandTinyKernels(), 4, 8), calls=2).diagnose()
+    top = d_.opportunities[0]
+    assert top.title.startswith("1000 tiny ops in a row in 1"), str(d_)
+    assert not any("CUDA graph" in o.advice or "the GPU" in o.evidence for o in d_.opportunities), str(d_)
+
+
 def test_a_call_that_ran_work_is_never_unclear():
     d = pl.profile(lambda x: x @ x, torch.randn(256, 256)).diagnose()
     assert isinstance(d, StepDiagnosis) and d.bound != "unclear"

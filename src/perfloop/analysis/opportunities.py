@@ -294,11 +294,11 @@ def _ops_list(ops: list[str]) -> str:
 
 
 def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_ms: float,
-         l2_bytes: int = 0, sites: dict | None = None) -> StepDiagnosis:  # fmt: skip
+         l2_bytes: int = 0, sites: dict | None = None, kind: str = "cuda") -> StepDiagnosis:  # fmt: skip
     """The ranked opportunities of a profile: `items` and `work` from the timed calls (`calls`
     of them), `records` and `b_items` from the counted call, `idle` from timeline.idle; times
     per call. `sites` (nn.patch.plan's, by module name) names the call site of each fusable
-    chain."""
+    chain; `kind` is the profile's device ("cuda", or "cpu" where the ops are the work)."""
     device_ms = sum(i.ms for i in items) / calls
     step_ms = max(wall_ms, device_ms) or 1e-12
     copy = ceilings.get("copy_gbps") or 0.0
@@ -328,10 +328,17 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         where = f"{c['module']} ({c['phase']}{', x' + str(c['count']) if c['count'] > 1 else ''})"
         at_copy = c["bytes"] / (copy * 1e9) * 1e3 if copy else 0.0
         if roofline.latency_bound(c["ms"], at_copy, c["bytes"] / max(c["kernels"], 1), c["kernels"]):
-            add(f"{c['kernels']} tiny kernels in a row in {where}", c["ms"] - ideal, "launch",
+            fix = ("fuse them into one kernel (torch.compile), or replay the step as a CUDA graph "
+                   "(torch.compile(mode='reduce-overhead'), torch.cuda.graphs)" if kind == "cuda"
+                   else "fuse them into one (torch.compile): each op's dispatch costs ~its work")  # fmt: skip
+            unit = "kernels" if kind == "cuda" else "ops"
+            add(
+                f"{c['kernels']} tiny {unit} in a row in {where}",
+                c["ms"] - ideal,
+                "launch",
                 f"{_ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call",
-                "fuse them into one kernel (torch.compile), or replay the step as a CUDA graph "
-                "(torch.compile(mode='reduce-overhead'), torch.cuda.graphs)")  # fmt: skip
+                fix,
+            )
             covered |= c["keys"]
             continue
         passes = c["bytes"] / c["ideal_bytes"] if c["ideal_bytes"] else float("inf")
@@ -424,10 +431,12 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             f", {of:.0%} of the {ceiling} ceiling" if of is not None else ""
         )
         if row.bound == "latency":
-            ev += f", mean {row.device_ms * 1e3 / row.calls:.1f} us: too short to fill the GPU"
+            short = "the GPU" if kind == "cuda" else "the CPU's threads, its dispatch a large share"
+            ev += f", mean {row.device_ms * 1e3 / row.calls:.1f} us: too short to fill {short}"
+        latency = ("fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs" if kind == "cuda"
+                   else "fewer, larger ops: fuse (torch.compile) or batch them")  # fmt: skip
         add(f"{row.name} below its ceiling", row.headroom_ms / calls, row.bound, ev,
-            ADVICE.get(cat, ADVICE["other"]) if row.bound != "latency"
-            else "fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs",
+            ADVICE.get(cat, ADVICE["other"]) if row.bound != "latency" else latency,
             _where_any(_chain_kind([op]), sites))  # fmt: skip
 
     if casts:

@@ -325,7 +325,7 @@ class Profile:
             # process's load can slow either: a loaded run read 175 ms unprofiled over 24 of ops)
             wall = min(wall, self.profiled_wall_ms_per_call)
         return rank(self.items(), self._work(), records, counted_items, idle, ceilings, self.calls,
-                    wall, l2, sites=self.sites)  # fmt: skip
+                    wall, l2, sites=self.sites, kind=self.kind)  # fmt: skip
 
     def to_dict(self) -> dict:
         return {
