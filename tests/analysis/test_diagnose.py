@@ -38,6 +38,10 @@ def test_rules_tiny_op_is_launch_bound():
     d = classify(device_ms=0.001, wall_ms=0.04, busy_fraction=0.025, distinct_kernels=1, launches=1,
                  work=w, ceilings=CEIL)  # fmt: skip
     assert d.bound == "launch" and "CUDA graph" in d.advice
+    on_cpu = classify(device_ms=0.001, wall_ms=0.04, busy_fraction=0.025, distinct_kernels=1, launches=1,
+                      work=w, ceilings=CEIL, kind="cpu")  # fmt: skip
+    assert on_cpu.bound == "launch" and "torch.compile" in on_cpu.advice
+    assert "CUDA graph" not in on_cpu.advice and "GPU" not in on_cpu.advice, on_cpu.advice
 
 
 def test_rules_big_bf16_matmul_is_compute_bound():

@@ -50,8 +50,10 @@ def classify(
     launches: float,
     work: Work | None,
     ceilings: dict | None,
+    kind: str = "cuda",
 ) -> Diagnosis:
-    """The rules, on plain numbers (so they are tested without a GPU)."""
+    """The rules, on plain numbers (so they are tested without a GPU); `kind` "cpu" where the
+    CPU ran the ops (no launches, no CUDA graphs: its ops' time and the gaps between them)."""
     mean_kernel_us = device_ms * 1e3 / launches if launches else 0.0
     ev: dict = {
         "kernels": distinct_kernels,
@@ -63,6 +65,14 @@ def classify(
     }
     if busy_fraction < LAUNCH_BUSY and mean_kernel_us < SHORT_KERNEL_US:
         gain = wall_ms / device_ms if device_ms else float("inf")
+        if kind != "cuda":
+            return Diagnosis(
+                "launch",
+                ev,
+                f"dispatch-bound: torch's ops run {busy_fraction:.0%} of the time, {launches:g} ops of "
+                f"~{mean_kernel_us:.1f} us each, Python and dispatch between them. Fewer, larger ops: "
+                f"fuse them (torch.compile): up to ~{gain:.0f}x if only the ops' time remained.",
+            )
         return Diagnosis(
             "launch",
             ev,
@@ -153,4 +163,5 @@ def diagnose(profile, ceilings: dict | None = None) -> Diagnosis:
         launches=profile.launches_per_call,
         work=profile.work,
         ceilings=ceilings,
+        kind=profile.kind,
     )

@@ -244,7 +244,7 @@ def run_step_profile(args) -> int:
         p.export_trace(args.trace)
     source = args.script or args.trace_file
     if args.trace_file:
-        what = f"its {p.calls} ProfilerStep range(s)" if p._windows else "the whole trace"
+        what = f"its {p.calls} ProfilerStep range(s)" if p.step_ms else "the whole trace"
     else:
         range_name = p.step or range_name
         what = f"{p.calls} occurrence(s) of {range_name!r}" if range_name else f"the window {args.window} s"
