@@ -170,3 +170,13 @@ def test_pageable_copies_are_counted_in_words(per_call, title):
     d = rank(copies + work, None, [], [], None, {}, calls, wall_ms=4.0 * per_call + 1.0)
     assert d.opportunities[0].title.startswith(title) and d.opportunities[0].title.endswith("per call")
     assert d.opportunities[0].saves_ms == pytest.approx(4.0 * per_call)
+
+
+def test_one_opportunity_reads_as_one():
+    from perfloop.analysis.opportunities import Opportunity
+
+    one = Opportunity("optimizer: 150 ops per step", 1.5, 0.2, "host", "828 us per call", "fused=True")
+    head = str(StepDiagnosis([one], 7.7, 5.2, 0.73)).splitlines()[0]
+    assert head.endswith("; 1 opportunity"), head
+    two = str(StepDiagnosis([one, one], 7.7, 5.2, 0.73)).splitlines()[0]
+    assert two.endswith("; 2 opportunities, largest first"), two

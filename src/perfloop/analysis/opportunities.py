@@ -118,7 +118,8 @@ class StepDiagnosis:
 
     def __str__(self) -> str:
         head = (f"step: wall {fmt_ms(self.wall_ms)}, device {fmt_ms(self.device_ms)}, busy "
-                f"{self.busy_share:.0%}; {len(self.opportunities)} opportunities, largest first")  # fmt: skip
+                f"{self.busy_share:.0%}; {_count(len(self.opportunities), 'opportunity', 'opportunities')}"
+                + (", largest first" if len(self.opportunities) > 1 else ""))  # fmt: skip
         lines = [head] + [f"{i}. {o}" for i, o in enumerate(self.opportunities[:SHOWN], 1)]
         if len(self.opportunities) > SHOWN:
             lines.append(f"... and {len(self.opportunities) - SHOWN} smaller ones (.opportunities)")
@@ -129,6 +130,10 @@ class StepDiagnosis:
     def to_dict(self) -> dict:
         return {"bound": self.bound, "wall_ms": self.wall_ms, "device_ms": self.device_ms,
                 "advice": self.advice, "opportunities": [o.__dict__ for o in self.opportunities]}  # fmt: skip
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _chains(records, b_items, a_ms: dict) -> list[dict]:
@@ -419,7 +424,8 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
                 / calls
             )
             add(f"{row.name}: fp32 matmuls with TF32 off", ms - at, "precision",
-                f"{row.calls // calls} calls, {row.tflops:.1f} TFLOP/s; the TF32 ceiling is {faster:.0f}",
+                f"{_count(row.calls // calls, 'call', 'calls')}, {row.tflops:.1f} TFLOP/s; the TF32 ceiling "
+                f"is {faster:.0f}",
                 "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
                 "or bf16 autocast")  # fmt: skip
             continue
@@ -427,7 +433,7 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
             continue
         of = row.of_matmul if row.bound == "compute" else row.of_copy
         ceiling = "matmul" if row.bound == "compute" else "copy"
-        ev = f"{row.calls // calls} calls, {fmt_ms(ms)} per call" + (
+        ev = f"{_count(row.calls // calls, 'call', 'calls')}, {fmt_ms(ms)} per call" + (
             f", {of:.0%} of the {ceiling} ceiling" if of is not None else ""
         )
         if row.bound == "latency":
