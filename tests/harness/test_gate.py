@@ -196,3 +196,13 @@ def test_under_load_a_raw_change_against_a_machine_that_moved_past_max_drift_is_
     # a slowdown past MAX_DRIFT against that machine still stands (the 3x of the test above)
     v = gate.judge(a, _samples(2.6, seed=2), fail_above_pct=5, a_ref=ra, b_ref=rb, contended=True)
     assert v.regression and not v.divided, v
+
+
+def test_under_load_twice_the_work_beside_a_machine_that_ran_faster_is_not_called_the_same():
+    """The plugin's test under load: twice the work read raw 1.03x while the reference ran
+    1.48x faster, not following the code. A 60% default floor called it 'same (within 60%
+    noise)'; the machine moved past the 40% floor, so it cannot be judged: said, not passed."""
+    a, b = _samples(1.0, seed=1), _samples(1.03, seed=2)
+    ra, rb = _samples(0.2, seed=3), _samples(0.2 * 0.674, seed=4)  # independent of a, b
+    v = gate.judge(a, b, fail_above_pct=10, a_ref=ra, b_ref=rb, contended=True)
+    assert not v.divided and v.verdict.startswith("cannot judge"), v

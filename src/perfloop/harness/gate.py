@@ -37,7 +37,7 @@ from perfloop.harness import stats
 from perfloop.harness.sampling import BUSY_OTHERS
 
 DEFAULT_FLOOR = {"cpu": 0.15, "cuda": 0.03}  # run-to-run spread assumed when no history is known
-CONTENDED_FLOOR = 0.6  # ... when another process took CPU time while either run was timed
+CONTENDED_FLOOR = 0.4  # ... when another process took CPU time while either run was timed
 MIN_HISTORY = 3  # runs of the same code needed to learn the floor
 TAIL = 0.1  # the quantile that stands for a run: its fast tail
 ROUND_Q = 0.25  # interleaved with the reference: this quantile of the per-round ratios
