@@ -76,27 +76,22 @@ def test_parameters_that_do_not_line_up_with_the_ptx_are_refused():
     assert native.ptx_param_bytes(".visible .entry other(\n.param .u64 other_param_0\n)", "k") is None
 
 
-def _build(op: str):
-    """op's extension built here; skipped only where a C++ compiler or ninja is missing (a
-    native.cpp that does not compile fails: on the CPU machine, the only place before a GPU
-    that compiles the attention and gated Functions)."""
-    if not _compiler_here():
-        pytest.skip("no C++ compiler or ninja on this machine: the C++ Functions cannot build")
-    return native.build(op)
-
-
-def _compiler_here() -> bool:
+def _need_compiler() -> None:
+    """Skip only where a C++ compiler or ninja is missing: a native.cpp that does not compile
+    fails (the CPU machine is the only place before a GPU that compiles them all)."""
     import os
     import shutil
 
     from torch.utils.cpp_extension import is_ninja_available
 
-    return shutil.which(os.environ.get("CXX", "c++")) is not None and is_ninja_available()
+    if shutil.which(os.environ.get("CXX", "c++")) is None or not is_ninja_available():
+        pytest.skip("no C++ compiler or ninja on this machine: the C++ Functions cannot build")
 
 
 @pytest.fixture(scope="module")
 def ext():
-    return _build("layernorm")
+    _need_compiler()
+    return native.build("layernorm")
 
 
 @pytest.mark.slow
@@ -106,8 +101,7 @@ def test_the_other_ops_cpp_functions_compile():
     import subprocess
     import sys
 
-    if not _compiler_here():
-        pytest.skip("no C++ compiler or ninja on this machine: the C++ Functions cannot build")
+    _need_compiler()
     code = "import sys; from perfloop.ops import native; native.build(sys.argv[1]).add_plan"
     procs = {op: subprocess.Popen([sys.executable, "-c", code, op], stderr=subprocess.PIPE, text=True)
              for op in ("swiglu", "attention")}  # fmt: skip
