@@ -1,5 +1,6 @@
 """FlashAttention (Triton) against SDPA over issue 25's grid, every point recorded, and the guard
-that fails when a point fell more than 10% since the last recorded run.
+that fails when a point fell more than 10% since the last recorded run (35% for a point with a
+time under 0.5 ms: such points moved 0.79-1.46x between two runs of unchanged code).
 
     PYTHONPATH=src python3 benchmarks/attention_grid.py --out $OUT                # record
     PYTHONPATH=src python3 benchmarks/attention_grid.py --out $OUT --check LAST.json   # and guard
@@ -122,7 +123,8 @@ def main(argv=None) -> int:
     found = grid.drops(last, rec, args.limit)
     for drop in found:
         print(f"DROP {drop}")
-    print(f"{len(found)} point(s) fell more than {args.limit:.0%} against {args.check}")
+    print(f"{len(found)} point(s) fell more than {args.limit:.0%} ({grid.SHORT_LIMIT:.0%} under "
+          f"{grid.SHORT_MS} ms) against {args.check}")  # fmt: skip
     return 1 if found else 0
 
 

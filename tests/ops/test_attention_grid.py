@@ -1,5 +1,6 @@
 """The guard on attention's grid, on the GPU: every point against the last recorded run
-(benchmarks/results/*/attention-grid.json); a point that fell more than 10% fails it."""
+(benchmarks/results/*/attention-grid.json); a point that fell more than 10% (35% a
+short one, results.grid) fails it."""
 
 import os
 import subprocess

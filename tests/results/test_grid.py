@@ -3,7 +3,9 @@ since the last recorded run is named, noise is not, a point no longer measured i
 
 import itertools
 import json
+import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +71,35 @@ def test_a_recording_that_is_not_one_is_refused_with_the_reason(tmp_path):
         grid.read(bad)
     with pytest.raises(ValueError, match="limit: a fraction"):
         grid.drops(_recording(1, 0.0), _recording(1, 0.0), limit=10)
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def test_two_recorded_runs_of_unchanged_code_raise_no_drop_and_a_real_one_is_still_caught():
+    # run23 and run24 timed the same kernels minutes of GPU time apart (batch 1-2): points of a
+    # few tens of us moved 0.79-1.46x against SDPA between them, points of >= 0.5 ms 0.99-1.03x
+    last = grid.read(RESULTS / "2026-12-02-h200-run23-native" / "attention-grid.json")
+    now = grid.read(RESULTS / "2026-12-02-h200-run24-check" / "call2" / "grid" / "attention-grid.json")
+    last = {**last, "points": {k: p for k, p in last["points"].items() if k in now["points"]}}
+    assert len(last["points"]) == 288
+    assert grid.drops(last, now) == []
+    small, large = "b=1 h=8 t=3000 d=64 mask=full mode=fwd", "b=2 h=32 t=8192 d=128 mask=causal mode=fwd+bwd"
+    assert now["points"][small]["sdpa_ms"] < 0.1 and now["points"][large]["sdpa_ms"] > 1
+    # the 0.998x -> 0.41x at a short point; 15% off a long one
+    for key, fell_to, held in ((small, 0.41, "35%"), (large, 0.85, "10%")):
+        p = now["points"][key]
+        slower = {**p, "speedup": p["speedup"] * fell_to, "ci": [c * fell_to for c in p["ci"]],
+                  "triton_ms": p["triton_ms"] / fell_to}  # fmt: skip
+        found = grid.drops(last, {**now, "points": {**now["points"], key: slower}})
+        assert [d.key for d in found] == [key], (key, found)
+        assert f"held to a {held} fall" in str(found[0])
+
+    # 20% off a short point is within what such points moved between the two runs
+    def moved(k):
+        return abs(math.log(now["points"][k]["speedup"] / last["points"][k]["speedup"]))
+
+    steady = min((k for k, p in now["points"].items() if p["sdpa_ms"] < 0.1), key=moved)
+    p = now["points"][steady]
+    slower = {**p, "speedup": p["speedup"] * 0.8, "ci": [c * 0.8 for c in p["ci"]]}
+    assert grid.drops(last, {**now, "points": {**now["points"], steady: slower}}) == []

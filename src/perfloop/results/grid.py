@@ -1,7 +1,10 @@
 """A kernel's speed over a grid of shapes, recorded run after run, and the guard on it: a point
 whose speed-up over its reference (e.g. ours against SDPA, timed interleaved in one run, so the
 machine's pace cancels) fell by more than a limit since the last recorded run, beyond both
-runs' CIs, is a drop; so is a point the last run had and this one could not measure.
+runs' CIs, is a drop; so is a point the last run had and this one could not measure. A short
+point (any of its `*_ms` times under `short_ms` in either run: launches and host time, not the
+kernels, set its pace) moves more than that between runs of unchanged code, and is held to
+`short_limit`.
 
 A recording is JSON: {"device": ..., "date": ..., "commit": ..., "points": {key: {"speedup": s,
 "ci": [lo, hi], ...}}}, keys of name=value words, e.g. "b=2 h=8 t=3000 d=64 mask=causal
@@ -15,6 +18,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+SHORT_MS, SHORT_LIMIT = 0.5, 0.35
+
 
 @dataclass(frozen=True)
 class Drop:
@@ -22,6 +27,7 @@ class Drop:
     before: float  # speed-up over the reference in the last recorded run
     now: float | None  # None: not measured this time
     why: str = ""
+    limit: float = 0.10  # the fall this point was held to
 
     @property
     def ratio(self) -> float | None:
@@ -31,7 +37,8 @@ class Drop:
         if self.now is None:
             return f"{self.key}: {self.before:.3f}x before, not measured now ({self.why})"
         return (
-            f"{self.key}: {self.before:.3f}x -> {self.now:.3f}x of the reference ({self.ratio:.2f} of before)"
+            f"{self.key}: {self.before:.3f}x -> {self.now:.3f}x of the reference "
+            f"({self.ratio:.2f} of before, held to a {self.limit:.0%} fall)"
         )
 
 
@@ -53,11 +60,15 @@ def read(path: str | Path) -> dict:
     return doc
 
 
-def drops(last: dict, now: dict, limit: float = 0.10) -> list[Drop]:
-    """The points of `last` that fell by more than `limit` in `now` with CIs that do not overlap,
-    or that `now` lacks or could not measure; worst first."""
-    if not 0 < limit < 1:
-        raise ValueError(f"limit: a fraction in (0, 1), e.g. 0.10 for 10%; got {limit}")
+def drops(
+    last: dict, now: dict, limit: float = 0.10, short_ms: float = SHORT_MS, short_limit: float = SHORT_LIMIT
+) -> list[Drop]:
+    """The points of `last` that fell by more than `limit` (`short_limit` for a point with a time
+    under `short_ms`) in `now` with CIs that do not overlap, or that `now` lacks or could not
+    measure; worst first."""
+    for name, value in (("limit", limit), ("short_limit", short_limit)):
+        if not 0 < value < 1:
+            raise ValueError(f"{name}: a fraction in (0, 1), e.g. 0.10 for 10%; got {value}")
     out = []
     for key, a in last["points"].items():
         if "error" in a:
@@ -66,9 +77,11 @@ def drops(last: dict, now: dict, limit: float = 0.10) -> list[Drop]:
         if b is None or "error" in b:
             out.append(Drop(key, a["speedup"], None, (b or {}).get("error", "absent from this run")))
             continue
-        fell = b["speedup"] < a["speedup"] * (1 - limit) and b["ci"][1] < a["ci"][0]
+        times = [v for p in (a, b) for k, v in p.items() if k.endswith("_ms")]
+        held = short_limit if any(t < short_ms for t in times) else limit
+        fell = b["speedup"] < a["speedup"] * (1 - held) and b["ci"][1] < a["ci"][0]
         if fell:
-            out.append(Drop(key, a["speedup"], b["speedup"]))
+            out.append(Drop(key, a["speedup"], b["speedup"], limit=held))
     return sorted(out, key=lambda d: d.ratio if d.ratio is not None else -1.0)
 
 
