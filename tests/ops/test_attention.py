@@ -213,19 +213,51 @@ def test_a_config_that_does_not_fit_steps_down_and_is_remembered(monkeypatch):
         launch({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3})
 
 
-@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "ieee"])
-def test_tf32_forward_reads_v_sequence_major(tf32, monkeypatch):
-    """With TF32 on, the forward gets V sequence-major (a copy: wgmma's 32-bit operands are
-    K-major only, and V is P V's second operand); exact fp32 keeps V as given. Both right."""
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "exact"])
+def test_fp32_runs_on_tensor_cores_and_reads_v_sequence_major(tf32, monkeypatch):
+    """fp32 runs its dots on tensor cores either way: TF32 where torch allows it, three TF32
+    products (tf32x3, fp32's accuracy) where it does not -- exact fp32 on the FMA units ran
+    0.21-0.43x SDPA (run24). Both take V sequence-major (a copy: wgmma's 32-bit operands are
+    K-major only, and V is P V's second operand)."""
     seen = []
     kernel = triton_impl._fwd_kernel
-    spy = type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **kw: seen.append(a[16:18])
-                           or kernel[grid](*a, **kw)})()  # fmt: skip
+    spy = type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **kw: seen.append(
+        (a[16:18], kw["PRECISION"])) or kernel[grid](*a, **kw)})()  # fmt: skip
     monkeypatch.setattr(triton_impl, "_fwd_kernel", spy)
     shape = (1, 2, 40, 48, 32, True)
     q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=12)
     with tf32_matmuls(tf32):
         o, _ = triton_impl.run_forward(q, k, v, causal, 32**-0.5)
-    assert seen == [(1, 48) if tf32 else (32, 1)]  # V's (sequence, head-dim) strides at launch
+    assert seen == [((1, 48), "tf32" if tf32 else "tf32x3")]  # V's (sequence, head-dim) strides
     o_ref, *_ = _ref_grads(q, k, v, causal, torch.ones_like(o))
     _close(o, o_ref, 2e-3, "out")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp32_without_tf32_keeps_fp32s_accuracy_on_the_gpu(d):
+    """tf32x3 against float64: within 2e-5 of the largest value, output and every gradient
+    (SDPA's fp32 measured 3e-7 to 2e-6, one TF32 product 7e-4 to 4e-3; run24)."""
+    shape = (2, 3, 1000, 1000, d, True)  # ragged: every loop's masked and unmasked tiles
+    q, k, v, causal = pl.ops.get("attention").make_inputs(shape, dtype=torch.float32, device="cuda", seed=5)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+    with tf32_matmuls(False):
+        o, _ = triton_impl.flash_attention(q, k, v, causal)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+    o_ref, *ref_grads = _ref_grads(q, k, v, causal, do)
+    for name, got, ref in zip(("out", "dq", "dk", "dv"), (o, *grads), (o_ref, *ref_grads), strict=True):
+        err = (got.detach().double().cpu() - ref.double()).abs().max().item() / ref.abs().max().item()
+        assert err < 2e-5, (name, err)
+
+
+def test_fp32_tiles_come_from_the_table_by_head_dim(monkeypatch):
+    """fp32's tiles are chosen per head dim as the 16-bit ones are: at head dim 128 the fp32 forward's
+    64x64 tiles ran 0.32x SDPA at 1000 tokens, 128x32 0.50x (run24)."""
+    monkeypatch.setattr(triton_impl, "interpreting", lambda: False)  # the GPU tables, not the interpreter's
+    table = triton_impl.TUNED["fp32"]
+    for kind in ("fwd", "dkdv", "dq"):
+        for d, row in ((40, "64"), (64, "64"), (80, "128"), (128, "128")):
+            cfg = triton_impl._config(d, kind, torch.float32)
+            assert [cfg[k] for k in triton_impl.CONFIG_KEYS] == table[kind][row]
+    assert table["fwd"]["64"] != table["fwd"]["128"]

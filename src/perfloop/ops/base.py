@@ -223,20 +223,21 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype, exact: str = "ieee") -> str:
     """tl.dot's input_precision for a Triton kernel: fp32 follows PyTorch's TF32 switch, as
-    cuBLAS does (TF32 tensor cores when allowed, exact fp32 "ieee" when not); 16-bit types
-    always use tensor cores."""
-    return "tf32" if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    cuBLAS does (TF32 tensor cores when allowed, `exact` when not: "ieee", fp32 on the FMA
+    units, or "tf32x3", three TF32 products at fp32's accuracy); 16-bit types always use
+    tensor cores."""
+    return "tf32" if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else exact
 
 
-def k_major_for_tf32(x: torch.Tensor) -> torch.Tensor:
-    """`x`, the second operand (K, N) of a tl.dot, as a view whose K dim (-2) is contiguous,
-    where the dot runs on TF32 tensor cores. Hopper's wgmma reads 32-bit operands K-major
-    only: given x with its last dim contiguous, Triton gathers it into shared memory 4 bytes
-    at a time (sm_90 PTX: 4-byte cp.async, against 16-byte ones; 0.22x cuBLAS for the
-    matmul). One copy of x, small against the dot's time, makes every copy 16 bytes."""
-    tf32 = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
+def k_major_for_tf32(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """`x`, the second operand (K, N) of a tl.dot run at `precision`, as a view whose K dim (-2)
+    is contiguous where the dot runs on TF32 tensor cores ("tf32", "tf32x3"). Hopper's wgmma
+    reads 32-bit operands K-major only: given x with its last dim contiguous, Triton gathers it
+    into shared memory 4 bytes at a time (sm_90 PTX: 4-byte cp.async, against 16-byte ones;
+    0.22x cuBLAS for the matmul). One copy of x, small against the dot's time, makes every copy 16 bytes."""
+    tf32 = x.dtype == torch.float32 and precision != "ieee"
     if tf32 and x.stride(-1) == 1 and x.shape[-2] > 1:
         return x.transpose(-1, -2).contiguous().transpose(-1, -2)
     return x

@@ -318,19 +318,23 @@ def _bwd_dq_kernel(
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)  # fmt: skip
 
 
-# Tiles (BLOCK_M queries x BLOCK_N keys), warps and pipeline stages per kernel: for 16-bit
-# inputs by head dim (<= 64, else 128), one set for fp32 (twice the shared memory a stage).
+# Tiles (BLOCK_M queries x BLOCK_N keys), warps and pipeline stages per kernel, by dtype (16-bit,
+# fp32: twice the shared memory a stage) and head dim (<= 64, else 128).
 TUNED = load_table(Path(__file__).parent)
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 on tensor cores either way: TF32 where torch allows it, else tf32x3 (fp32's accuracy)."""
+    return dot_precision(dtype, exact="tf32x3")
 
 
 def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tile sizes and warps per kernel; small tiles in the interpreter (it is numpy)."""
     if interpreting():
         return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    if dtype == torch.float32:
-        return dict(zip(CONFIG_KEYS, TUNED["fp32"][kind], strict=True))
-    return dict(zip(CONFIG_KEYS, TUNED["16bit"][kind]["64" if head_dim <= 64 else "128"], strict=True))
+    row = TUNED["fp32" if dtype == torch.float32 else "16bit"][kind]
+    return dict(zip(CONFIG_KEYS, row["64" if head_dim <= 64 else "128"], strict=True))
 
 
 def _shape_consts(d: int, sq: int, sk: int, cfg: dict) -> dict:
@@ -408,7 +412,8 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     sk = k.shape[2]
     o = q.new_empty((b, h, sq, d))
     lse = q.new_empty((b, h, sq), dtype=torch.float32)
-    v = k_major_for_tf32(v)  # V is P V's second operand
+    precision = _precision(q.dtype)
+    v = k_major_for_tf32(v, precision)  # V is P V's second operand
     args = (
         q,
         k,
@@ -424,7 +429,7 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
         sq,
         sk,
     )
-    consts = (causal, interpreting(), dot_precision(q.dtype))
+    consts = (causal, interpreting(), precision)
     _launch(_fwd_kernel, "fwd", cfg, lambda c: (cdiv(sq, c["BLOCK_M"]), b * h), args, consts,
             d, sq, sk, q)  # fmt: skip
     return o, lse
@@ -441,7 +446,7 @@ def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | N
     launch(_bwd_preprocess, (cdiv(sq, pre_m), b * h), o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d,
            BLOCK_M=pre_m)  # fmt: skip
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    consts = (causal, interpreting(), dot_precision(q.dtype))
+    consts = (causal, interpreting(), _precision(q.dtype))
     cfgs = cfgs or {}
     _launch(_bwd_dkdv_kernel, "dkdv", cfgs.get("dkdv"), lambda c: (cdiv(sk, c["BLOCK_N"]), b * h),
             (q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip
@@ -478,7 +483,7 @@ def _native_plan(q, k, v, causal: bool):
         return None
     b, h, sq, d = q.shape
     sk = k.shape[2]
-    bh, consts = b * h, (causal, False, dot_precision(q.dtype))
+    bh, consts = b * h, (causal, False, _precision(q.dtype))
     t = torch.empty(16, dtype=q.dtype, device=q.device)  # warmup compiles for dtype and alignment
     f32 = torch.empty(16, dtype=torch.float32, device=q.device)
     scale = 1.0  # a float argument: its value is not compiled in
