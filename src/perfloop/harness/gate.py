@@ -16,7 +16,9 @@ a slowdown against three things, and says which it used:
    judge", not a pass. Where the machine moved more than MAX_DRIFT against the code (faster
    while the code got slower) the raw tails stand, a lower bound of the code's change (under
    load only past MAX_DRIFT itself); where it moved more than that the code's way there is
-   nothing to judge;
+   nothing to judge; under load, a machine that moved past the floor the code's way (and did
+   not follow it round by round) leaves only raw / machine surely the code's, judged past the
+   floor like any change;
 3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
    same commit) when the history holds at least three, else a default for the device kind.
 A slowdown is a regression only past the larger of the user's threshold and that floor, when
@@ -169,19 +171,24 @@ def judge(
                "(the reference workload); run both again on a quiet machine")  # fmt: skip
         return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
     machine = max(drift, 1 / drift) if drift is not None else 1.0
-    if (
-        contended
-        and not divided
-        and machine > 1 + floor
-        and abs(math.log(ratio)) < math.log(min(machine, MAX_DRIFT))
-    ):
-        # another process moved the machine's pace past the noise floor between the runs, more
-        # than the code moved (or past MAX_DRIFT, whichever way), in a way the reference could
-        # not divide out: not the code's change
-        why = (f"cannot judge: with another process busy on a core, the machine's pace (the reference "
-               f"workload) moved {machine:.2f}x between the runs, round by round unlike the code, and "
-               f"the code's raw {ratio:.2f}x is less than {min(machine, MAX_DRIFT):.2f}x; run both "
-               "again on a quiet machine")  # fmt: skip
+    same_way = drift is not None and (drift > 1) == (ratio > 1)
+    # the most of the raw change the machine's move could explain: all of it when the two moved
+    # the same way (the code's own change is then only ratio / machine), up to MAX_DRIFT against
+    bound = machine * (1 + floor) if same_way else min(machine, MAX_DRIFT)
+    if contended and not divided and machine > 1 + floor and abs(math.log(ratio)) < math.log(bound):
+        # another process moved the machine's pace past the noise floor between the runs, in a
+        # way the reference could not divide out, by enough to leave the code's change unknown
+        if same_way:
+            why = (f"cannot judge: with another process busy on a core, the machine's pace (the "
+                   f"reference workload) moved {machine:.2f}x the code's way between the runs, round "
+                   f"by round unlike the code: of the code's raw {ratio:.2f}x only "
+                   f"{max(ratio, 1 / ratio) / machine:.2f}x is surely its own, inside the {floor:.0%} "
+                   "floor; run both again on a quiet machine")  # fmt: skip
+        else:
+            why = (f"cannot judge: with another process busy on a core, the machine's pace (the "
+                   f"reference workload) moved {machine:.2f}x between the runs, round by round unlike "
+                   f"the code, and the code's raw {ratio:.2f}x is less than {bound:.2f}x; run both "
+                   "again on a quiet machine")  # fmt: skip
         return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
     # the raw times must have moved too: where they did not, only the reference workload did,
