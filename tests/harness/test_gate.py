@@ -220,3 +220,17 @@ def test_under_load_unchanged_code_beside_a_machine_that_ran_slower_the_same_way
     assert "2.01x only 1.31x is surely its own" in v.verdict
     v = gate.judge(a, _samples(2.4, seed=2), fail_above_pct=10, a_ref=ra, b_ref=rb, contended=True)
     assert v.regression and v.adjusted == pytest.approx(2.4, rel=0.03), v  # 2.4 / 1.54 = 1.56x: past 40%
+
+
+def test_under_load_a_change_the_reference_puts_past_the_floor_is_not_called_the_same():
+    """The loaded suite's miss (plugin test, twice the work): raw 1.23x while the reference ran
+    1.2x faster, not following the code, contended, no history. Raw alone is inside the 40%
+    floor; with the machine's move divided out it is 1.49x: 'same' would be a quiet pass of a 2x
+    slowdown. It cannot be judged (said); inside the floor both ways it is still the same."""
+    a, ra = _samples(1.0, seed=1), _samples(0.2, seed=3)
+    b, rb = _samples(1.234, seed=2), _samples(0.2 * 0.830, seed=4)  # independent of a, b
+    v = gate.judge(a, b, fail_above_pct=10, a_ref=ra, b_ref=rb, contended=True)
+    assert not v.divided and not v.regression and v.verdict.startswith("cannot judge"), v
+    assert "1.23x" in v.verdict and "1.49x" in v.verdict
+    v = gate.judge(a, _samples(1.05, seed=2), fail_above_pct=10, a_ref=ra, b_ref=rb, contended=True)
+    assert v.verdict.startswith("same"), v  # 1.05x raw, 1.27x with the machine divided out
