@@ -16,10 +16,10 @@ a slowdown against three things, and says which it used:
    judge", not a pass. Where the machine moved more than MAX_DRIFT against the code (faster
    while the code got slower) the raw tails stand, a lower bound of the code's change (under
    load only past MAX_DRIFT itself); where it moved more than that the code's way there is
-   nothing to judge; under load, a machine that moved past the floor the code's way (and did
-   not follow it round by round) leaves only raw / machine surely the code's, judged past the
-   floor like any change, and a raw change inside the floor that is past it with the machine's
-   move divided out is "cannot judge", not "same";
+   nothing to judge; under load, a machine that moved the code's way (any amount, and did not
+   follow it round by round) leaves only raw / machine surely the code's, judged past the floor
+   like any change, and a raw change inside the floor that is past it with the machine's move
+   divided out is "cannot judge", not "same";
 3. a noise floor: the run-to-run spread of this key over earlier runs of the same code (the
    same commit) when the history holds at least three, else a default for the device kind.
 A slowdown is a regression only past the larger of the user's threshold and that floor, when
@@ -176,9 +176,11 @@ def judge(
     # the most of the raw change the machine's move could explain: all of it when the two moved
     # the same way (the code's own change is then only ratio / machine), up to MAX_DRIFT against
     bound = machine * (1 + floor) if same_way else min(machine, MAX_DRIFT)
-    if contended and not divided and machine > 1 + floor and abs(math.log(ratio)) < math.log(bound):
-        # another process moved the machine's pace past the noise floor between the runs, in a
-        # way the reference could not divide out, by enough to leave the code's change unknown
+    moved = machine > 1 + floor or same_way  # a move the code's way counts at any size
+    if contended and not divided and moved and abs(math.log(ratio)) < math.log(bound):
+        # another process moved the machine's pace between the runs (the code's way, or past the
+        # noise floor against it), in a way the reference could not divide out, by enough to
+        # leave the code's change unknown
         if same_way:
             why = (f"cannot judge: with another process busy on a core, the machine's pace (the "
                    f"reference workload) moved {machine:.2f}x the code's way between the runs, round "
