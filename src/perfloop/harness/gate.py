@@ -193,16 +193,15 @@ def judge(
                    f"the code, and the code's raw {ratio:.2f}x is less than {bound:.2f}x; run both "
                    "again on a quiet machine")  # fmt: skip
         return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
-    if contended and not divided and drift is not None:
-        would = ratio / drift
-        if abs(math.log(ratio)) <= math.log1p(floor) < abs(math.log(would)):
-            # inside the floor raw, past it with the machine's move divided out: neither is sure
-            word = "faster" if drift < 1 else "slower"
-            why = (f"cannot judge: with another process busy on a core, the raw times read the same "
-                   f"({ratio:.2f}x) but {would:.2f}x with the machine's pace divided out (the reference "
-                   f"workload ran {machine:.2f}x {word}, round by round unlike the code); run both "
-                   "again on a quiet machine")  # fmt: skip
-            return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
+    would = ratio / drift if drift is not None else ratio  # the code's change were the move divided out
+    if contended and not divided and abs(math.log(ratio)) <= math.log1p(floor) < abs(math.log(would)):
+        # inside the floor raw, past it with the machine's move divided out: neither is sure
+        word = "faster" if drift < 1 else "slower"
+        why = (f"cannot judge: with another process busy on a core, the raw times read the same "
+               f"({ratio:.2f}x) but {would:.2f}x with the machine's pace divided out (the reference "
+               f"workload ran {machine:.2f}x {word}, round by round unlike the code); run both "
+               "again on a quiet machine")  # fmt: skip
+        return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
     # the raw times must have moved too: where they did not, only the reference workload did,
     # and its change is not the code's (code whose time does not follow the machine: a wait)
