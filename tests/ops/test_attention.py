@@ -261,3 +261,37 @@ def test_fp32_tiles_come_from_the_table_by_head_dim(monkeypatch):
             cfg = triton_impl._config(d, kind, torch.float32)
             assert [cfg[k] for k in triton_impl.CONFIG_KEYS] == table[kind][row]
     assert table["fwd"]["64"] != table["fwd"]["128"]
+
+
+def test_v_taken_k_major_keeps_rows_of_a_multiple_of_16_elements():
+    """The K-major copy of V at a sequence length that is not a multiple of 16 (1000): its
+    rows padded to 1008, the values V's own."""
+    from perfloop.ops.base import k_major_for_tf32
+
+    v = torch.randn(2, 3, 1000, 64)
+    km = k_major_for_tf32(v, "tf32x3")
+    assert torch.equal(km, v)
+    assert km.stride()[2:] == (1, 1008) and km.stride(1) % 16 == 0 and km.stride(0) % 16 == 0
+
+
+@pytest.mark.slow
+def test_fp32_attention_at_a_ragged_length_copies_k_and_v_16_bytes_at_a_time(monkeypatch):
+    """The forward as it launches in fp32 at 1000 keys, compiled for the H200: every async copy
+    into shared memory is 16 bytes. With V's K-major rows 1000 long Triton could not prove them
+    16-byte aligned and copied V 4 bytes at a time (64 of its 80 copies; run24: 0.51x SDPA at head
+    dim 128 and 1000 tokens where 4096 ran 1.24x)."""
+    from helpers import sm90_ptx
+    from perfloop.analysis.asm import vector_widths
+
+    launched = []
+    monkeypatch.setattr(triton_impl, "launch", lambda kernel, grid, *args, **meta: launched.append(args))
+    q, k, v = (torch.randn(1, 2, 1000, 128) for _ in range(3))
+    triton_impl.run_forward(q, k, v, True, 128**-0.5, cfg={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4,
+                                                           "num_stages": 1})  # fmt: skip
+    monkeypatch.undo()
+    cfg = dict(zip(triton_impl.CONFIG_KEYS, triton_impl.TUNED["fp32"]["fwd"]["128"], strict=True))
+    meta = {"CAUSAL": True, "UPCAST": False, "PRECISION": "tf32x3",
+            **triton_impl._shape_consts(128, 1000, 1000, cfg), **cfg}  # fmt: skip
+    copies = {k: n for k, n in vector_widths(sm90_ptx(triton_impl._fwd_kernel, launched[0], meta)).items()
+              if k.startswith("cp.async")}  # fmt: skip
+    assert list(copies) == ["cp.async 16B"], copies

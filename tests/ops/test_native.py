@@ -96,18 +96,29 @@ def ext():
 
 @pytest.mark.slow
 def test_the_other_ops_cpp_functions_compile():
-    """The gated and attention extensions, built at once in two processes (a build is mostly one
-    compiler parsing torch's headers: on two cores, both in the time of one)."""
+    """The gated, attention and cross entropy extensions, built at once in three processes (a
+    build is mostly one compiler parsing torch's headers: on two cores, about the time of two);
+    then the cross entropy's C++ Function, loaded from that build, refuses targets that do not
+    match the logits before any launch, inside its profiler op."""
     import subprocess
     import sys
 
     _need_compiler()
     code = "import sys; from perfloop.ops import native; native.build(sys.argv[1]).add_plan"
     procs = {op: subprocess.Popen([sys.executable, "-c", code, op], stderr=subprocess.PIPE, text=True)
-             for op in ("swiglu", "attention")}  # fmt: skip
+             for op in ("swiglu", "attention", "cross_entropy")}  # fmt: skip
     for op, proc in procs.items():
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{op}'s native.cpp did not build:\n{err[-3000:]}"
+    ce = native.build("cross_entropy")
+    plan = ce.add_plan(0, 0, 0)
+    logits, ok = torch.randn(4, 10), torch.ones((), dtype=torch.int32)
+    wrong = pytest.raises(RuntimeError, match="logits \\(N, C\\) and targets \\(N,\\) needed")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, wrong:
+        ce.cross_entropy(logits, torch.tensor([1, 2, 3]), ok, -100, True, plan, 0)
+    assert "perfloop::cross_entropy" in {e.name for e in prof.events()}
+    with pytest.raises(RuntimeError, match="targets must be int64 class indices"):
+        ce.cross_entropy(logits, torch.tensor([1, 2, 3, 4], dtype=torch.int32), ok, -100, True, plan, 0)
 
 
 def test_arguments_are_packed_as_cuLaunchKernel_reads_them(ext):
@@ -210,6 +221,7 @@ def test_each_ops_plan_compiles_its_kernels_with_every_parameter_given(monkeypat
     value for each of its parameters (the positional ones in the kernel's order, the constexprs
     by name), and the plan gets the kernels' indices in the order its C++ launches them."""
     from perfloop.ops.attention import triton_impl as at
+    from perfloop.ops.cross_entropy import triton_impl as ce
     from perfloop.ops.layernorm import triton_impl as ln
     from perfloop.ops.swiglu import triton_impl as sw
 
@@ -240,6 +252,15 @@ def test_each_ops_plan_compiles_its_kernels_with_every_parameter_given(monkeypat
     fwd_ids = ext.plans[2][:4]
     assert fwd_ids == (0, 3, 1, 2)  # the C++ plan's order: forward, preprocess, dk/dv, dq
     assert handed[0][2][6:10] == q.stride()  # the forward is compiled for q's own strides
+    _every_parameter_given(handed)
+
+    handed.clear()
+    logits = torch.randn(64, 300)[:, :257]  # rows of a padded vocabulary: a row stride of 300
+    assert ce._make_plan(logits, -100, torch.float32, ce._row_stride(logits)) == 3
+    assert [h[0] for h in handed] == [ce.ce_fwd_kernel, ce.ce_mean_kernel, ce.ce_bwd_kernel]
+    assert ext.plans[3] == (0, 1, 2)  # the C++ plan's order: forward, mean, backward
+    assert handed[0][2][5:8] == (300, 257, -100)  # compiled for the logits' own row stride
+    assert handed[1][2][2].dtype == torch.float32  # the loss in the dtype asked for
     _every_parameter_given(handed)
 
 
@@ -382,3 +403,41 @@ def test_a_profile_charges_the_cpp_functions_kernels_to_the_fused_op():
     ops = {r.name: r for r in pl.profile(step, calls=2).breakdown("op")}
     assert ops["perfloop::norm"].calls == 2, sorted(ops)  # the forward's one kernel a call
     assert ops["perfloop::norm_backward"].calls == 2 * 2, sorted(ops)  # dx, then the dw column sums
+
+
+CROSS_ENTROPY = [  # (rows, vocabulary, logits' dtype, loss dtype, rows of a padded vocabulary)
+    (1024, 50304, torch.bfloat16, torch.float32, False),
+    (1024, 50304, torch.bfloat16, torch.bfloat16, False),
+    (333, 1000, torch.float32, torch.float32, True),
+    (1, 77, torch.float16, torch.float32, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,vocab,dtype,loss_dtype,padded", CROSS_ENTROPY)
+def test_the_cross_entropy_cpp_function_gives_what_the_python_one_gives(rows, vocab, dtype, loss_dtype,
+                                                                      padded):  # fmt: skip
+    from perfloop.ops.cross_entropy import triton_impl as ce
+
+    if native.extension("cross_entropy") is None:
+        pytest.fail(f"the C++ Function is not in use: {native.why_not('cross_entropy')}")
+    g = torch.Generator(device="cuda").manual_seed(rows + vocab)
+    width = vocab + 64 if padded else vocab
+    logits0 = (3 * torch.randn(rows, width, device="cuda", generator=g)).to(dtype)
+    target = torch.randint(0, vocab, (rows,), device="cuda", generator=g)
+    target[torch.rand(rows, device="cuda", generator=g) < 0.125] = -100
+    side = torch.cuda.Stream()
+    outs = []
+    for fn in (ce.fused_cross_entropy, ce.CrossEntropyFunction.apply):
+        leaf = logits0.clone().requires_grad_()
+        logits = leaf[:, :vocab] if padded else leaf
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            loss = fn(logits, target, -100, loss_dtype)
+            (2.5 * loss).backward()  # an upstream gradient other than 1
+        torch.cuda.current_stream().wait_stream(side)
+        outs.append((loss.grad_fn.name(), loss, leaf.grad))
+    assert "CrossEntropyFn" in outs[0][0], outs[0][0]
+    assert outs[0][1].dtype == loss_dtype
+    for a, c in zip(outs[0][1:], outs[1][1:], strict=True):
+        assert torch.equal(a, c)

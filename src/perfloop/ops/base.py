@@ -236,11 +236,24 @@ def k_major_for_tf32(x: torch.Tensor, precision: str) -> torch.Tensor:
     is contiguous where the dot runs on TF32 tensor cores ("tf32", "tf32x3"). Hopper's wgmma
     reads 32-bit operands K-major only: given x with its last dim contiguous, Triton gathers it
     into shared memory 4 bytes at a time (sm_90 PTX: 4-byte cp.async, against 16-byte ones;
-    0.22x cuBLAS for the matmul). One copy of x, small against the dot's time, makes every copy 16 bytes."""
+    0.22x cuBLAS for the matmul). One copy of x, small against the dot's time, makes every copy 16 bytes.
+    The copy's rows are padded to a multiple of 16 elements (`padded_rows`)."""
     tf32 = x.dtype == torch.float32 and precision != "ieee"
     if tf32 and x.stride(-1) == 1 and x.shape[-2] > 1:
-        return x.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return padded_rows(x.transpose(-1, -2)).transpose(-1, -2)
     return x
+
+
+def padded_rows(x: torch.Tensor) -> torch.Tensor:
+    """A copy of x whose rows (and so every batch stride) are a multiple of 16 elements apart,
+    zeros past x's own, as a view of x's shape: Triton proves a row 16-byte aligned only from a
+    stride it was told is divisible by 16, and copies rows it cannot prove aligned 4 bytes at a
+    time (a kernel may read the zeros to keep a mask's bound a multiple of 16 too)."""
+    n = x.shape[-1]
+    buf = x.new_empty((*x.shape[:-1], cdiv(n, 16) * 16))
+    if buf.shape[-1] > n:
+        buf[..., n:].zero_()
+    return buf[..., :n].copy_(x)
 
 
 @dataclass

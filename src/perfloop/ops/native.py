@@ -123,6 +123,15 @@ def launch_spec(kernel, ck) -> tuple[str, int] | None:
     return None if nulls is None else (kinds, nulls)
 
 
+def plan_of(op: str, ext, kernel_ids: tuple, *sizes):
+    """ext.add_plan(*kernel_ids, *sizes): the plan of op's C++ Function, or None (said by
+    `why_not(op)`) where a kernel needs more than a plain launch gives."""
+    if None in kernel_ids:
+        _WHY[op] = "a kernel needs more than a plain launch gives (scratch memory, clusters)"
+        return None
+    return ext.add_plan(*kernel_ids, *sizes)
+
+
 _UNSET = object()
 
 

@@ -19,7 +19,8 @@ def asm_specs(ty: str) -> list[dict]:
             name = f"stride_{t}{axis}"
             strides[name] = "constexpr" if name in unit else "i32"
     sizes = {"H": "i32", "SQ": "i32", "SK": "i32"}
-    fwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "L": "*fp32", "qk_scale": "fp32", **strides, **sizes}
+    fwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "L": "*fp32", "qk_scale": "fp32", **strides, **sizes,
+               "SK_V": "i32"}  # fmt: skip
     common = {"HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": True, "EVEN_M": True, "EVEN_N": True,
               "UPCAST": False, "PRECISION": "tf32"}  # fmt: skip
     bwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "L": "*fp32", "Dl": "*fp32"}

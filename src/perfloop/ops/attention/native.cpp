@@ -36,7 +36,7 @@ struct AttentionFn : public torch::autograd::Function<AttentionFn> {
            {q, k, v, o, lse, scale * kLog2e,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3), k.stride(0), k.stride(1), k.stride(2), k.stride(3),
             v.stride(0), v.stride(1), v.stride(2), v.stride(3), o.stride(0), o.stride(1), o.stride(2), o.stride(3),
-            h, sq, sk, 0, 0, 0, 0, 0, 0, 0, 0, 0});  // the nine constexprs: compiled in
+            h, sq, sk, sk, 0, 0, 0, 0, 0, 0, 0, 0, 0});  // V's rows: sk; the nine constexprs: compiled in
     ctx->save_for_backward({q, k, v, o, lse});
     ctx->mark_non_differentiable({lse});
     ctx->saved_data["scale"] = scale;

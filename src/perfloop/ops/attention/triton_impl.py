@@ -71,11 +71,11 @@ def _load(base, rows, n_rows, offs_d, stride_row, stride_d, HEAD_DIM: tl.constex
 
 @triton.jit
 def _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd, SK,
-               offs_m, offs_n, offs_d, lo, hi, MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr,
-               HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+               SK_V, offs_m, offs_n, offs_d, lo, hi, MASK: tl.constexpr, MASK_D: tl.constexpr,
+               CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_N: tl.constexpr):  # fmt: skip
     """Key tiles [lo, hi) into the running (m_i, l_i, acc); MASK where a tile can hold
-    keys past SK or above the diagonal."""
+    keys past SK or above the diagonal. V's rows are read up to SK_V (>= SK: zeros past SK)."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         kt = _load(
@@ -91,7 +91,7 @@ def _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd,
         p = tl.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load(v_base, cols, SK, offs_d, stride_vn, stride_vd, HEAD_DIM, MASK or MASK_D, UPCAST)
+        v = _load(v_base, cols, SK_V, offs_d, stride_vn, stride_vd, HEAD_DIM, MASK or MASK_D, UPCAST)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return m_i, l_i, acc
@@ -120,7 +120,7 @@ def _fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    H, SQ, SK,
+    H, SQ, SK, SK_V,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -143,11 +143,11 @@ def _fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     mid, hi = _key_range(pid_m, SK, BLOCK_M, BLOCK_N, EVEN_N, CAUSAL)
     m_i, l_i, acc = _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd, stride_vn,
-                               stride_vd, SK, offs_m, offs_n, offs_d, 0, mid, MASK=False, MASK_D=MASK_D,
+                               stride_vd, SK, SK_V, offs_m, offs_n, offs_d, 0, mid, MASK=False, MASK_D=MASK_D,
                                CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
                                BLOCK_N=BLOCK_N)  # fmt: skip
     m_i, l_i, acc = _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd, stride_vn,
-                               stride_vd, SK, offs_m, offs_n, offs_d, mid, hi, MASK=True, MASK_D=MASK_D,
+                               stride_vd, SK, SK_V, offs_m, offs_n, offs_d, mid, hi, MASK=True, MASK_D=MASK_D,
                                CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
                                BLOCK_N=BLOCK_N)  # fmt: skip
     acc = acc / l_i[:, None]
@@ -413,7 +413,9 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     o = q.new_empty((b, h, sq, d))
     lse = q.new_empty((b, h, sq), dtype=torch.float32)
     precision = _precision(q.dtype)
-    v = k_major_for_tf32(v, precision)  # V is P V's second operand
+    v_dots = k_major_for_tf32(v, precision)  # V is P V's second operand
+    sk_v = v_dots.stride(-1) if v_dots is not v else sk  # the copy's rows: padded with zeros
+    v = v_dots
     args = (
         q,
         k,
@@ -428,6 +430,7 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
         h,
         sq,
         sk,
+        sk_v,
     )
     consts = (causal, interpreting(), precision)
     _launch(_fwd_kernel, "fwd", cfg, lambda c: (cdiv(sq, c["BLOCK_M"]), b * h), args, consts,
@@ -490,7 +493,11 @@ def _native_plan(q, k, v, causal: bool):
     strides = (*q.stride(), *k.stride(), *v.stride(), h * sq * d, sq * d, d, 1)  # o: contiguous
     pre_m = TUNED["preprocess_block_m"]
     kernels = {
-        "fwd": (_fwd_kernel, lambda c: cdiv(sq, c["BLOCK_M"]), (t, t, t, t, f32, scale, *strides, h, sq, sk)),
+        "fwd": (
+            _fwd_kernel,
+            lambda c: cdiv(sq, c["BLOCK_M"]),
+            (t, t, t, t, f32, scale, *strides, h, sq, sk, sk),  # V's rows: sk (16-bit V is not copied)
+        ),
         "dkdv": (
             _bwd_dkdv_kernel,
             lambda c: cdiv(sk, c["BLOCK_N"]),
@@ -514,11 +521,8 @@ def _native_plan(q, k, v, causal: bool):
             _fit(kind, d, sq, sk, q, consts, attempt)
     pre = native.add_kernel(ext, _bwd_preprocess, (cdiv(sq, pre_m), bh), t, t, f32, sq, HEAD_DIM=d,
                             BLOCK_D=max(16, next_pow2(d)), BLOCK_M=pre_m)  # fmt: skip
-    if None in (pre, *ids.values()):
-        native._WHY["attention"] = "a kernel needs more than a plain launch gives (scratch memory, clusters)"
-        return None
-    return ext.add_plan(ids["fwd"], pre, ids["dkdv"], ids["dq"], grids["fwd"], cdiv(sq, pre_m), grids["dkdv"],
-                        grids["dq"])  # fmt: skip
+    return native.plan_of("attention", ext, (ids["fwd"], pre, ids["dkdv"], ids["dq"]), grids["fwd"],
+                          cdiv(sq, pre_m), grids["dkdv"], grids["dq"])  # fmt: skip
 
 
 def _attention_function(q, k, v, causal: bool, scale: float):

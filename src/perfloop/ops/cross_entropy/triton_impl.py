@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from perfloop.ops import native
 from perfloop.ops.base import check_tensor, needs_grad, next_pow2
 from perfloop.ops.launch import launch
 from perfloop.ops.tuning import load_table
@@ -180,10 +181,55 @@ class CrossEntropyFunction(torch.autograd.Function):
         return backward_parts(logits, target, lse, n_valid, dloss, ctx.ignore_index), None, None, None
 
 
+_PLANS: dict = {}  # (shape, row stride, dtype, ignore_index, loss dtype, device) -> the C++ plan, or None
+
+
+def _row_stride(logits) -> int:
+    """The row stride the C++ Function launches with: the logits' own where their rows are of
+    unit stride and 16-byte aligned (else it copies them, as native.cpp's rows_of)."""
+    if logits.stride(1) == 1 and logits.data_ptr() % 16 == 0:
+        return logits.stride(0)
+    return logits.shape[1]
+
+
+def _make_plan(logits, ignore_index: int, out_dtype: torch.dtype, stride: int):
+    """The three kernels compiled for this shape, row stride, ignore_index and loss dtype and
+    handed to native.cpp; None where the C++ Function cannot run them (native.why_not says why)."""
+    ext = native.extension("cross_entropy")
+    m, v = logits.shape
+    if ext is None or m == 0:
+        return None
+
+    def t(dtype):  # warmup compiles for a tensor's dtype and alignment: a small aligned one does
+        return torch.empty(16, dtype=dtype, device=logits.device)
+
+    lg, i64, f32, i32, out = t(logits.dtype), t(torch.int64), t(torch.float32), t(torch.int32), t(out_dtype)
+    block = min(BLOCK, next_pow2(v))
+    fwd = native.add_kernel(ext, ce_fwd_kernel, (m,), lg, i64, f32, f32, i32, stride, v, ignore_index,
+                            BLOCK=block, num_warps=WARPS)  # fmt: skip
+    mean = native.add_kernel(ext, ce_mean_kernel, (1,), f32, i64, out, i64, m, ignore_index, BLOCK=MEAN_BLOCK)
+    bwd = native.add_kernel(ext, ce_bwd_kernel, (m,), lg, i64, f32, lg, out, i64, stride, v, v, ignore_index,
+                            BLOCK=block, num_warps=WARPS)  # fmt: skip
+    return native.plan_of("cross_entropy", ext, (fwd, mean, bwd))
+
+
 def fused_cross_entropy(logits, target, ignore_index: int, out_dtype: torch.dtype):
-    """The mean loss in out_dtype, through autograd where the logits want a gradient, else the
+    """The mean loss in out_dtype (float32 or the logits' dtype), through autograd where the
+    logits want a gradient (the C++ Function where it runs, else the Python one), else the
     forward alone."""
     if needs_grad(logits):
+        if logits.is_cuda and out_dtype in (torch.float32, logits.dtype):
+            dev = logits.get_device()
+            stride = _row_stride(logits)
+            key = (logits.shape, stride, logits.dtype, ignore_index, out_dtype, dev)
+            plan = native.plan_for(_PLANS, key, lambda: _make_plan(logits, ignore_index, out_dtype, stride),
+                                   logits.device)  # fmt: skip
+            if plan is not None:
+                ok = check_targets(target, logits.shape[1], ignore_index)
+                stream = torch._C._cuda_getCurrentRawStream(dev)
+                return native.extension("cross_entropy").cross_entropy(
+                    logits, target, ok, ignore_index, out_dtype == torch.float32, plan, stream
+                )
         return CrossEntropyFunction.apply(logits, target, ignore_index, out_dtype)
     return forward_parts(logits, target, ignore_index, out_dtype)[0]
 

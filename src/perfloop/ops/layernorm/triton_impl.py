@@ -213,10 +213,7 @@ def _make_plan(x, weight, bias, rms: bool):
                             HAS_B=has_b, ROWS=rows, BLOCK=block, num_warps=warps)  # fmt: skip
     colsum = native.add_kernel(ext, colsum_kernel, (cdiv(n, COLSUM_BLOCK), slabs), f32, wd, g, n,
                                ROWS=COLSUM_ROWS, BLOCK=COLSUM_BLOCK)  # fmt: skip
-    if None in (fwd, bwd, colsum):
-        native._WHY["layernorm"] = "a kernel needs more than a plain launch gives (scratch memory, clusters)"
-        return None
-    return ext.add_plan(fwd, bwd, colsum, g, rpp, cdiv(n, COLSUM_BLOCK))
+    return native.plan_of("layernorm", ext, (fwd, bwd, colsum), g, rpp, cdiv(n, COLSUM_BLOCK))
 
 
 def fused_norm(x, weight, bias, eps: float, rms: bool):

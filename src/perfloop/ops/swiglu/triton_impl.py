@@ -107,10 +107,7 @@ def _make_plan(a, act: int):
     meta = {"ACT": act, "BLOCK": BLOCK, "num_warps": WARPS}
     fwd = native.add_kernel(ext, gated_fwd_kernel, grid, t, t, t, n, **meta)
     bwd = native.add_kernel(ext, gated_bwd_kernel, grid, t, t, t, t, t, n, **meta)
-    if None in (fwd, bwd):
-        native._WHY["swiglu"] = "a kernel needs more than a plain launch gives (scratch memory, clusters)"
-        return None
-    return ext.add_plan(fwd, bwd, grid[0])
+    return native.plan_of("swiglu", ext, (fwd, bwd), grid[0])
 
 
 def _gated_function(a, b, act: int):
