@@ -4,7 +4,8 @@ call (the op's path), and with the operands swapped (C^T = B^T A^T, no copy).
 
 `--swap`: the swapped form with B^T as the dot's first operand taken from registers (rounded to
 TF32 there, so it is not a plain load: Hopper's wgmma reads a 32-bit operand of any layout from
-registers, K-major only from shared memory), A^T K-major from shared memory as it lies: no copy.
+registers, K-major only from shared memory), A^T K-major from shared memory as it lies: no copy
+(the op's `matmul_relu_tf32_kernel` since run25) over its tiles.
 
     PYTHONPATH=src python3 benchmarks/tf32_tune.py OUT_DIR [SIZE ...] [--op-only|--swap] (default 4096 6144)
 """
@@ -16,8 +17,6 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 import perfloop as pl
 from perfloop.ops.base import cdiv
@@ -51,40 +50,6 @@ def launch(a, b, c, cfg, m, n, k):
     return c
 
 
-@triton.jit
-def swapped_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-                   stride_cn, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_N: tl.constexpr, ROUND: tl.constexpr):  # fmt: skip
-    """relu(A B) as its transpose: a program's (BLOCK_N, BLOCK_M) tile of C^T = B^T A^T."""
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BLOCK_N)
-    num_m = tl.cdiv(M, BLOCK_M)
-    per_group = GROUP_N * num_m
-    first_n = pid // per_group * GROUP_N
-    group_rows = min(num_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % per_group) % group_rows
-    pid_m = (pid % per_group) // group_rows
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    bt_ptrs = b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :] * stride_bk
-    at_ptrs = a_ptr + offs_k[:, None] * stride_ak + offs_m[None, :] * stride_am
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        bt = tl.load(bt_ptrs, mask=(offs_n[:, None] < N) & (offs_k[None, :] < k_left), other=0.0)
-        if ROUND:
-            bt = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [bt], dtype=tl.int32,
-                                           is_pure=True, pack=1).to(tl.float32, bitcast=True)  # fmt: skip
-        at = tl.load(at_ptrs, mask=(offs_k[:, None] < k_left) & (offs_m[None, :] < M), other=0.0)
-        acc = tl.dot(bt, at, acc, input_precision="tf32")
-        bt_ptrs += BLOCK_K * stride_bk
-        at_ptrs += BLOCK_K * stride_ak
-    acc = tl.maximum(acc, 0.0)
-    c_ptrs = c_ptr + offs_m[None, :] * stride_cm + offs_n[:, None] * stride_cn
-    tl.store(c_ptrs, acc, mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
-
-
 SWAP_CANDIDATES = [  # (BLOCK_N, BLOCK_M, BLOCK_K, GROUP_N, stages, warps)
     (128, 256, 32, 8, 4, 8),
     (128, 256, 32, 8, 3, 8),
@@ -98,7 +63,7 @@ SWAP_CANDIDATES = [  # (BLOCK_N, BLOCK_M, BLOCK_K, GROUP_N, stages, warps)
 def launch_swapped(a, b, c, cfg, round_: bool = True):
     bn, bm, bk, g, stages, warps = cfg
     (m, k), n = a.shape, b.shape[1]
-    swapped_kernel[(cdiv(n, bn) * cdiv(m, bm),)](
+    T.matmul_relu_tf32_kernel[(cdiv(n, bn) * cdiv(m, bm),)](
         a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, GROUP_N=g, ROUND=round_, num_stages=stages, num_warps=warps,
     )  # fmt: skip
@@ -111,9 +76,9 @@ def swap_size(s: int, res: dict) -> None:
     b = torch.randn(s, s, device=DEV, generator=g) / s**0.5
     c = torch.empty(s, s, device=DEV)
     want = torch.relu(a.double() @ b.double()).float()
-    fns = {"cublas+relu": lambda: torch.relu(a @ b), "op (K-major copy in call)": lambda: T.matmul_relu(a, b)}
+    fns = {"cublas+relu": lambda: torch.relu(a @ b), "op": lambda: T.matmul_relu(a, b)}
     errors = {"cublas+relu": float((torch.relu(a @ b) - want).abs().max()),
-              "op (K-major copy in call)": float((T.matmul_relu(a, b) - want).abs().max())}  # fmt: skip
+              "op": float((T.matmul_relu(a, b) - want).abs().max())}  # fmt: skip
     for cfg in SWAP_CANDIDATES:
         for round_ in (True, False):
             name = f"swapped {'registers' if round_ else 'plain'} " + "x".join(map(str, cfg))
@@ -135,7 +100,7 @@ def one_size(s: int, res: dict, op_only: bool) -> None:
     bk_major = b.t().contiguous().t()
     c, ct = torch.empty(s, s, device=DEV), torch.empty(s, s, device=DEV)
     want = torch.relu(a @ b)
-    fns = {"cublas+relu": lambda: torch.relu(a @ b), "op (K-major copy in call)": lambda: T.matmul_relu(a, b)}
+    fns = {"cublas+relu": lambda: torch.relu(a @ b), "op": lambda: T.matmul_relu(a, b)}
     errors = {}
     for cfg in CANDIDATES if not op_only else []:
         name = "tile " + "x".join(map(str, cfg))
@@ -150,14 +115,7 @@ def one_size(s: int, res: dict, op_only: bool) -> None:
     if op_only:
         return _timed(fns, errors, s, res)
     fns["tile 128x256x32 + copy"] = lambda: launch(a, b.t().contiguous().t(), c, best, s, s, s)
-    fns["tile 128x256x32 + triton transpose"] = lambda: launch(a, T.k_major(b), c, best, s, s, s)
-    errors["tile 128x256x32 + triton transpose"] = float(
-        (fns["tile 128x256x32 + triton transpose"]() - want).abs().max()
-    )
     fns["torch copy alone"] = lambda: b.t().contiguous()
-    for blk in (32, 64):
-        fns[f"triton transpose {blk} alone"] = lambda blk=blk: T.k_major(b, blk)
-        assert torch.equal(T.k_major(b, blk), b), "transpose"
     # C^T = B^T A^T written through C's transpose: A^T is K-major as it lies, no copy
     fns["swapped 128x256x32, no copy"] = lambda: launch(b.t(), a.t(), ct.t(), best, s, s, s)
     fns["swapped 128x256x32, no copy"]()

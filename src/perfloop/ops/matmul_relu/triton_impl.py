@@ -1,7 +1,11 @@
 """Matmul + ReLU in Triton: tiled, autotuned, grouped tile order, ReLU fused.
 
 fp32 inputs follow torch.backends.cuda.matmul.allow_tf32, as cuBLAS does: TF32
-tensor cores when it is on, exact fp32 ("ieee") when off (the default).
+tensor cores when it is on, exact fp32 ("ieee") when off (the default). Under TF32 the
+product is taken as its transpose, C^T = B^T A^T (`matmul_relu_tf32_kernel`): Hopper's
+wgmma reads a 32-bit operand from shared memory K-major only, and A^T is K-major as A
+lies; B^T, whatever its layout, is the first operand and goes through registers (rounded
+to TF32 there), which wgmma reads in any layout. No copy of either.
 
 Each program computes a BLOCK_M x BLOCK_N tile of C, walking K in BLOCK_K steps
 with tl.dot (tensor cores: wgmma on Hopper). Programs are ordered in groups of
@@ -59,23 +63,42 @@ def matmul_relu_kernel(
 
 
 @triton.jit
-def transpose_kernel(x_ptr, y_ptr, R, C, stride_xr, stride_xc, BLOCK: tl.constexpr):
-    """y (C, R), row-major, = x (R, C) transposed: a tile read along x's rows, written along y's."""
-    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = (r[:, None] < R) & (c[None, :] < C)
-    tile = tl.load(x_ptr + r[:, None] * stride_xr + c[None, :] * stride_xc, mask=mask)
-    tl.store(y_ptr + c[:, None] * R + r[None, :], tl.trans(tile), mask=tl.trans(mask))
-
-
-def k_major(b: torch.Tensor, block: int = 64) -> torch.Tensor:
-    """b (K, N) as a view whose K dim is contiguous (one tiled transpose), for TF32 dots."""
-    if b.stride(0) == 1 or b.shape[0] <= 1:
-        return b
-    k, n = b.shape
-    y = b.new_empty((n, k))
-    transpose_kernel[(cdiv(k, block), cdiv(n, block))](b, y, k, n, b.stride(0), b.stride(1), BLOCK=block)
-    return y.t()
+def matmul_relu_tf32_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
+    ROUND: tl.constexpr = True,
+):  # fmt: skip
+    """relu(A B) in fp32 on TF32 tensor cores, as its transpose: a program's (BLOCK_N, BLOCK_M)
+    tile of C^T = B^T A^T. ROUND: B^T rounded to TF32 in registers (cvt.rna), which keeps it the
+    dot's register operand (the interpreter has no inline assembly: False there)."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    num_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP_N * num_m  # grouped order, as matmul_relu_kernel's, over C^T's rows
+    first_n = pid // per_group * GROUP_N
+    group_rows = min(num_n - first_n, GROUP_N)
+    pid_n = first_n + (pid % per_group) % group_rows
+    pid_m = (pid % per_group) // group_rows
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    bt_ptrs = b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :] * stride_bk
+    at_ptrs = a_ptr + offs_k[:, None] * stride_ak + offs_m[None, :] * stride_am
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        bt = tl.load(bt_ptrs, mask=(offs_n[:, None] < N) & (offs_k[None, :] < k_left), other=0.0)
+        if ROUND:
+            bt = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [bt], dtype=tl.int32,
+                                           is_pure=True, pack=1).to(tl.float32, bitcast=True)  # fmt: skip
+        at = tl.load(at_ptrs, mask=(offs_k[:, None] < k_left) & (offs_m[None, :] < M), other=0.0)
+        acc = tl.dot(bt, at, acc, input_precision="tf32")
+        bt_ptrs += BLOCK_K * stride_bk
+        at_ptrs += BLOCK_K * stride_ak
+    acc = tl.maximum(acc, 0.0)
+    c_ptrs = c_ptr + offs_m[None, :] * stride_cm + offs_n[:, None] * stride_cn
+    tl.store(c_ptrs, acc, mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
 
 
 def _config(bm, bn, bk, group, stages, warps):
@@ -98,19 +121,23 @@ CONFIGS = [
     _config(128, 64, 32, 8, 4, 4),
 ]
 
-# TF32: a stage of 32-bit operands takes twice a 16-bit one's shared memory, so K steps of 32
-# (chosen by benchmarks/tf32_tune.py)
+
+def _tf32_config(bn, bm, bk, group, stages, warps):
+    return triton.Config(
+        {"BLOCK_N": bn, "BLOCK_M": bm, "BLOCK_K": bk, "GROUP_N": group}, num_stages=stages, num_warps=warps
+    )
+
+
+# TF32 (C^T's tiles, BLOCK_N x BLOCK_M): a stage of 32-bit operands takes twice a 16-bit one's
+# shared memory, so K steps of 32 (benchmarks/tf32_tune.py --swap, run25)
 TF32_CONFIGS = [
-    _config(128, 256, 32, 8, 4, 8),
-    _config(128, 256, 32, 8, 3, 8),
-    _config(128, 256, 16, 8, 5, 8),
-    _config(256, 128, 32, 8, 3, 8),
-    _config(128, 128, 32, 8, 4, 4),
-    _config(64, 128, 32, 8, 4, 4),
+    _tf32_config(128, 256, 32, 8, 4, 8),
+    _tf32_config(128, 256, 32, 8, 3, 8),
+    _tf32_config(128, 128, 32, 8, 4, 4),
 ]
 
 _tuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K"])(matmul_relu_kernel)
-_tuned_tf32 = triton.autotune(configs=TF32_CONFIGS, key=["M", "N", "K"])(matmul_relu_kernel)
+_tuned_tf32 = triton.autotune(configs=TF32_CONFIGS, key=["M", "N", "K"])(matmul_relu_tf32_kernel)
 
 
 def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -129,10 +156,15 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
     if k == 0:
         return out.zero_()  # relu(0) = 0
     precision = dot_precision(a.dtype)
-    if precision == "tf32" and a.dtype == torch.float32:
-        b = k_major(b)  # wgmma reads 32-bit operands K-major only
     args = (a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             out.stride(0), out.stride(1))  # fmt: skip
+    if precision == "tf32" and a.dtype == torch.float32:
+        if interpreting():
+            grid = (cdiv(n, 32) * cdiv(m, 32),)
+            matmul_relu_tf32_kernel[grid](*args, BLOCK_N=32, BLOCK_M=32, BLOCK_K=32, GROUP_N=4, ROUND=False)
+        else:
+            _tuned_tf32[lambda meta: (cdiv(n, meta["BLOCK_N"]) * cdiv(m, meta["BLOCK_M"]),)](*args)
+        return out
     if interpreting():
         # The interpreter is for correctness: one small config, no autotuning.
         grid = (cdiv(m, 32) * cdiv(n, 32),)
@@ -150,7 +182,5 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
         def grid(meta):
             return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
 
-        (_tuned_tf32 if precision == "tf32" and a.dtype == torch.float32 else _tuned)[grid](
-            *args, PRECISION=precision
-        )
+        _tuned[grid](*args, PRECISION=precision)
     return out
