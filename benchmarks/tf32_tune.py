@@ -50,13 +50,15 @@ def launch(a, b, c, cfg, m, n, k):
     return c
 
 
-SWAP_CANDIDATES = [  # (BLOCK_N, BLOCK_M, BLOCK_K, GROUP_N, stages, warps)
+SWAP_CANDIDATES = [  # (BLOCK_N, BLOCK_M, BLOCK_K, GROUP_N, stages, warps); the op's first (run25) first
     (128, 256, 32, 8, 4, 8),
+    (128, 256, 32, 4, 4, 8),
+    (128, 256, 32, 16, 4, 8),
+    (128, 256, 32, 32, 4, 8),
+    (128, 256, 16, 8, 6, 8),
+    (128, 256, 16, 8, 8, 8),
     (128, 256, 32, 8, 3, 8),
-    (256, 128, 32, 8, 3, 8),
     (128, 128, 32, 8, 4, 4),
-    (128, 128, 32, 8, 5, 8),
-    (64, 256, 32, 8, 4, 4),
 ]
 
 
