@@ -24,22 +24,23 @@ from perfloop.ops.base import cdiv, check_tensor, dot_precision, interpreting
 
 
 @triton.jit
+def _grouped_tile(pid, n_rows, n_cols, GROUP: tl.constexpr):
+    """(row, column) of program pid's output tile in grouped order: GROUP tile-rows sweep the
+    columns together, so tiles running at once share their operands' rows and columns in L2."""
+    per_group = GROUP * n_cols
+    first = pid // per_group * GROUP
+    group_rows = min(n_rows - first, GROUP)
+    return first + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
 def matmul_relu_kernel(
     a_ptr, b_ptr, c_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UPCAST: tl.constexpr = False, PRECISION: tl.constexpr = "tf32",
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    # grouped order: GROUP_M tile-rows sweep the columns together (L2 reuse)
-    per_group = GROUP_M * num_n
-    group = pid // per_group
-    first_m = group * GROUP_M
-    group_rows = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,14 +73,7 @@ def matmul_relu_tf32_kernel(
     """relu(A B) in fp32 on TF32 tensor cores, as its transpose: a program's (BLOCK_N, BLOCK_M)
     tile of C^T = B^T A^T. ROUND: B^T rounded to TF32 in registers (cvt.rna), which keeps it the
     dot's register operand (the interpreter has no inline assembly: False there)."""
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BLOCK_N)
-    num_m = tl.cdiv(M, BLOCK_M)
-    per_group = GROUP_N * num_m  # grouped order, as matmul_relu_kernel's, over C^T's rows
-    first_n = pid // per_group * GROUP_N
-    group_rows = min(num_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % per_group) % group_rows
-    pid_m = (pid % per_group) // group_rows
+    pid_n, pid_m = _grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
