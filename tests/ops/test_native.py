@@ -441,3 +441,20 @@ def test_the_cross_entropy_cpp_function_gives_what_the_python_one_gives(rows, vo
     assert outs[0][1].dtype == loss_dtype
     for a, c in zip(outs[0][1:], outs[1][1:], strict=True):
         assert torch.equal(a, c)
+
+
+@pytest.mark.gpu
+def test_a_profile_charges_the_cross_entropy_kernels_to_its_op():
+    import perfloop as pl
+    from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    logits = torch.randn(512, 8192, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    target = torch.randint(0, 8192, (512,), device="cuda", generator=g)
+
+    def step():
+        fused_cross_entropy(logits, target, -100, torch.float32).backward()
+
+    ops = {r.name: r for r in pl.profile(step, calls=2).breakdown("op")}
+    assert ops["perfloop::cross_entropy"].calls == 2 * 2, sorted(ops)  # the rows' and the mean's kernels
+    assert ops["perfloop::cross_entropy_backward"].calls == 2, sorted(ops)
