@@ -102,20 +102,12 @@ def open_in_chromium(page: Path, profile: Path, shot: Path | None = None) -> dic
 
 _SM90_PTX = """
 import importlib, json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from perfloop.analysis.asm import compile_spec
 
-module, name, signature, constexprs, divisible, options = json.loads(sys.stdin.read())
-jit = getattr(importlib.import_module(module), name)
-names = jit.arg_names
-attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-src = ASTSource(jit, signature, constexprs=constexprs, attrs=attrs)
-print(json.dumps(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]))
+module, name, spec = json.loads(sys.stdin.read())
+spec["kernel"] = getattr(importlib.import_module(module), name)
+print(json.dumps(compile_spec(spec).asm["ptx"]))
 """
-
-_TRITON_TYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
-                 "torch.int64": "i64", "torch.int32": "i32"}  # fmt: skip
 
 
 def sm90_ptx(kernel, args: tuple, meta: dict) -> str:
@@ -125,25 +117,31 @@ def sm90_ptx(kernel, args: tuple, meta: dict) -> str:
     process of its own, out of the interpreter."""
     import json
 
+    import torch
+
+    from perfloop.analysis.asm import TRITON_TYPES
+
+    types = {**TRITON_TYPES, torch.int64: "i64", torch.int32: "i32"}
     fn = getattr(kernel, "fn", kernel)
     names = list(kernel.arg_names)
-    options = {k: meta[k] for k in ("num_warps", "num_stages") if k in meta}
-    constexprs = {k: v for k, v in meta.items() if k not in options}
-    signature, divisible = {}, []
-    for name, value in zip(names, args, strict=False):
+    spec = {k: meta[k] for k in ("num_warps", "num_stages") if k in meta}
+    constexprs = {k: v for k, v in meta.items() if k not in spec}
+    signature, aligned = {}, []
+    for i, (name, value) in enumerate(zip(names, args, strict=False)):
         if hasattr(value, "data_ptr"):
-            signature[name] = "*" + _TRITON_TYPES[str(value.dtype)]
-            divisible += [name] if value.data_ptr() % 16 == 0 else []
+            signature[name] = "*" + types[value.dtype]
+            aligned += [i] if value.data_ptr() % 16 == 0 else []
         elif isinstance(value, float):
             signature[name] = "fp32"
         elif value == 1:
             signature[name], constexprs[name] = "constexpr", 1
         else:
             signature[name] = "i32" if abs(value) < 2**31 else "i64"
-            divisible += [name] if value % 16 == 0 else []
+            aligned += [i] if value % 16 == 0 else []
     signature.update({k: "constexpr" for k in constexprs})
+    spec.update(signature=signature, constexprs=constexprs, aligned=aligned)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    job = json.dumps([fn.__module__, fn.__name__, signature, constexprs, divisible, options])
+    job = json.dumps([fn.__module__, fn.__name__, spec])
     proc = subprocess.run([sys.executable, "-c", _SM90_PTX], input=job, capture_output=True, text=True,
                           env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,9 +13,7 @@ pytest.importorskip("triton")
 
 _COMPILE = """
 import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from perfloop.analysis.asm import compile_spec
 from perfloop.ops import native
 from perfloop.ops.layernorm import triton_impl
 
@@ -23,7 +21,7 @@ out = []
 for name, signature, constexprs in json.loads(sys.argv[1]):
     jit = getattr(triton_impl, name)
     sig = {p.name: signature.get(p.name, "constexpr") for p in jit.params}
-    ck = triton.compile(ASTSource(jit, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+    ck = compile_spec({"kernel": jit, "signature": sig, "constexprs": constexprs})
     out.append([native.launch_spec(jit, ck), native.ptx_param_bytes(ck.asm["ptx"], ck.metadata.name)])
 print(json.dumps(out))
 """
@@ -388,21 +386,40 @@ def test_the_attention_cpp_function_gives_what_the_python_one_gives(b, h, sq, sk
         assert torch.equal(x, z)
 
 
-@pytest.mark.gpu
-def test_a_profile_charges_the_cpp_functions_kernels_to_the_fused_op():
-    import perfloop as pl
+def _norm_step():
     from perfloop.ops.layernorm.triton_impl import fused_norm
 
     g = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     w = (1 + 0.1 * torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=g)).requires_grad_()
+    return lambda: fused_norm(x, w, None, 1e-6, True).float().square().sum().backward()
 
-    def step():
-        fused_norm(x, w, None, 1e-6, True).float().square().sum().backward()
 
-    ops = {r.name: r for r in pl.profile(step, calls=2).breakdown("op")}
-    assert ops["perfloop::norm"].calls == 2, sorted(ops)  # the forward's one kernel a call
-    assert ops["perfloop::norm_backward"].calls == 2 * 2, sorted(ops)  # dx, then the dw column sums
+def _cross_entropy_step():
+    from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    logits = torch.randn(512, 8192, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    target = torch.randint(0, 8192, (512,), device="cuda", generator=g)
+    return lambda: fused_cross_entropy(logits, target, -100, torch.float32).backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "op,make_step,forward_kernels,backward_kernels",
+    [
+        ("perfloop::norm", _norm_step, 1, 2),  # forward one kernel; backward dx, then the dw column sums
+        # forward the rows' and the mean's kernels (torch's target check is its own op); backward one
+        ("perfloop::cross_entropy", _cross_entropy_step, 2, 1),
+    ],
+)
+def test_a_profile_charges_the_cpp_functions_kernels_to_the_fused_op(op, make_step, forward_kernels,
+                                                                      backward_kernels):  # fmt: skip
+    import perfloop as pl
+
+    ops = {r.name: r for r in pl.profile(make_step(), calls=2).breakdown("op")}
+    assert ops[op].calls == 2 * forward_kernels, sorted(ops)
+    assert ops[f"{op}_backward"].calls == 2 * backward_kernels, sorted(ops)
 
 
 CROSS_ENTROPY = [  # (rows, vocabulary, logits' dtype, loss dtype, rows of a padded vocabulary)
@@ -441,20 +458,3 @@ def test_the_cross_entropy_cpp_function_gives_what_the_python_one_gives(rows, vo
     assert outs[0][1].dtype == loss_dtype
     for a, c in zip(outs[0][1:], outs[1][1:], strict=True):
         assert torch.equal(a, c)
-
-
-@pytest.mark.gpu
-def test_a_profile_charges_the_cross_entropy_kernels_to_its_op():
-    import perfloop as pl
-    from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy
-
-    g = torch.Generator(device="cuda").manual_seed(4)
-    logits = torch.randn(512, 8192, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-    target = torch.randint(0, 8192, (512,), device="cuda", generator=g)
-
-    def step():
-        fused_cross_entropy(logits, target, -100, torch.float32).backward()
-
-    ops = {r.name: r for r in pl.profile(step, calls=2).breakdown("op")}
-    assert ops["perfloop::cross_entropy"].calls == 2 * 2, sorted(ops)  # the rows' and the mean's kernels
-    assert ops["perfloop::cross_entropy_backward"].calls == 2, sorted(ops)

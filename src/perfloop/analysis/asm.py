@@ -82,14 +82,33 @@ def _resources(cubin: bytes) -> dict:
     return info
 
 
+def compile_spec(spec: dict, arch: str = "sm_90"):
+    """Triton's compile of one launch spec for `arch`, on any machine (no GPU needed): the
+    CompiledKernel (its asm["ptx"], asm["cubin"], metadata). spec: kernel, signature,
+    constexprs, "aligned" (the indices of arguments known divisible by 16, pointers by 16
+    bytes), num_warps, num_stages."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    fn = spec["kernel"]
+    while not hasattr(fn, "arg_names"):  # an autotuned kernel wraps the jit function
+        fn = fn.fn
+    attrs = {(i,): [["tt.divisibility", 16]] for i in spec.get("aligned", [])}
+    src = ASTSource(fn=fn, signature=spec["signature"], constexprs=spec["constexprs"], attrs=attrs)
+    return triton.compile(
+        src,
+        target=GPUTarget("cuda", int(arch.removeprefix("sm_").rstrip("a")), 32),
+        options={"num_warps": spec.get("num_warps", 4), "num_stages": spec.get("num_stages", 3)},
+    )
+
+
 def _triton_report(op, variant, dtype, arch: str) -> dict:
     try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
+        import triton  # noqa: F401 -- said here, before any spec is read
     except ImportError as exc:
         raise AsmError(f"{op.name}/{variant}: needs Triton to compile its kernels ({exc})") from exc
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     impl = op.variant(variant).loader.partition(":")[0]
     try:  # the op's folder declares the launches to compile, beside its kernels
         module = importlib.import_module(impl.rpartition(".")[0] + ".asm_specs")
@@ -97,20 +116,10 @@ def _triton_report(op, variant, dtype, arch: str) -> dict:
         raise AsmError(
             f"{op.name}: its folder declares no asm_specs.py (asm_specs(dtype)) to compile"
         ) from None
-    cc = int(arch.removeprefix("sm_").rstrip("a"))
     kernels, ptx_all, sass_all, notes = [], [], [], []
     for spec in module.asm_specs(TRITON_TYPES[dtype]):
-        fn = spec["kernel"]
-        while not hasattr(fn, "arg_names"):  # an autotuned kernel wraps the jit function
-            fn = fn.fn
-        attrs = {(i,): [["tt.divisibility", 16]] for i in spec.get("aligned", [])}
-        src = ASTSource(fn=fn, signature=spec["signature"], constexprs=spec["constexprs"], attrs=attrs)
         try:
-            k = triton.compile(
-                src,
-                target=GPUTarget("cuda", cc, 32),
-                options={"num_warps": spec["num_warps"], "num_stages": spec.get("num_stages", 3)},
-            )
+            k = compile_spec(spec, arch)
         except Exception as exc:  # compiler errors come in many types
             raise AsmError(f"{op.name}/{variant}: Triton could not compile for {arch}: {exc}") from exc
         threads = spec["num_warps"] * 32

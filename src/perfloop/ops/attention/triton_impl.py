@@ -414,18 +414,17 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
     lse = q.new_empty((b, h, sq), dtype=torch.float32)
     precision = _precision(q.dtype)
     v_dots = k_major_for_tf32(v, precision)  # V is P V's second operand
-    sk_v = v_dots.stride(-1) if v_dots is not v else sk  # the copy's rows: padded with zeros
-    v = v_dots
+    sk_v = sk if v_dots is v else v_dots.stride(-1)  # the copy's rows: padded with zeros
     args = (
         q,
         k,
-        v,
+        v_dots,
         o,
         lse,
         scale * LOG2E.value,
         *q.stride(),
         *k.stride(),
-        *v.stride(),
+        *v_dots.stride(),
         *o.stride(),
         h,
         sq,
