@@ -150,73 +150,26 @@ def test_flash_torch_never_builds_a_seq_by_seq_tensor():
     _close(out, reference(q, k, v), 2e-5, "flash_torch")
 
 
-@pytest.mark.parametrize("dq_pass", [True, False], ids=["dq pass", "dq atomics"])
 @pytest.mark.parametrize("tiles", [(32, 16), (16, 32)], ids=str)
 @pytest.mark.parametrize("shape", [(1, 1, 64, 64, 16, True), (1, 1, 50, 70, 16, True),
                                    (1, 1, 70, 50, 16, False), (1, 1, 96, 64, 16, True)], ids=str)  # fmt: skip
-def test_unequal_tiles_split_the_loops_right(shape, tiles, dq_pass):
+def test_unequal_tiles_split_the_loops_right(shape, tiles):
     """BLOCK_M != BLOCK_N moves the diagonal band and the ragged tail inside the tiles:
-    the split into unmasked and masked loops must still visit every (query, key) once, with
-    dQ from its own pass or added up by the dK/dV kernel."""
+    the split into unmasked and masked loops must still visit every (query, key) once."""
     bm, bn = tiles
     q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=3)
     scale = shape[4] ** -0.5
     fwd = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1}
     o, lse = triton_impl.run_forward(q, k, v, causal, scale, fwd)
     g = torch.randn_like(o)
-    if dq_pass:
-        bwd = {"dkdv": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1},
-               "dq": {"BLOCK_M": bn, "BLOCK_N": bm, "num_warps": 4, "num_stages": 1}}  # fmt: skip
-    else:
-        bwd = {"dkdvq": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1}}
+    bwd = {"dkdv": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1},
+           "dq": {"BLOCK_M": bn, "BLOCK_N": bm, "num_warps": 4, "num_stages": 1}}  # fmt: skip
     dq, dk, dv = triton_impl.run_backward(q, k, v, o, lse, g, causal, scale, bwd)
     o_ref, dq_ref, dk_ref, dv_ref = _ref_grads(q, k, v, causal, g)
     _close(o, o_ref, 2e-3, "out")
     _close(lse, reference_lse(q, k, causal), 2e-3, "lse")
     for got, want, what in ((dq, dq_ref, "dq"), (dk, dk_ref, "dk"), (dv, dv_ref, "dv")):
         _close(got, want, 4e-3, what)
-
-
-@pytest.fixture
-def kernels_launched(monkeypatch):
-    """The (kernel, constexprs) of each launch the attention op makes, in order; the launch runs."""
-    seen, run = [], triton_impl.launch
-
-    def spy(kernel, grid, *args, **meta):
-        seen.append((kernel, meta))
-        return run(kernel, grid, *args, **meta)
-
-    monkeypatch.setattr(triton_impl, "launch", spy)
-    return seen
-
-
-@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
-def test_16bit_backward_adds_dq_up_in_the_dkdv_kernel_unless_asked_for_determinism(
-    kernels_launched, deterministic
-):
-    """bf16 (whose table has "dkdvq" tiles): dQ is added into an fp32 buffer by the dK/dV kernel
-    and cast after it -- no dQ pass over the keys; under torch.use_deterministic_algorithms the
-    dQ pass, whose result does not depend on the order of atomics. Both match float64."""
-    q, k, v, causal = pl.ops.get("attention").make_inputs((1, 2, 40, 56, 32, True), device=DEV, seed=11)
-    q, k, v = (t.to(torch.bfloat16).requires_grad_() for t in (q, k, v))
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(deterministic)
-    try:
-        o, _ = triton_impl.FlashAttention.apply(q, k, v, causal, 32**-0.5)  # the Python Function
-        g = torch.randn_like(o)
-        (o * g).sum().backward()
-    finally:
-        torch.use_deterministic_algorithms(was)
-    names = [kern.fn.__name__ if hasattr(kern, "fn") else kern.__name__ for kern, _ in kernels_launched]
-    if deterministic:
-        assert names[1:] == ["_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel"], names
-    else:
-        assert names[1:] == ["_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_cast"], names
-    assert kernels_launched[1][1]["ZERO_DQA"] is not deterministic
-    assert kernels_launched[2][1]["ATOMIC_DQ"] is not deterministic
-    _, dq, dk, dv = _ref_grads(q, k, v, causal, g)
-    for got, want, what in ((q.grad, dq, "dq"), (k.grad, dk, "dk"), (v.grad, dv, "dv")):
-        _close(got, want, 3e-2, what)
 
 
 def test_scale_must_be_positive():
@@ -337,7 +290,8 @@ def test_fp32_attention_at_a_ragged_length_copies_k_and_v_16_bytes_at_a_time(mon
                                                            "num_stages": 1})  # fmt: skip
     monkeypatch.undo()
     cfg = dict(zip(triton_impl.CONFIG_KEYS, triton_impl.TUNED["fp32"]["fwd"]["128"], strict=True))
-    meta = triton_impl._meta("fwd", (True, False, "tf32x3"), 128, 1000, 1000, cfg)
+    meta = {"CAUSAL": True, "UPCAST": False, "PRECISION": "tf32x3",
+            **triton_impl._shape_consts(128, 1000, 1000, cfg), **cfg}  # fmt: skip
     copies = {k: n for k, n in vector_widths(sm90_ptx(triton_impl._fwd_kernel, launched[0], meta)).items()
               if k.startswith("cp.async")}  # fmt: skip
     assert list(copies) == ["cp.async 16B"], copies

@@ -1,12 +1,11 @@
-"""The launches `perfloop asm` compiles for the Triton FlashAttention: the forward and the
-backward's dK/dV kernel (with dQ's atomics where the type's table has "dkdvq" tiles, else the
-dQ kernel after it) of a call at head dim 128, causal, as the GPU compiles them."""
+"""The launches `perfloop asm` compiles for the Triton FlashAttention: the three kernels of a
+call at head dim 128, causal, as the GPU compiles them."""
 
 from __future__ import annotations
 
 import torch
 
-from perfloop.ops.attention import triton_impl as ti
+from perfloop.ops.attention.triton_impl import _bwd_dkdv_kernel, _bwd_dq_kernel, _config, _fwd_kernel
 
 
 def asm_specs(ty: str) -> list[dict]:
@@ -25,26 +24,19 @@ def asm_specs(ty: str) -> list[dict]:
     common = {"HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": True, "EVEN_M": True, "EVEN_N": True,
               "UPCAST": False, "PRECISION": "tf32"}  # fmt: skip
     bwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "L": "*fp32", "Dl": "*fp32"}
-    dtype = torch.float32 if ty == "fp32" else torch.bfloat16
-    atomic = "dkdvq" in ti.TUNED[ti._group(dtype)]
-    launches = [
-        # pointers, and every stride and size that is a multiple of 16 (as at S=4096, D=128)
-        (ti._fwd_kernel, "fwd", fwd_sig, [i for i, (n, t) in enumerate(fwd_sig.items())
-                                       if t != "constexpr" and n not in ("qk_scale", "H")]),
-        (ti._bwd_dkdv_kernel, "dkdvq" if atomic else "dkdv",
-         {**bwd_sig, "DK": ptr, "DV": ptr, "DQA": "*fp32", "sm_scale": "fp32", **sizes}, list(range(9))),
-    ]  # fmt: skip
-    if not atomic:
-        dq_sig = {**bwd_sig, "DQ": ptr, "sm_scale": "fp32", **sizes}
-        launches.append((ti._bwd_dq_kernel, "dq", dq_sig, list(range(7))))
     specs = []
-    for kernel, kind, sig, aligned in launches:
-        cfg = ti._config(128, kind, dtype)
+    for kernel, kind, sig, aligned in (
+        # pointers, and every stride and size that is a multiple of 16 (as at S=4096, D=128)
+        (_fwd_kernel, "fwd", fwd_sig, [i for i, (n, t) in enumerate(fwd_sig.items())
+                                       if t != "constexpr" and n not in ("qk_scale", "H")]),
+        (_bwd_dkdv_kernel, "dkdv", {**bwd_sig, "DK": ptr, "DV": ptr, "sm_scale": "fp32", **sizes},
+         list(range(8))),
+        (_bwd_dq_kernel, "dq", {**bwd_sig, "DQ": ptr, "sm_scale": "fp32", **sizes}, list(range(7))),
+    ):  # fmt: skip
+        cfg = _config(128, kind, torch.float32 if ty == "fp32" else torch.bfloat16)
         consts = {**common, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]}
         if kind == "fwd":
             consts |= dict.fromkeys(unit, 1)
-        if kernel is ti._bwd_dkdv_kernel:
-            consts["ATOMIC_DQ"] = atomic
         specs.append({"kernel": kernel, "signature": sig, "aligned": aligned, "constexprs": consts,
                       "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})  # fmt: skip
     return specs

@@ -1,8 +1,7 @@
 // FlashAttention's autograd Function in C++ over the Triton kernels of triton_impl.py
-// (_fwd_kernel, _bwd_preprocess, _bwd_dkdv_kernel, and _bwd_dq_cast or _bwd_dq_kernel): the
-// launches and arguments of its Python FlashAttention; a plan holds the four kernels compiled
-// (with the tiles that fit this GPU) for one shape, layout and dtype, and whether the dK/dV
-// kernel adds dQ up into an fp32 buffer (atomic) or a pass of its own computes it.
+// (_fwd_kernel, _bwd_preprocess, _bwd_dkdv_kernel, _bwd_dq_kernel): the launches and arguments
+// of its Python FlashAttention; a plan holds the four kernels compiled (with the tiles that fit
+// this GPU) for one shape, layout and dtype.
 #include "native_launch.h"
 
 namespace perfloop {
@@ -13,14 +12,13 @@ constexpr double kLog2e = 1.4426950408889634;
 struct Plan {
   int64_t fwd, pre, dkdv, dq;              // kernel indices
   int64_t fwd_x, pre_x, dkdv_x, dq_x;      // each grid's first dimension (the second is B*H)
-  bool atomic;
 };
 
 Registry<Plan>& plans() { return registry<Plan>(); }
 
 int64_t add_plan(int64_t fwd, int64_t pre, int64_t dkdv, int64_t dq, int64_t fwd_x, int64_t pre_x, int64_t dkdv_x,
-                 int64_t dq_x, int64_t atomic) {
-  return plans().add(Plan{fwd, pre, dkdv, dq, fwd_x, pre_x, dkdv_x, dq_x, atomic != 0});
+                 int64_t dq_x) {
+  return plans().add(Plan{fwd, pre, dkdv, dq, fwd_x, pre_x, dkdv_x, dq_x});
 }
 
 struct AttentionFn : public torch::autograd::Function<AttentionFn> {
@@ -60,20 +58,13 @@ struct AttentionFn : public torch::autograd::Function<AttentionFn> {
     const at::Tensor dout = packed(grads[0]);
     const int64_t bh = q.size(0) * q.size(1), h = q.size(1), sq = q.size(2), sk = k.size(2);
     at::Tensor dl = at::empty_like(lse);
-    // the fp32 dQ accumulator (zeroed by the preprocess); without atomics dl stands in, unread
-    const at::Tensor dqa = p.atomic ? at::empty(q.sizes(), q.options().dtype(at::kFloat)) : dl;
     launch(kernels().at(p.pre), static_cast<unsigned>(p.pre_x), static_cast<unsigned>(bh), 1, s,
-           {o, dout, dl, dqa, sq, 0, 0, 0, 0});
+           {o, dout, dl, sq, 0, 0, 0});
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     launch(kernels().at(p.dkdv), static_cast<unsigned>(p.dkdv_x), static_cast<unsigned>(bh), 1, s,
-           {q, k, v, dout, lse, dl, dk, dv, dqa, scale, h, sq, sk, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
-    if (p.atomic) {
-      launch(kernels().at(p.dq), static_cast<unsigned>(p.dq_x), static_cast<unsigned>(bh), 1, s,
-             {dqa, dq, scale, sq, 0, 0, 0});
-    } else {
-      launch(kernels().at(p.dq), static_cast<unsigned>(p.dq_x), static_cast<unsigned>(bh), 1, s,
-             {q, k, v, dout, lse, dl, dq, scale, h, sq, sk, 0, 0, 0, 0, 0, 0, 0, 0, 0});
-    }
+           {q, k, v, dout, lse, dl, dk, dv, scale, h, sq, sk, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+    launch(kernels().at(p.dq), static_cast<unsigned>(p.dq_x), static_cast<unsigned>(bh), 1, s,
+           {q, k, v, dout, lse, dl, dq, scale, h, sq, sk, 0, 0, 0, 0, 0, 0, 0, 0, 0});
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

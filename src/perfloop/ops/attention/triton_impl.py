@@ -161,10 +161,8 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _bwd_preprocess(O, DO, Dl, DQA, SQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    ZERO_DQA: tl.constexpr):  # fmt: skip
-    # D = rowsum(dO * O); O and dO are contiguous (B*H, SQ, HEAD_DIM) here. ZERO_DQA: also
-    # zero these rows of the fp32 dQ accumulator the dK/dV kernel adds into.
+def _bwd_preprocess(O, DO, Dl, SQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    # D = rowsum(dO * O); O and dO are contiguous (B*H, SQ, HEAD_DIM) here
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -174,21 +172,6 @@ def _bwd_preprocess(O, DO, Dl, DQA, SQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.cons
     o = tl.load(O + base, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(DO + base, mask=mask, other=0.0).to(tl.float32)
     tl.store(Dl + bh * SQ + offs_m, tl.sum(o * do, axis=1), mask=offs_m < SQ)
-    if ZERO_DQA:
-        tl.store(DQA + base, tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=mask)
-
-
-@triton.jit
-def _bwd_dq_cast(DQA, DQ, sm_scale, SQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    # dQ = the fp32 accumulator * scale, in dQ's dtype; both contiguous (B*H, SQ, HEAD_DIM)
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m[:, None] < SQ) & (offs_d[None, :] < HEAD_DIM)
-    base = bh * SQ * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    dq = tl.load(DQA + base, mask=mask, other=0.0)
-    tl.store(DQ + base, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -201,13 +184,12 @@ def _rows(X, bh, offs, S, MASK: tl.constexpr):
 
 @triton.jit
 def _dkdv_tiles(
-    dk, dv, k, v, Q, DO, L, Dl, DQA, bh, SQ, offs_n, offs_d, lo, hi, qk_scale,
+    dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, lo, hi, qk_scale,
     MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     q_base = Q + bh * SQ * HEAD_DIM
     do_base = DO + bh * SQ * HEAD_DIM
-    dqa_base = DQA + bh * SQ * HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load(q_base, offs_m, SQ, offs_d, HEAD_DIM, 1, HEAD_DIM, MASK or MASK_D, UPCAST)
@@ -224,29 +206,20 @@ def _dkdv_tiles(
             pt = tl.where(valid, pt, 0.0)
         dv += tl.dot(pt.to(do.dtype), do, input_precision=PRECISION)
         dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        dst = (pt * (dpt - di[None, :])).to(q.dtype)
-        dk += tl.dot(dst, q, input_precision=PRECISION)
-        if ATOMIC_DQ:  # this key tile's share of dQ = dS k, added into the fp32 accumulator
-            dq = tl.dot(tl.trans(dst), k, input_precision=PRECISION)
-            ptrs = dqa_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-            if MASK or MASK_D:
-                inside = (offs_m[:, None] < SQ) & (offs_d[None, :] < HEAD_DIM)
-                tl.atomic_add(ptrs, dq, mask=inside, sem="relaxed")
-            else:
-                tl.atomic_add(ptrs, dq, sem="relaxed")
+        dst = pt * (dpt - di[None, :])
+        dk += tl.dot(dst.to(q.dtype), q, input_precision=PRECISION)
     return dk, dv
 
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, L, Dl, DK, DV, DQA, sm_scale,
+    Q, K, V, DO, L, Dl, DK, DV, sm_scale,
     H, SQ, SK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
-    # all tensors contiguous (B*H, S, HEAD_DIM); one program per BLOCK_N keys, walking the
-    # queries. ATOMIC_DQ: dQ too, added into DQA (fp32, zeroed), instead of _bwd_dq_kernel's pass
+    # all tensors contiguous (B*H, S, HEAD_DIM); one program per BLOCK_N keys, walking the queries
     pid_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     n0 = pid_n * BLOCK_N
@@ -269,17 +242,16 @@ def _bwd_dkdv_kernel(
     if CAUSAL:
         lo = n0 // BLOCK_M * BLOCK_M
         mid = tl.maximum(lo, tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, m_even))
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, DQA, bh, SQ, offs_n, offs_d, lo, mid, qk_scale,
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, lo, mid, qk_scale,
                              MASK=True, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST,
-                             PRECISION=PRECISION, BLOCK_M=BLOCK_M, ATOMIC_DQ=ATOMIC_DQ)  # fmt: skip
-    dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, DQA, bh, SQ, offs_n, offs_d, mid, m_even, qk_scale,
+                             PRECISION=PRECISION, BLOCK_M=BLOCK_M)  # fmt: skip
+    dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, mid, m_even, qk_scale,
                          MASK=False, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST,
-                         PRECISION=PRECISION, BLOCK_M=BLOCK_M, ATOMIC_DQ=ATOMIC_DQ)  # fmt: skip
+                         PRECISION=PRECISION, BLOCK_M=BLOCK_M)  # fmt: skip
     if not EVEN_M:
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, DQA, bh, SQ, offs_n, offs_d, tl.maximum(mid, m_even),
-                             SQ, qk_scale, MASK=True, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
-                             UPCAST=UPCAST, PRECISION=PRECISION, BLOCK_M=BLOCK_M,
-                             ATOMIC_DQ=ATOMIC_DQ)  # fmt: skip
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, tl.maximum(mid, m_even), SQ,
+                             qk_scale, MASK=True, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
+                             UPCAST=UPCAST, PRECISION=PRECISION, BLOCK_M=BLOCK_M)  # fmt: skip
     kv_mask = (offs_n[:, None] < SK) & (offs_d[None, :] < HEAD_DIM)
     kv_off = kv_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -357,34 +329,17 @@ def _precision(dtype: torch.dtype) -> str:
     return dot_precision(dtype, exact="tf32x3")
 
 
-def _group(dtype: torch.dtype) -> str:
-    return "fp32" if dtype == torch.float32 else "16bit"
-
-
 def _config(head_dim: int, kind: str, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Tile sizes and warps per kernel; small tiles in the interpreter (it is numpy)."""
     if interpreting():
         return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    row = TUNED[_group(dtype)][kind]
+    row = TUNED["fp32" if dtype == torch.float32 else "16bit"][kind]
     return dict(zip(CONFIG_KEYS, row["64" if head_dim <= 64 else "128"], strict=True))
 
 
-def _dq_by_atomics(dtype: torch.dtype) -> bool:
-    """dQ added up by the dK/dV kernel ("dkdvq": five matmuls a tile pair, not seven; fp32
-    atomics, so its last bits vary run to run) where the dtype's table has tiles for it and
-    torch is not asked for deterministic algorithms; else a pass of its own over the keys."""
-    return "dkdvq" in TUNED[_group(dtype)] and not torch.are_deterministic_algorithms_enabled()
-
-
-def _meta(kind: str, consts: tuple, d: int, sq: int, sk: int, cfg: dict) -> dict:
-    """A kernel's constexprs and launch options. `consts`: (CAUSAL, UPCAST, PRECISION)."""
-    causal, upcast, precision = consts
-    meta = {"CAUSAL": causal, "UPCAST": upcast, "PRECISION": precision, "HEAD_DIM": d,
-            "BLOCK_D": max(16, next_pow2(d)), "EVEN_M": sq % cfg["BLOCK_M"] == 0,
-            "EVEN_N": sk % cfg["BLOCK_N"] == 0, **cfg}  # fmt: skip
-    if kind in ("dkdv", "dkdvq"):
-        meta["ATOMIC_DQ"] = kind == "dkdvq"
-    return meta
+def _shape_consts(d: int, sq: int, sk: int, cfg: dict) -> dict:
+    return {"HEAD_DIM": d, "BLOCK_D": max(16, next_pow2(d)),
+            "EVEN_M": sq % cfg["BLOCK_M"] == 0, "EVEN_N": sk % cfg["BLOCK_N"] == 0}  # fmt: skip
 
 
 try:
@@ -419,8 +374,10 @@ def _fit(kind: str, d: int, sq: int, sk: int, q, consts: tuple, attempt) -> dict
     settings per shape. `consts`: (CAUSAL, UPCAST, PRECISION). Returns the settings."""
     key = (kind, d, q.dtype, q.device)
     cfg = _FITTED.get(key) or _config(d, kind, q.dtype)
+    causal, upcast, precision = consts
     while True:
-        meta = _meta(kind, consts, d, sq, sk, cfg)
+        meta = {"CAUSAL": causal, "UPCAST": upcast, "PRECISION": precision, **_shape_consts(d, sq, sk, cfg),
+                **cfg}  # fmt: skip
         try:
             attempt(meta, cfg)
         except _OutOfResources:
@@ -437,7 +394,10 @@ def _launch(kernel, kind: str, cfg: dict | None, grid_of, args: tuple, consts: t
     """Launch with the settings that fit this shape (`_fit`); an explicit `cfg` (tuning)
     launches as it is, or fails."""
     if cfg is not None:
-        launch(kernel, grid_of(cfg), *args, **_meta(kind, consts, d, sq, sk, cfg))
+        causal, upcast, precision = consts
+        meta = {"CAUSAL": causal, "UPCAST": upcast, "PRECISION": precision, **_shape_consts(d, sq, sk, cfg),
+                **cfg}  # fmt: skip
+        launch(kernel, grid_of(cfg), *args, **meta)
         return
     plan = _PLANS.get((kind, d, sq, sk, q.dtype, q.device, consts))
     if plan is not None:
@@ -478,30 +438,22 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
 
 
 def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | None = None):
-    """dq, dk, dv; `cfgs` overrides the tiles (tuning): {"dkdvq": cfg} adds dQ up inside the
-    dK/dV kernel, {"dkdv": cfg, "dq": cfg} runs a dQ pass of its own (`_dq_by_atomics`)."""
+    """dq, dk, dv; `cfgs` ({"dkdv": cfg, "dq": cfg}) overrides the tiles (tuning)."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
     block_d = max(16, next_pow2(d))
-    cfgs = cfgs or {}
-    atomic = "dkdvq" in cfgs if cfgs else _dq_by_atomics(q.dtype)
     dl = torch.empty_like(lse)
-    dqa = torch.empty(q.shape, dtype=torch.float32, device=q.device) if atomic else dl
     pre_m = TUNED["preprocess_block_m"]
-    launch(_bwd_preprocess, (cdiv(sq, pre_m), b * h), o, do, dl, dqa, sq, HEAD_DIM=d, BLOCK_D=block_d,
-           BLOCK_M=pre_m, ZERO_DQA=atomic)  # fmt: skip
+    launch(_bwd_preprocess, (cdiv(sq, pre_m), b * h), o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d,
+           BLOCK_M=pre_m)  # fmt: skip
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = (causal, interpreting(), _precision(q.dtype))
-    kind = "dkdvq" if atomic else "dkdv"
-    _launch(_bwd_dkdv_kernel, kind, cfgs.get(kind), lambda c: (cdiv(sk, c["BLOCK_N"]), b * h),
-            (q, k, v, do, lse, dl, dk, dv, dqa, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip
-    if atomic:
-        launch(_bwd_dq_cast, (cdiv(sq, pre_m), b * h), dqa, dq, scale, sq, HEAD_DIM=d, BLOCK_D=block_d,
-               BLOCK_M=pre_m)  # fmt: skip
-    else:
-        _launch(_bwd_dq_kernel, "dq", cfgs.get("dq"), lambda c: (cdiv(sq, c["BLOCK_M"]), b * h),
-                (q, k, v, do, lse, dl, dq, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip
+    cfgs = cfgs or {}
+    _launch(_bwd_dkdv_kernel, "dkdv", cfgs.get("dkdv"), lambda c: (cdiv(sk, c["BLOCK_N"]), b * h),
+            (q, k, v, do, lse, dl, dk, dv, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip
+    _launch(_bwd_dq_kernel, "dq", cfgs.get("dq"), lambda c: (cdiv(sq, c["BLOCK_M"]), b * h),
+            (q, k, v, do, lse, dl, dq, scale, h, sq, sk), consts, d, sq, sk, q)  # fmt: skip
     return dq, dk, dv
 
 
@@ -521,14 +473,13 @@ class FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-_NATIVE: dict = {}  # (shapes, strides, dtype, causal, device, atomic) -> the C++ side's plan, or None
+_NATIVE: dict = {}  # (shapes, strides, dtype, causal, device) -> the C++ side's plan, or None
 
 
-def _native_plan(q, k, v, causal: bool, atomic: bool):
+def _native_plan(q, k, v, causal: bool):
     """The four kernels, with the tiles that fit this GPU (`_fit`), compiled for this shape and
     layout and handed to native.cpp: the plan's index there, or None where the C++ Function
-    cannot run them (native.why_not says why). `atomic`: dQ added up by the dK/dV kernel,
-    then cast (`_bwd_dq_cast`), as `run_backward` does."""
+    cannot run them (native.why_not says why)."""
     ext = native.extension("attention")
     if ext is None:
         return None
@@ -539,23 +490,20 @@ def _native_plan(q, k, v, causal: bool, atomic: bool):
     f32 = torch.empty(16, dtype=torch.float32, device=q.device)
     scale = 1.0  # a float argument: its value is not compiled in
     strides = (*q.stride(), *k.stride(), *v.stride(), h * sq * d, sq * d, d, 1)  # o: contiguous
-    pre_m, block_d = TUNED["preprocess_block_m"], max(16, next_pow2(d))
-    dkdv = "dkdvq" if atomic else "dkdv"
+    pre_m = TUNED["preprocess_block_m"]
     kernels = {
         "fwd": (
             _fwd_kernel,
             lambda c: cdiv(sq, c["BLOCK_M"]),
             (t, t, t, t, f32, scale, *strides, h, sq, sk, sk),  # V's rows: sk (16-bit V is not copied)
         ),
-        dkdv: (
+        "dkdv": (
             _bwd_dkdv_kernel,
             lambda c: cdiv(sk, c["BLOCK_N"]),
-            (t, t, t, t, f32, f32, t, t, f32, scale, h, sq, sk),
+            (t, t, t, t, f32, f32, t, t, scale, h, sq, sk),
         ),
+        "dq": (_bwd_dq_kernel, lambda c: cdiv(sq, c["BLOCK_M"]), (t, t, t, t, f32, f32, t, scale, h, sq, sk)),
     }
-    if not atomic:
-        dq_args = (t, t, t, t, f32, f32, t, scale, h, sq, sk)
-        kernels["dq"] = (_bwd_dq_kernel, lambda c: cdiv(sq, c["BLOCK_M"]), dq_args)
     ids, grids = {}, {}
     for kind, (kernel, grid_x, args) in kernels.items():
 
@@ -570,15 +518,10 @@ def _native_plan(q, k, v, causal: bool, atomic: bool):
             attempt(plan, plan)
         else:
             _fit(kind, d, sq, sk, q, consts, attempt)
-    rows = (cdiv(sq, pre_m), bh)
-    pre = native.add_kernel(ext, _bwd_preprocess, rows, t, t, f32, f32, sq, HEAD_DIM=d, BLOCK_D=block_d,
-                            BLOCK_M=pre_m, ZERO_DQA=atomic)  # fmt: skip
-    if atomic:
-        ids["dq"] = native.add_kernel(ext, _bwd_dq_cast, rows, f32, t, scale, sq, HEAD_DIM=d, BLOCK_D=block_d,
-                                      BLOCK_M=pre_m)  # fmt: skip
-        grids["dq"] = rows[0]
-    return native.plan_of("attention", ext, (ids["fwd"], pre, ids[dkdv], ids["dq"]), grids["fwd"], rows[0],
-                          grids[dkdv], grids["dq"], int(atomic))  # fmt: skip
+    pre = native.add_kernel(ext, _bwd_preprocess, (cdiv(sq, pre_m), bh), t, t, f32, sq, HEAD_DIM=d,
+                            BLOCK_D=max(16, next_pow2(d)), BLOCK_M=pre_m)  # fmt: skip
+    return native.plan_of("attention", ext, (ids["fwd"], pre, ids["dkdv"], ids["dq"]), grids["fwd"],
+                          cdiv(sq, pre_m), grids["dkdv"], grids["dq"])  # fmt: skip
 
 
 def _attention_function(q, k, v, causal: bool, scale: float):
@@ -586,9 +529,8 @@ def _attention_function(q, k, v, causal: bool, scale: float):
     aligned), else the Python one."""
     if q.is_cuda and q.dtype != torch.float32 and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
         dev = q.get_device()
-        atomic = _dq_by_atomics(q.dtype)
-        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, causal, dev, atomic)
-        plan = native.plan_for(_NATIVE, key, lambda: _native_plan(q, k, v, causal, atomic), q.device)
+        key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, causal, dev)
+        plan = native.plan_for(_NATIVE, key, lambda: _native_plan(q, k, v, causal), q.device)
         if plan is not None:
             stream = torch._C._cuda_getCurrentRawStream(dev)
             o, lse = native.extension("attention").attention(q, k, v, scale, plan, stream)

@@ -4,8 +4,7 @@ and 128, causal and not) and writes the best per kernel and head dim to `tuned.j
 table `triton_impl` launches with.
 
 The forward is timed against SDPA's forward; each backward kernel (the other at its table
-config; "dkdvq", the dK/dV kernel that adds dQ up too, with the preprocess and the cast)
-against SDPA's backward (forward + backward minus forward). A config is kept only if
+config) against SDPA's backward (forward + backward minus forward). A config is kept only if
 its output matches SDPA's.
 """
 
@@ -31,9 +30,6 @@ SPACE = {
              (64, 64, 4, 3), (16, 128, 4, 5), (32, 128, 8, 4)],
     "dq": [(128, 32, 4, 5), (128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4),
            (128, 64, 4, 3), (128, 32, 8, 4)],
-    # dK/dV with dQ's atomics: a wider key tile (BLOCK_N) means fewer atomics a query row
-    "dkdvq": [(64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (32, 128, 8, 3), (32, 128, 4, 3),
-              (64, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 4), (128, 128, 8, 3), (128, 64, 8, 3)],
 }  # fmt: skip
 CASES = [(4, 16, 4096, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
 KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -98,7 +94,7 @@ def _choose(rows: list[dict], kinds, table: dict) -> dict:
     return table
 
 
-def tune(kinds=("fwd", "dkdv", "dq", "dkdvq"), cases=CASES, budget_s: float = 0.3, write: bool = True,
+def tune(kinds=("fwd", "dkdv", "dq"), cases=CASES, budget_s: float = 0.3, write: bool = True,
          log: Callable[[str], None] = print, dtype: torch.dtype = torch.bfloat16) -> dict:  # fmt: skip
     """Time the search space; return {"rows": [...], "table": the chosen table} and, with
     `write`, save the table beside the kernel (16-bit rows only). Needs a CUDA GPU."""
