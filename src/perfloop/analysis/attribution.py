@@ -106,7 +106,7 @@ def _is_op(e) -> bool:
     return "::" in e.name and not e.name.startswith(BACKWARD) and not getattr(e, "is_user_annotation", False)
 
 
-def _context(e, seq_module: dict) -> tuple[str, str, str, tuple]:
+def call_context(e, seq_module: dict) -> tuple[str, str, str, tuple]:
     """(op, module, phase, markers) for a runtime call or op event, from the events around it."""
     op = module = ""
     phase = "forward"
@@ -131,7 +131,7 @@ def _context(e, seq_module: dict) -> tuple[str, str, str, tuple]:
     return op, module or NO_MODULE, phase, tuple(markers[:1])
 
 
-def _seq_modules(events) -> dict:
+def seq_modules(events) -> dict:
     """Sequence number of each forward op -> the module it ran in. (Sequence numbers count per
     forward thread; a training step has one.)"""
     out = {}
@@ -201,11 +201,11 @@ def items(events, kind: str) -> list[Item]:
     """Every kernel recorded on the device (every outermost op on a CPU), in time order, with
     its op, module and phase. A kernel no op's list holds (a graph replay, NCCL, the runtime's
     own memcpy) keeps op ''."""
-    seq_module = _seq_modules(events)
+    seq_module = seq_modules(events)
     if kind != "cuda":
         out = []
         for e in cpu_ops(events):
-            op, module, phase, _ = _context(e, seq_module)
+            op, module, phase, _ = call_context(e, seq_module)
             marks = tuple(int(c.name[len(MARKER) :]) for c in _descendants(e) if c.name.startswith(MARKER))
             r = e.time_range
             out.append(Item(e.name, e.name, module, phase, r.elapsed_us() / 1e3, r.start, r.end, marks,
@@ -219,7 +219,7 @@ def items(events, kind: str) -> list[Item]:
     for d in sorted(device_events(events, annotations(events)), key=lambda e: e.time_range.start):
         launch = launches[d.name].popleft() if launches[d.name] else None
         if launch is not None:
-            op, module, phase, marks = _context(launch, seq_module)
+            op, module, phase, marks = call_context(launch, seq_module)
         else:
             op, module, phase, marks = "", NO_MODULE, "forward", ()
         at = _launched(launch, d.time_range.start) if launch else d.time_range.start

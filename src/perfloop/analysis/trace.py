@@ -326,9 +326,9 @@ def work_by_key(events, kind: str, spans=None) -> dict:
     """(module, phase, op) -> [flops, input bytes, dtype], each launching op counted once (with
     `spans`, those launched inside them). On a CPU the outermost ops are the work: each carries
     its own input bytes and the FLOPs of the matmuls inside it."""
-    from perfloop.analysis.attribution import _context, _seq_modules, cpu_ops
+    from perfloop.analysis.attribution import call_context, cpu_ops, seq_modules
 
-    seq_module = _seq_modules(events)
+    seq_module = seq_modules(events)
     out: dict = {}
     if kind == "cuda":
         pairs, seen = [], set()
@@ -351,7 +351,7 @@ def work_by_key(events, kind: str, spans=None) -> dict:
     for e, op_event, w in pairs:
         if w is None or (spans and not any(s <= op_event.time_range.start <= t for s, t in spans)):
             continue
-        op, module, phase, _ = _context(e, seq_module)
+        op, module, phase, _ = call_context(e, seq_module)
         acc = out.setdefault((module, phase, op), [0.0, 0.0, ""])
         acc[0] += w[0]
         acc[1] += w[1]
