@@ -265,13 +265,21 @@ def test_fp32_tiles_come_from_the_table_by_head_dim(monkeypatch):
 
 def test_v_taken_k_major_keeps_rows_of_a_multiple_of_16_elements():
     """The K-major copy of V at a sequence length that is not a multiple of 16 (1000): its
-    rows padded to 1008, the values V's own."""
+    rows padded to 1008, the values V's own, the padding zeros (the forward reads V up to the
+    padded length, where p = 0: a NaN there would poison the sum)."""
     from perfloop.ops.base import k_major_for_tf32
 
     v = torch.randn(2, 3, 1000, 64)
-    km = k_major_for_tf32(v, "tf32x3")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # torch.empty then fills with NaN: unwritten memory shows
+    try:
+        km = k_major_for_tf32(v, "tf32x3")
+    finally:
+        torch.use_deterministic_algorithms(was)
     assert torch.equal(km, v)
     assert km.stride()[2:] == (1, 1008) and km.stride(1) % 16 == 0 and km.stride(0) % 16 == 0
+    rows = km.as_strided((2, 3, 64, 1008), (km.stride(0), km.stride(1), 1008, 1))  # the copy, padding too
+    assert torch.equal(rows[..., 1000:], torch.zeros(2, 3, 64, 8))
 
 
 @pytest.mark.slow
