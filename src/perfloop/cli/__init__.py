@@ -13,6 +13,7 @@ import os
 import sys
 import warnings
 
+from perfloop import __version__
 from perfloop.cli.args import USAGE_ERROR, UsageError
 
 VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "report", "history", "bisect", "compare",
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="perfloop",
         description="GPU performance engineering in PyTorch: measure, locate, fix, measure again.",
     )
+    ap.add_argument("-V", "--version", action="version", version=f"perfloop {__version__}")
     sub = ap.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     def verb(name, help_, fn, db=False, js=True):
