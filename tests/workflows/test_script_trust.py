@@ -263,3 +263,30 @@ def test_report_and_exports_show_a_profile_run_and_compare_says_what_each_run_ho
     assert main(["compare", "--db", db, script_run, "latest"]) == 2
     err = capsys.readouterr().err
     assert f"{script_run} holds a step profile and no measurements" in err and "different devices" not in err
+
+
+def test_a_dataloader_with_forked_workers_runs_as_under_plain_python(tmp_path):
+    # the workers are forked from inside the script: each ends with os._exit, which must end the
+    # worker there, not run perfloop's own exit path in it ("no step found", exit 2)
+    script = _write(tmp_path, """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        data = TensorDataset(torch.randn(256, 32), torch.randn(256, 1))
+        loader = DataLoader(data, batch_size=32, num_workers=2, multiprocessing_context="fork")
+        for epoch in range(2):
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(net(x), y).backward()
+                opt.step()
+        print("trained")
+        """)  # fmt: skip
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and "trained" in plain.stdout, plain.stderr
+    r = _run_cli(tmp_path, "--skip", "2", "--steps", "2", "--json", "--script", str(script))
+    assert r.returncode == 0, r.stderr
+    assert "no step found" not in r.stderr and "exited unexpectedly" not in r.stderr
+    said, _, payload = r.stdout.partition("\n")  # the script's own print, then perfloop's JSON
+    assert said == "trained" and json.loads(payload)["calls"] == 2

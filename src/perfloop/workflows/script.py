@@ -104,6 +104,8 @@ class _Window:
     exit_after: bool = False  # end the script (in its main thread) once the profile is taken
     on_taken: object = None  # called once when it is taken and the script runs on
     main_thread: int = field(default_factory=threading.get_ident)
+    pid: int = field(default_factory=os.getpid)  # a process forked from the script (a DataLoader
+    # worker) inherits the window: there it must do nothing, the profile is the parent's
     taken: bool = False  # the profile was taken, and said so (or the script ended for it)
     read_sites: object = None  # () -> pl.patch's call sites in the models seen (nn.patch.plan)
     sites: dict | None = None  # ... read when the window closed, while those models live
@@ -120,7 +122,12 @@ class _Window:
             self.on_taken()
 
     # ---- ranges
+    def forked(self) -> bool:
+        return os.getpid() != self.pid
+
     def enter(self, name: str) -> None:
+        if self.forked():
+            return
         with self.lock:
             self._enter(name)
         self.check_taken()
@@ -154,7 +161,7 @@ class _Window:
         self.state = "counting"
 
     def exit(self, name: str) -> None:
-        if name != self.range_name:
+        if name != self.range_name or self.forked():
             return
         with self.lock:
             self._exit()
@@ -162,6 +169,8 @@ class _Window:
 
     def boundary(self, name: str) -> None:
         """A step boundary (an optimizer's step() returned): one occurrence ends, the next begins."""
+        if self.forked():
+            return
         with self.lock:
             if name == self.range_name:
                 self._exit()
@@ -180,7 +189,7 @@ class _Window:
 
     # ---- a time window, checked at each module call
     def tick(self, *_args) -> None:
-        if self.range_name is not None or self.window is None:
+        if self.range_name is not None or self.window is None or self.forked():
             return
         with self.lock:
             now = time.perf_counter() - self.t0
@@ -510,10 +519,13 @@ def _step_sources(w: _Window):
 @contextlib.contextmanager
 def _exit_in_main_thread():
     """os._exit(code) in the script's own thread ends the script like sys.exit, so the analysis
-    is still made; from another thread it ends the process as it would, saying so first."""
-    real, main = os._exit, threading.get_ident()
+    is still made; from another thread it ends the process as it would, saying so first; in a
+    process forked from the script (a DataLoader worker ends so) it ends that process at once."""
+    real, main, pid = os._exit, threading.get_ident(), os.getpid()
 
     def _exit(code):
+        if os.getpid() != pid:
+            real(code)
         if threading.get_ident() == main:
             raise _Exit(code)
         print(f"perfloop: the script called os._exit({code}) from a worker thread: the process ends "
