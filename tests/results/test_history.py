@@ -110,8 +110,8 @@ def test_commits_the_repository_no_longer_holds_are_counted(tmp_path):
     pts = [
         Point(str(i), "", c, 1.0, (0.9, 1.1)) for i, c in enumerate([head, head + "-dirty", "0123456789ab"])
     ]
-    assert missing_commits(pts, str(repo)) == 1  # the rebased-away one; -dirty is its commit's
-    assert missing_commits(pts[2:], str(repo)) == 0  # none held: not this line's repository
+    assert len(missing_commits(pts, str(repo))) == 1  # the rebased-away one; -dirty is its commit's
+    assert missing_commits(pts[2:], str(repo)) == set()  # none held: not this line's repository
 
 
 def test_history_verb_prints_the_line_and_its_step_and_json(store, capsys):

@@ -149,3 +149,45 @@ def test_outside_a_git_repository_the_cli_says_so_with_exit_2(tmp_path, capsys):
     rc = main(["bisect", "a", "b", "--repo", str(tmp_path), "--", "true"])
     assert rc == 2
     assert "is not in a git repository" in capsys.readouterr().err
+
+
+def test_the_bisect_line_history_and_the_report_print_runs_as_printed(tmp_path, git_env, capsys, monkeypatch):
+    """A pytest-plugin key has empty shape and dtype fields: the printed line must match it."""
+    import html
+    import random
+    import re
+    import shlex
+
+    from perfloop.harness.measurement import Measurement
+    from perfloop.results.store import Store
+
+    repo = tmp_path / "r"
+    commits = _repo(repo, n=6, slow_at=3)
+    db = str(tmp_path / "runs.db")
+    store, rng = Store(db), random.Random(2)
+    for commit, level in [(commits[0], 1.0)] * 4 + [(commits[-1], 1.3)] * 4:
+        samples = tuple(level * 20 * (1 + 0.01 * rng.gauss(0, 1)) for _ in range(15))
+        m = Measurement(samples_ms=samples, env={"git": commit[:12], "device": {"name": "AMD EPYC 7B13"}})
+        store.add(store.new_run("pytest --perfloop-db"), m, op="test:bench.py::test_step", variant="pytest",
+                  shape=(), dtype="")  # fmt: skip
+    monkeypatch.chdir(repo)
+    assert main(["history", "test_step", "--db", db]) == 0
+    [said] = re.findall(r"name the commit: (perfloop bisect .*? -- COMMAND)", capsys.readouterr().out)
+    assert main(["report", "--db", db, "--html", str(tmp_path / "page")]) == 0
+    page = (tmp_path / "page" / "index.html").read_text()
+    [shown] = [html.unescape(x) for x in re.findall(r"<code>(perfloop bisect [^<]*)</code>", page)]
+    assert shown == said and "'test:bench.py::test_step/pytest///AMD EPYC 7B13'" in said
+    argv = shlex.split(said)[1:]
+    argv = argv[: argv.index("--")] + [
+        "--db",
+        db,
+        "--metric",
+        "stdout",
+        "--json",
+        "--",
+        sys.executable,
+        "bench.py",
+    ]
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["culprit"]["commit"] == commits[3]

@@ -89,8 +89,14 @@ def get_variants(op, names: list[str] | None, timing: bool) -> list[str]:
 def open_store(args, writing: bool = True):
     """The results store named by --db; for a command that will write, checked writable
     before anything is measured."""
-    from perfloop.results.store import Store, StoreError
+    from pathlib import Path
 
+    from perfloop.results.store import Store, StoreError, default_path
+
+    path = Path(args.db) if args.db else default_path()
+    if not writing and str(path) != ":memory:" and not path.exists():
+        raise UsageError(f"--db: {path} does not exist: nothing is stored there yet (bench, sweep, demo, "
+                         "profile and pytest --perfloop-db write it); check the path")  # fmt: skip
     try:
         store = Store(args.db)
         if writing:

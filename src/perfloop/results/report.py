@@ -281,7 +281,7 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
         parts.append("<p>No results stored yet: run <code>perfloop demo</code> or "
                      "<code>perfloop bench OP</code>.</p>")  # fmt: skip
     if run_id is None:  # the whole history: its steps first, then every key's line
-        parts += trend_page.section(trends(store))
+        parts += trend_page.section(trends(store, repo="."))
     by_op = defaultdict(list)
     for r in rows:
         by_op[r["op"]].append(r)

@@ -5,22 +5,30 @@ stays one file that opens at once from disk."""
 
 from __future__ import annotations
 
+import hashlib
 import html
 import math
-import shlex
 
 from perfloop.harness.gate import learned_floor
-from perfloop.results.history import Trend, fmt_p
+from perfloop.results.history import Trend, bisect_command, fmt_p, key_text
 
 W, H, PAD = 260, 40, 3
 
 
 def _anchor(t: Trend) -> str:
-    return "k-" + "".join(c if c.isalnum() else "-" for c in "/".join(t.key))
+    """A fragment id for the key: readable, and unique (keys that differ only in punctuation
+    read the same, so the key's own hash ends it)."""
+    text = "/".join(t.key)
+    return (
+        "k-"
+        + "".join(c if c.isalnum() else "-" for c in text)
+        + "-"
+        + hashlib.sha1(text.encode()).hexdigest()[:8]
+    )
 
 
 def _name(t: Trend) -> str:
-    return "/".join(k for k in t.key if k)
+    return key_text(t.key)
 
 
 def _segments(t: Trend) -> list[tuple[int, int]]:
@@ -96,11 +104,12 @@ def section(trends: list[Trend]) -> list[str]:
         rows = []
         for t, c in changes:
             word = "slower" if c.ratio > 1 else "faster"
-            key = e(shlex.quote(_name(t)))
+            line = bisect_command(t, t.changes.index(c))
+            how = f"<code>{e(line)}</code>" if line else "(bisect cannot check these commits out)"
             rows.append(f"<tr class='change'><td><a href='#{_anchor(t)}'>{e(_name(t))}</a></td>"
                         f"<td class='{word}'>{c.ratio:.3f}x {word}</td><td>{e(c.before or '?')}</td>"
                         f"<td>{e(c.after or '?')}</td><td>{c.z:.1f}</td><td>{fmt_p(c.p_value)}</td><td>"
-                        f"<code>perfloop bisect --key {key} -- COMMAND</code></td></tr>")  # fmt: skip
+                        f"{how}</td></tr>")  # fmt: skip
         parts.append("<table><tr><th>benchmark</th><th>step</th><th>last commit before</th>"
                      "<th>first commit after</th><th>z</th><th>p</th><th>name the commit</th></tr>"
                      + "".join(rows) + "</table>")  # fmt: skip
