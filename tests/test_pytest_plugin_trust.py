@@ -180,3 +180,16 @@ def test_strict_makes_cannot_judge_a_failure_with_the_reason(pytester):
     r = pytester.runpytest_subprocess("--perfloop-compare", "base.json", "--perfloop-strict")
     r.assert_outcomes(failed=1)
     r.stdout.fnmatch_lines(["*perfloop: k: cannot judge*(--perfloop-strict)*"])
+
+
+def test_the_projects_tool_perfloop_table_names_the_baseline_the_plugin_compares_against(pytester):
+    pytester.makepyprojecttoml("[project]\nname = 'user'\n\n[tool.perfloop]\nreference = 'perf/base.json'\n")
+    pytester.makepyfile(
+        test_user=BUSY + "\ndef test_k(perfloop):\n    perfloop.bench(busy(0.2), name='k', budget_s=0.3)\n"
+    )
+    r = pytester.runpytest_subprocess()
+    r.assert_outcomes(passed=1)
+    r.stdout.fnmatch_lines(["*reference *base.json does not exist yet: nothing was compared*"])
+    pytester.runpytest_subprocess("--perfloop-save", "perf/base.json").assert_outcomes(passed=1)
+    r = pytester.runpytest_subprocess()  # no flag: the table's baseline is compared against
+    r.stdout.fnmatch_lines(["*perfloop comparison*", "k: *x, *"])

@@ -286,7 +286,34 @@ def _check_db(path: str) -> None:
         raise pytest.UsageError(f"--perfloop-db: {exc}") from None
 
 
+def _settings(config) -> None:
+    """[tool.perfloop] of the project's pyproject.toml as the defaults of the flags not given:
+    threshold, db, reference (the baseline compared against), strict."""
+    from perfloop.settings import SettingsError, load
+
+    try:
+        s = load(config.rootpath)
+    except SettingsError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    opt = config.option
+    if opt.perfloop_fail_above is None and s.threshold is not None:
+        opt.perfloop_fail_above = s.threshold
+    if opt.perfloop_db is None and s.db is not None:
+        opt.perfloop_db = s.db
+    if opt.perfloop_compare is None and opt.perfloop_save is None and s.reference is not None:
+        if Path(s.reference).exists():
+            opt.perfloop_compare = s.reference
+        else:
+            config._perfloop_notes.append(
+                f"[tool.perfloop] reference {s.reference} does not exist yet: nothing "
+                f"was compared; save one with --perfloop-save {s.reference}"
+            )
+    opt.perfloop_strict = opt.perfloop_strict or s.strict
+
+
 def pytest_configure(config):
+    config._perfloop_notes = []
+    _settings(config)
     config._perfloop_taken = {}
     config._perfloop_owner = {}
     config._perfloop_verdicts = {}
@@ -336,6 +363,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
     taken = getattr(config, "_perfloop_taken", {})
     verdicts = getattr(config, "_perfloop_verdicts", {})
+    for note in getattr(config, "_perfloop_notes", []):
+        terminalreporter.write_line(f"perfloop: {note}", yellow=True)
     if taken:
         terminalreporter.section("perfloop benchmarks")
         width = max(len(k) for k in taken)

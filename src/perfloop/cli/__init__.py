@@ -1,7 +1,9 @@
 """The `perfloop` command: one module per verb, each registering its flags and its `run`.
 Every verb has --help; --json where a program reads the output.
 
-Exit codes: 0 success, 1 a check or a regression failed, 2 a usage error.
+Exit codes: 0 success, 1 a check or a regression failed, 2 a usage error, 3 a comparison that
+cannot be judged under --strict. Settings committed in `[tool.perfloop]` (perfloop.settings)
+are the defaults; a flag on the command line overrides them.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import warnings
 from perfloop import __version__
 from perfloop.cli.args import USAGE_ERROR, UsageError
 
-VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "report", "history", "bisect", "compare",
-         "comm", "demo", "experiment")  # fmt: skip
+VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "report", "history", "runs", "bisect",
+         "compare", "comm", "demo", "experiment")  # fmt: skip
 
 
 def _prepare_triton() -> None:
@@ -49,7 +51,7 @@ def _say_warnings(seen: list) -> None:
         print(f"note ({origin or 'perfloop'} {w.category.__name__}): {text}", file=sys.stderr)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings=None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="perfloop",
         description="GPU performance engineering in PyTorch: measure, locate, fix, measure again.",
@@ -68,7 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in VERBS:
         importlib.import_module(f"perfloop.cli.{name}").register(verb)
+    if settings is not None:
+        _settings_as_defaults(sub, settings)
     return ap
+
+
+def _settings_as_defaults(sub, settings) -> None:
+    """[tool.perfloop]'s values as each verb's defaults, so a flag given still wins ($PERFLOOP_DB
+    too, over the file's db)."""
+    given = {
+        "db": None if os.environ.get("PERFLOOP_DB") else settings.db,
+        "fail_above": None if settings.threshold is None else f"{settings.threshold:g}",
+        "budget": settings.budget,
+        "strict": settings.strict or None,
+    }
+    for p in sub.choices.values():
+        dests = {a.dest for a in p._actions}
+        p.set_defaults(**{k: v for k, v in given.items() if v is not None and k in dests})
 
 
 def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -93,7 +111,14 @@ def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
+    from perfloop.settings import SettingsError, load
+
+    try:
+        settings = load()
+    except SettingsError as exc:
+        print(f"perfloop: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    ap = build_parser(settings)
     argv, script_args = _split_script_args([*(sys.argv[1:] if argv is None else argv)])
     args = ap.parse_args(argv)  # unknown verbs/flags: usage + the choices, exit 2
     args.script_args = script_args

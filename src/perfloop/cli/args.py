@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 USAGE_ERROR = 2
 FAILED = 1
+CANNOT_JUDGE = 3  # under --strict: a comparison the gate could not judge
 
 
 class UsageError(Exception):

@@ -3,7 +3,9 @@ noise between runs of the same code (harness.gate), not only against the samples
 
 from __future__ import annotations
 
-from perfloop.cli.args import FAILED, UsageError, open_store, parse_percent
+import sys
+
+from perfloop.cli.args import CANNOT_JUDGE, FAILED, UsageError, open_store, parse_percent
 from perfloop.cli.output import console, emit_json, table
 
 
@@ -12,6 +14,7 @@ def register(verb) -> None:
     p.add_argument("run_a", help="run id (or 'previous')")
     p.add_argument("run_b", help="run id (or 'latest')")
     p.add_argument("--fail-above", metavar="PCT", help="exit 1 on a slowdown beyond PCT and beyond the noise")
+    p.add_argument("--strict", action="store_true", help="exit 3 when a row cannot be judged (say why)")
 
 
 def _key(r: dict) -> tuple:
@@ -94,9 +97,13 @@ def run(args) -> int:
                     "drift": v.drift, "adjusted": v.adjusted, "noise_floor": v.floor,
                     "floor_source": v.floor_source, "p_value": v.p_value, "verdict": v.verdict,
                     "regression": v.regression, "method": v.method})  # fmt: skip
+    unjudged = [r for r in out if r["verdict"].startswith("cannot judge")]
+    code = FAILED if regressed else (CANNOT_JUDGE if args.strict and unjudged else 0)
     if args.json:
-        emit_json({"run_a": a, "run_b": b, "rows": out, "regressed": regressed})
-        return FAILED if regressed else 0
+        emit_json(
+            {"run_a": a, "run_b": b, "rows": out, "regressed": regressed, "cannot_judge": len(unjudged)}
+        )
+        return code
     table(f"{b} against {a} (time ratio b/a of the fast tails; >1 is slower)",
           ["op", "variant", "shape", "dtype", "a (median)", "b (median)", "ratio", "noise floor", "p",
            "verdict"],
@@ -111,7 +118,12 @@ def run(args) -> int:
     elif limit is not None and any(r["noise_floor"] * 100 > limit for r in out):
         console().print(f"note: the noise between runs here is above {limit:g}%, so a slowdown of {limit:g}% "
                         "cannot be told from noise; it takes one past the floor", style="yellow")  # fmt: skip
-    return FAILED if regressed else 0
+    for r in unjudged if args.strict else []:
+        print(
+            f"perfloop compare: --strict: {r['op']}/{r['variant']} {r['shape']}: {r['verdict']}",
+            file=sys.stderr,
+        )
+    return code
 
 
 def _profiles(store, a: str, b: str):

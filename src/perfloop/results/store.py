@@ -304,10 +304,19 @@ class Store:
     def runs(self) -> list[dict]:
         if self._empty():
             return []
-        q = """SELECT r.run_id, r.created, r.command, COUNT(m.id) AS rows
-               FROM runs r LEFT JOIN measurements m ON m.run_id = r.run_id
-               GROUP BY r.run_id ORDER BY r.created DESC, r.rowid DESC"""
-        return [dict(r) for r in self.conn.execute(q)]
+        q = """SELECT r.run_id, r.created, r.command, r.env,
+                      (SELECT COUNT(*) FROM measurements m WHERE m.run_id = r.run_id) AS rows,
+                      (SELECT COUNT(*) FROM artifacts a WHERE a.run_id = r.run_id) AS artifacts
+               FROM runs r ORDER BY r.created DESC, r.rowid DESC"""
+        out = []
+        for r in self.conn.execute(q):
+            d = dict(r)
+            try:
+                d["env"] = json.loads(d["env"]) if d["env"] else {}
+            except json.JSONDecodeError:
+                d["env"] = {}
+            out.append(d)
+        return out
 
     def resolve_run(self, run_id: str) -> str:
         """A run id, or 'latest' / 'previous'; raises StoreError listing recent runs."""
