@@ -136,3 +136,17 @@ def test_gelu_is_torchs_gelu_in_either_form_forward_and_backward(form):
     from perfloop.nn.modules import why_not
 
     assert why_not(nn.GELU(form)) is None
+
+
+def test_the_fused_cross_entropy_on_float64_logits_falls_back_to_torch_exactly():
+    import perfloop.nn as pnn
+    from perfloop.nn import functional as plf
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(13, 37, dtype=torch.float64, generator=g, requires_grad=True)
+    target = torch.randint(0, 37, (13,), generator=g)
+    want = torch.nn.functional.cross_entropy(logits, target)
+    for got in (pnn.CrossEntropyLoss()(logits, target), plf.cross_entropy(logits, target)):
+        assert got.dtype == torch.float64 and torch.equal(got, want)
+    assert torch.autograd.gradcheck(lambda x: plf.cross_entropy(x, target), (logits,))
+    assert torch.autograd.gradcheck(lambda x: pnn.CrossEntropyLoss()(x, target), (logits,))

@@ -72,15 +72,25 @@ def get_op(name: str):
         raise UsageError(exc.args[0]) from None
 
 
-def get_variants(op, names: list[str] | None, timing: bool) -> list[str]:
-    """The variants asked for (or all that can run here); says which it skips and why."""
+def get_variants(op, names: list[str] | None, timing: bool, dtype=None) -> list[str]:
+    """The variants asked for (or all that can run here, in `dtype` where given); says which it
+    skips and why. A dtype none of them takes is a usage error naming --dtype."""
     from perfloop.cli.output import warn
+    from perfloop.ops.base import dtype_name
     from perfloop.workflows.ops import runnable_variants
 
     try:
         chosen, skipped = runnable_variants(op, names, timing)
     except ValueError as exc:
         raise as_flag(exc, "--variant", "variants") from None
+    if dtype is not None:
+        takes = {n for n in op.variants if dtype in op.variant(n).dtypes}
+        if not takes:
+            known = sorted({dtype_name(d) for n in op.variants for d in op.variant(n).dtypes})
+            raise UsageError(f"--dtype: no variant of {op.name} takes {dtype_name(dtype)}; use one of "
+                             f"{', '.join(known)}")  # fmt: skip
+        skipped |= {n: f"does not take {dtype_name(dtype)}" for n in chosen if n not in takes}
+        chosen = [n for n in chosen if n in takes]
     for n, why in skipped.items():
         if names or "interpreter" in why:
             warn(f"skip {'timing ' if timing and 'interpreter' in why else ''}{op.name}/{n}: {why}")

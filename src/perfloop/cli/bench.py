@@ -37,7 +37,7 @@ def run(args) -> int:
     op = get_op(args.op)
     dtype = parse_dtype(args.dtype)
     shape = parse_shape(args.shape) if args.shape else op.bench_shape(default_device())
-    variants = get_variants(op, args.variant, timing=True)
+    variants = get_variants(op, args.variant, timing=True, dtype=dtype)
     if not variants:
         raise UsageError(f"--variant: none of the asked variants of {op.name} can be timed here")
     store = open_store(args)
@@ -49,7 +49,12 @@ def run(args) -> int:
         _, rows = bench_variants(op, variants, shape, dtype, budget_s=args.budget, flush_l2=not args.no_flush,
                                  graph=args.graph, store=store, run_id=run_id)  # fmt: skip
     if args.json:
-        emit_json({"run_id": run_id, "rows": [r.to_dict() for r in rows]})
+        from perfloop.device import env_fingerprint
+
+        env = env_fingerprint()
+        emit_json(
+            {"run_id": run_id, "commit": env.get("git"), "env": env, "rows": [r.to_dict() for r in rows]}
+        )
     else:
         print_bench_rows(rows)
         console().print(f"stored as run {run_id} in {store.path}")

@@ -80,7 +80,7 @@ def run(args) -> int:
     op = get_op(args.op)
     dtype = parse_dtype(args.dtype)
     shape = parse_shape(args.shape) if args.shape else op.bench_shape(default_device())
-    [variant] = get_variants(op, [args.variant], timing=True) or [None]
+    [variant] = get_variants(op, [args.variant], timing=True, dtype=dtype) or [None]
     if variant is None:
         return FAILED
     if args.nsys:

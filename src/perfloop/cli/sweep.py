@@ -38,7 +38,7 @@ def run(args) -> int:
     op = get_op(args.op)
     dtype = parse_dtype(args.dtype)
     shapes = [parse_shape(s, "--shapes") for s in args.shapes]
-    variants = get_variants(op, args.variant, timing=True)
+    variants = get_variants(op, args.variant, timing=True, dtype=dtype)
     store = open_store(args)
     run_id = start_run(store)
     if args.distributed:

@@ -80,6 +80,8 @@ COLUMNS = [
 # after them: what each row is ("measurement", or a stored step profile's "profile op" / "profile
 # module" row: its name, device ms per call in median_ms, the profile's calls)
 PROFILE_COLUMNS = ["kind", "name", "calls"]
+# then where each row came from: the commit its run measured, and when the run began
+ORIGIN_COLUMNS = ["commit", "run_created"]
 
 
 def is_our_export(path: str | os.PathLike) -> bool:
@@ -378,10 +380,17 @@ class Store:
     def export_csv(self, run_id: str | None = None) -> str:
         """Every measurement, then every stored step profile's op and module rows."""
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=COLUMNS + PROFILE_COLUMNS, extrasaction="ignore")
+        w = csv.DictWriter(buf, fieldnames=COLUMNS + PROFILE_COLUMNS + ORIGIN_COLUMNS, extrasaction="ignore")
         w.writeheader()
+        runs = {r["run_id"]: r for r in self.runs()}
+
+        def origin(rid: str, env: dict | None) -> dict:
+            run = runs.get(rid) or {}
+            commit = (env or {}).get("git") or (run.get("env") or {}).get("git") or ""
+            return {"commit": commit, "run_created": run.get("created", "")}
+
         for r in self.rows(run_id):
-            w.writerow(r | {"kind": "measurement"})
+            w.writerow(r | {"kind": "measurement"} | origin(r["run_id"], r.get("env")))
         for a in self.artifacts(run_id, kind="profile"):
             p, calls = a["payload"], a["payload"].get("calls") or 1
             for what in ("op", "module"):
@@ -389,7 +398,7 @@ class Store:
                     w.writerow({"run_id": a["run_id"], "created": a["created"], "op": a["op"],
                                 "variant": a["variant"], "kind": f"profile {what}", "name": row.get("name"),
                                 "calls": calls, "median_ms": row.get("device_ms", 0.0) / calls,
-                                "device": p.get("kind")})  # fmt: skip
+                                "device": p.get("kind")} | origin(a["run_id"], None))  # fmt: skip
         return buf.getvalue()
 
     def export_json(self, run_id: str | None = None) -> str:

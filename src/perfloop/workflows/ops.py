@@ -40,6 +40,7 @@ class BenchRow:
     warnings: list[str] = field(default_factory=list)
     graph_median_ms: float | None = None
     graph_kernel_ms: float | None = None
+    samples_ms: list[float] = field(default_factory=list)  # the raw samples the statistics come from
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -114,7 +115,7 @@ def bench_variants(
                        ci95_ms=list(m.ci95_ms), gbps=m.gbps, tflops=m.tflops, sol=m.sol,
                        speedup=sp.speedup if sp else 1.0, speedup_ci=list(sp.ci) if sp else [1.0, 1.0],
                        significant=sp.significant if sp else None, baseline=baseline,
-                       warnings=list(m.warnings))  # fmt: skip
+                       warnings=list(m.warnings), samples_ms=list(m.samples_ms))  # fmt: skip
         if v in graph_errors:
             row.warnings.append(f"graph: {graph_errors[v]}")
         if v in graphs:

@@ -242,6 +242,8 @@ def supported(logits: torch.Tensor, target: torch.Tensor, **kwargs) -> str | Non
         )
     if target.dtype != torch.int64:
         return f"targets of dtype {target.dtype} (class indices in int64 only)"
+    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"logits of dtype {logits.dtype} (the kernels compute in float32)"
     for k, default in (("weight", None), ("label_smoothing", 0.0), ("reduction", "mean")):
         if kwargs.get(k, default) != default:
             return f"{k}={kwargs[k]!r}"
