@@ -2,6 +2,7 @@
 failed command leaves no empty run, a corrupt row is skipped with a word (issue 15, 1-4, 10)."""
 
 import hashlib
+import os
 import sqlite3
 
 import pytest
@@ -112,3 +113,50 @@ def test_a_read_only_database_is_refused_before_measuring(tmp_path, capsys, monk
     monkeypatch.setattr(os, "access", lambda p, mode: False if mode == os.W_OK else real(p, mode))
     assert main(["bench", "gelu", "--variant", "builtin", "--shape", "64", "--db", str(db)]) == 2
     assert "read-only" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes read-only folders")
+def test_a_wal_database_in_a_read_only_folder_is_read_not_called_unusable(tmp_path):
+    from perfloop.harness.measurement import Measurement
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    s = Store(folder / "r.db")
+    s.add(
+        s.new_run("x"),
+        Measurement(samples_ms=(1.0, 1.1, 0.9)),
+        op="gelu",
+        variant="v",
+        shape=(4,),
+        dtype="fp32",
+    )
+    s.close()
+    folder.chmod(0o555)
+    try:
+        assert [r["op"] for r in Store(folder / "r.db").rows()] == ["gelu"]
+        with pytest.raises(StoreError, match="read-only"):
+            Store(folder / "r.db").check_writable()
+    finally:
+        folder.chmod(0o755)
+
+
+def test_a_folder_reported_unwritable_opens_the_database_immutable_and_reads_it(tmp_path, monkeypatch):
+    from perfloop.harness.measurement import Measurement
+
+    s = Store(tmp_path / "r.db")
+    s.add(
+        s.new_run("x"),
+        Measurement(samples_ms=(1.0, 1.1, 0.9)),
+        op="gelu",
+        variant="v",
+        shape=(4,),
+        dtype="fp32",
+    )
+    s.close()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    reader = Store(tmp_path / "r.db")
+    assert [r["op"] for r in reader.rows()] == ["gelu"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no -shm or -wal made beside it
+    reader.close()

@@ -290,3 +290,52 @@ def test_a_dataloader_with_forked_workers_runs_as_under_plain_python(tmp_path):
     assert "no step found" not in r.stderr and "exited unexpectedly" not in r.stderr
     said, _, payload = r.stdout.partition("\n")  # the script's own print, then perfloop's JSON
     assert said == "trained" and json.loads(payload)["calls"] == 2
+
+
+LOOP = """
+import time
+import torch
+lin = torch.nn.Linear(16, 16)
+x = torch.randn(4, 16)
+end = time.perf_counter() + SECONDS
+while time.perf_counter() < end:
+    lin(x)
+"""
+
+
+def test_a_time_window_records_its_whole_duration_from_when_recording_began(tmp_path):
+    script = _write(tmp_path, LOOP.replace("SECONDS", "2.5"))
+    r = _run_cli(tmp_path, "--window", "1:0.5", "--no-count", "--json", "--script", str(script))
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(r.stdout)
+    assert 450 <= payload["wall_ms_per_call"] <= 1000, payload["wall_ms_per_call"]
+    [linear] = [k for k in payload["ops"] if k["name"] == "aten::linear"]
+    assert linear["calls"] > 50  # thousands on an idle machine; one when the window closed at once
+
+
+def test_a_window_the_script_cuts_short_says_how_long_it_recorded(tmp_path):
+    script = _write(tmp_path, LOOP.replace("SECONDS", "0.6"))
+    r = _run_cli(tmp_path, "--window", "0.2:5", "--no-count", "--json", "--script", str(script))
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(r.stdout)
+    [cut] = [w for w in payload["warnings"] if w.startswith("--window: the script ended")]
+    said_s = float(cut.split("profiled ")[1].split(" s only")[0])
+    assert said_s == pytest.approx(payload["wall_ms_per_call"] / 1e3, rel=0.25), (
+        cut,
+        payload["wall_ms_per_call"],
+    )
+
+
+def test_a_folder_with_main_runs_as_python_runs_it_and_a_scripts_help_is_not_an_error(tmp_path):
+    pkg = tmp_path / "app"
+    pkg.mkdir()
+    (pkg / "__main__.py").write_text(textwrap.dedent(STEPS) + "for _ in range(3):\n    step()\n")
+    r = _run_cli(tmp_path, "--skip", "1", "--steps", "1", "--no-count", "--json", "--script", str(pkg))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["calls"] == 1
+    helpful = _write(
+        tmp_path, "import argparse\nargparse.ArgumentParser(description='trains').parse_args()\n"
+    )
+    r = _run_cli(tmp_path, "--script", str(helpful), "--help")
+    assert r.returncode == 0, r.stderr
+    assert "trains" in r.stdout and "printed its own help" in r.stderr and "no step found" not in r.stderr

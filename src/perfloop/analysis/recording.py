@@ -57,6 +57,13 @@ def peak_memory(call: Callable, memory_snapshot) -> int:
     return peak
 
 
+def prepare_profiler() -> None:
+    """Import what torch.profiler's first start imports (torch._inductor's config, 1-2 s on a
+    CPU), so a window opened later in a running script starts in milliseconds and does not
+    stall the script it measures. Touches no device."""
+    import torch._inductor.config  # noqa: F401
+
+
 def start_profiler(on_cuda: bool, warnings: list[str]):
     """torch.profiler recording CPU and (on a GPU) CUDA activity, already started; CPU only,
     with a warning, where CUPTI is missing or busy."""

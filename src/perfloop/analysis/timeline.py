@@ -15,6 +15,7 @@ them). On a CPU the same question is asked of the time between the step's ops.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -134,8 +135,43 @@ def _clip(holes, spans):
     return out
 
 
-def _overlap(s: float, e: float, spans) -> float:
-    return sum(max(0.0, min(e, b) - max(s, a)) for a, b in spans)
+class Intervals:
+    """(start, end, item) intervals, indexed for "which meet [s, e]" in about log n plus what
+    they return: sorted by start, with the few long ones (past LONG times the median length, as
+    a step's range among its ops) kept apart, so the short ones are found by bisection between
+    s minus the longest short one and e. A profile's holes times its ops was quadratic."""
+
+    LONG = 64
+
+    def __init__(self, items):
+        items = sorted(items, key=lambda x: x[0])
+        lengths = sorted(b - a for a, b, *_ in items)
+        cut = lengths[len(lengths) // 2] * self.LONG if lengths else 0.0
+        self.long = [x for x in items if x[1] - x[0] > cut]
+        self.short = [x for x in items if x[1] - x[0] <= cut]
+        self.starts = [x[0] for x in self.short]
+        self.reach = max((b - a for a, b, *_ in self.short), default=0.0)
+
+    def meeting(self, s: float, e: float) -> list:
+        """The intervals with start < e and end > s, in order of start."""
+        lo = bisect.bisect_left(self.starts, s - self.reach)
+        hi = bisect.bisect_left(self.starts, e)
+        found = [x for x in self.short[lo:hi] if x[1] > s] + [x for x in self.long if x[0] < e and x[1] > s]
+        return sorted(found, key=lambda x: x[0]) if self.long else found
+
+    def overlap(self, s: float, e: float) -> float:
+        return sum(min(e, x[1]) - max(s, x[0]) for x in self.meeting(s, e))
+
+
+class Points:
+    """Stack samples sorted by time, for "which fall in [s, e]" by bisection."""
+
+    def __init__(self, samples):
+        self.samples = sorted(samples, key=lambda x: x.t)
+        self.ts = [x.t for x in self.samples]
+
+    def within(self, s: float, e: float) -> list:
+        return self.samples[bisect.bisect_left(self.ts, s) : bisect.bisect_right(self.ts, e)]
 
 
 def _runtime(events, names) -> list[tuple[float, float]]:
@@ -157,8 +193,8 @@ def _ranges(events) -> list[tuple[float, float, str]]:
 def _place(s: float, e: float, samples) -> str:
     """The user's line most samples in [s, e] were at (with NumPy said), '' with none."""
     votes: Counter = Counter()
-    for x in samples:
-        if s <= x.t <= e and x.place:
+    for x in samples.within(s, e):
+        if x.place:
             votes[x.place + (" (in NumPy)" if "numpy" in x.tags else "")] += 1
     return votes.most_common(1)[0][0] if votes else ""
 
@@ -167,7 +203,7 @@ def _in_torch(s: float, e: float, samples) -> bool:
     """Most samples in [s, e] caught the thread inside torch's own code (the autograd engine
     between backward ops, a module's Python): torch's time between its ops, not host work
     outside it. False with no samples there."""
-    inside = [("torch" in x.tags) for x in samples if s <= x.t <= e]
+    inside = [("torch" in x.tags) for x in samples.within(s, e)]
     return sum(inside) * 2 > len(inside) if inside else False
 
 
@@ -235,12 +271,13 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     firsts = [(a, min((x for x, _ in device_intervals if a <= x <= b), default=b)) for a, b in spans or []]
     before_first = lambda s, e: e <= first or any(a <= s and e <= f for a, f in firsts)  # noqa: E731
     syncs = _sync_calls(events)
-    allocs = _runtime(cpu, ALLOC_APIS)
-    copies = _runtime(cpu, ("cudaMemcpy",)) if pageable else []
-    ranges = _ranges(cpu)
-    ops = [(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name]
+    sync_index = Intervals(syncs)
+    allocs = Intervals(_runtime(cpu, ALLOC_APIS))
+    copies = Intervals(_runtime(cpu, ("cudaMemcpy",)) if pageable else [])
+    ranges = Intervals(_ranges(cpu))
+    ops = Intervals([(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name])
     blocks = _drained(device_intervals, launched_at)
-    samples = samples or []
+    samples = Points(samples or [])
     by_cause = dict.fromkeys(CAUSES, 0.0)
     after: Counter = Counter()
     calls: Counter = Counter()
@@ -253,18 +290,18 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         ms = (e - s) / 1e3
         if last_sync is not None and not ended.get(round(s, 3), True):
             last_sync = None  # the block before this hole had queued work: the host caught up
-        blocking = [op for cs, ce, op in syncs if cs < e and ce > s]
+        blocking = [op for _, _, op in sync_index.meeting(s, e)]
         half = (e - s) / 2
-        inside = [(c, a, b) for a, b, c in ranges if _overlap(s, e, [(a, b)]) > half]
+        inside = [(c, a, b) for a, b, c in ranges.meeting(s, e) if min(e, b) - max(s, a) > half]
         if blocking:
             cause, last_sync = SYNC, blocking[-1]
-        elif pageable and _overlap(s, e, copies) > half:
+        elif pageable and copies.overlap(s, e) > half:
             cause = PAGEABLE
-        elif _overlap(s, e, allocs) > half:
+        elif allocs.overlap(s, e) > half:
             cause = ALLOCATOR
         elif inside:
             cause = inside[-1][0]
-        elif e - s >= OUTSIDE_US and _overlap(s, e, ops) < half and not _in_torch(s, e, samples):
+        elif e - s >= OUTSIDE_US and ops.overlap(s, e) < half and not _in_torch(s, e, samples):
             cause = OUTSIDE
         elif before_first(s, e):
             cause = FIRST

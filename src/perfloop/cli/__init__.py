@@ -89,6 +89,15 @@ def _settings_as_defaults(sub, settings) -> None:
         p.set_defaults(**{k: v for k, v in given.items() if v is not None and k in dests})
 
 
+def _refuse_empty(ap: argparse.ArgumentParser, args) -> None:
+    """An option given an empty value (`--html ''`, `--shape ''`) is an error naming it, not
+    taken as "not given"."""
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices[args.verb]
+    for action in sub._actions:
+        if action.option_strings and action.default is None and getattr(args, action.dest, None) == "":
+            sub.error(f"{action.option_strings[-1]}: an empty value; give one, or leave the option out")
+
+
 def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """`profile --script PATH ARGS...` (or `--script=PATH`): everything after the script's path is
     the script's, as `python PATH ARGS...` would give it; `profile --script PATH OPTIONS -- ARGS`:
@@ -121,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser(settings)
     argv, script_args = _split_script_args([*(sys.argv[1:] if argv is None else argv)])
     args = ap.parse_args(argv)  # unknown verbs/flags: usage + the choices, exit 2
+    _refuse_empty(ap, args)
     args.script_args = script_args
     for name in ("calls", "top", "seeds"):
         if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:

@@ -232,6 +232,14 @@ def run_step_profile(args) -> int:
         return exc.code if isinstance(exc.code, int) and exc.code > 0 else FAILED
     except (OSError, ValueError) as exc:
         text = str(exc)
+        asked_help = {"-h", "--help"} & set(args.script_args or [])
+        if args.script and asked_help and text.startswith("no step found"):
+            console(True).print(
+                "perfloop profile: the script printed its own help and ended before a step: "
+                "nothing profiled. perfloop's options: perfloop profile --help",
+                style="yellow",
+            )
+            return 0
         raise UsageError(
             "--trace-file:" + text[len("trace:") :] if text.startswith("trace:") else text
         ) from None

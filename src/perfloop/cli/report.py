@@ -79,7 +79,9 @@ def run(args) -> int:
         try:
             page = render_html(store, args.html, run_id)
         except OSError as exc:
-            raise UsageError(f"--html {args.html}: {str(exc).split(': ', 1)[-1]}") from None
+            raise UsageError(
+                f"--html {args.html}: {str(exc).removeprefix(f'out_dir {args.html}: ')}"
+            ) from None
         console().print(f"report: {page}")
     rows = latest_rows(store.rows(run_id))
     profiles = store.artifacts(run_id, kind="profile")

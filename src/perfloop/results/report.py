@@ -301,5 +301,11 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
         parts += _env_section(envs[-1])
     parts.append("</body></html>")
     page = out / "index.html"
-    page.write_text("\n".join(parts))
+    try:
+        page.write_text("\n".join(parts))
+    except OSError as exc:
+        raise OSError(
+            f"out_dir {out}: cannot write {page.name} ({exc.strerror or exc}); choose a writable "
+            "folder, or make the file writable"
+        ) from exc
     return page

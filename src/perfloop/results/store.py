@@ -137,8 +137,16 @@ class Store:
                 raise StoreError(
                     f"database {p}: cannot create its folder ({exc}); pass a writable path"
                 ) from exc
+        # a database in a folder this process cannot write is read as immutable: SQLite would
+        # otherwise need to create the WAL's -shm file beside it, and fail as if the file were bad
+        frozen = (
+            self.path != ":memory:"
+            and Path(self.path).is_file()
+            and not os.access(Path(self.path).parent, os.W_OK)
+        )
+        target = f"{Path(self.path).resolve().as_uri()}?immutable=1" if frozen else self.path
         try:
-            self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self.conn = sqlite3.connect(target, timeout=30.0, isolation_level=None, uri=frozen)
             self.conn.row_factory = sqlite3.Row
             self.conn.execute("PRAGMA busy_timeout = 30000")
             self._fresh = self._check_schema()

@@ -100,7 +100,7 @@ class _Window:
     stop_due: str | None = None  # "timed" or "counting": to stop at the next safe point
     due_at: float = 0.0
     count_next: bool = False  # an occurrence began while the timed stop was due
-    ended_at: float | None = None  # seconds into a time window when the script ended
+    ended_at: float | None = None  # seconds the window had recorded when the script ended
     exit_after: bool = False  # end the script (in its main thread) once the profile is taken
     on_taken: object = None  # called once when it is taken and the script runs on
     main_thread: int = field(default_factory=threading.get_ident)
@@ -196,7 +196,11 @@ class _Window:
             start, duration = self.window
             if self.state == "before" and now >= start:
                 self._start_timed()
-            elif self.state == "timed" and now >= start + duration and not self.stop_due:
+            elif (
+                self.state == "timed"
+                and time.perf_counter() - self.timed_at >= duration
+                and not self.stop_due
+            ):
                 self.calls = 1
                 self._stop_timed()
         self.check_taken()
@@ -307,8 +311,8 @@ class _Window:
 
     def abandon(self):
         """Stop whatever is running (the script ended or raised inside the window)."""
-        if self.state == "timed" and self.range_name is None:
-            self.ended_at = time.perf_counter() - self.t0 - self.window[0]
+        if self.state == "timed" and self.range_name is None:  # seconds the profiler recorded
+            self.ended_at = time.perf_counter() - self.timed_at
         if self.state == "counting" and self.stop_due:
             self._stop_counting(force=True)
         elif self.state == "counting":
@@ -350,8 +354,9 @@ def profile_script(
     when the script raised.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"script: {path} is not a file")
+    runnable_dir = os.path.isdir(path) and os.path.isfile(os.path.join(path, "__main__.py"))
+    if not (os.path.isfile(path) or runnable_dir):
+        raise FileNotFoundError(f"script: {path} is not a file, nor a folder holding __main__.py")
     for name, v, low in (("skip", skip, 0), ("steps", steps, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"--{name}: must be an integer >= {low}, got {v!r}")
@@ -363,9 +368,10 @@ def profile_script(
                          f"got {window!r}")  # fmt: skip
     w = _Window(range_name, skip, steps, window, count_work, _device.has_cuda(), exit_after=exit_after,
                 on_taken=on_taken)  # fmt: skip
+    recording.prepare_profiler()  # before the script's clock starts, not inside its window
     saved_argv, saved_path, saved_cwd = sys.argv, list(sys.path), os.getcwd()
     sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    sys.path.insert(0, os.path.abspath(path) if runnable_dir else os.path.dirname(os.path.abspath(path)))
     profiling.RANGE_WATCHERS.append(w)
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
     try:
