@@ -295,8 +295,8 @@ def test_a_dataloader_with_forked_workers_runs_as_under_plain_python(tmp_path):
 LOOP = """
 import time
 import torch
-lin = torch.nn.Linear(16, 16)
-x = torch.randn(4, 16)
+lin = torch.nn.Linear(512, 512)
+x = torch.randn(256, 512)  # ~1 ms a call: a window holds hundreds of calls, not tens of thousands
 end = time.perf_counter() + SECONDS
 while time.perf_counter() < end:
     lin(x)
@@ -310,7 +310,7 @@ def test_a_time_window_records_its_whole_duration_from_when_recording_began(tmp_
     payload = json.loads(r.stdout)
     assert 450 <= payload["wall_ms_per_call"] <= 1000, payload["wall_ms_per_call"]
     [linear] = [k for k in payload["ops"] if k["name"] == "aten::linear"]
-    assert linear["calls"] > 50  # thousands on an idle machine; one when the window closed at once
+    assert linear["calls"] > 20  # hundreds on an idle machine; one when the window closed at once
 
 
 def test_a_window_the_script_cuts_short_says_how_long_it_recorded(tmp_path):
