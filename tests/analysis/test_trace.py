@@ -200,3 +200,33 @@ def test_events_without_the_comma_between_them_are_not_json(tmp_path):
     path.write_text('{"traceEvents": [' + good + " " + good + "]}")
     with pytest.raises(ValueError, match="cannot read .* as JSON"):
         from_trace(path)
+
+
+def test_a_trace_in_the_json_array_form_reads_as_the_object_form_even_without_its_closing_bracket(tmp_path):
+    obj = _record(tmp_path / "t.json")
+    events = json.loads(obj.read_text())["traceEvents"]
+    arr = tmp_path / "a.json"
+    arr.write_text(json.dumps(events))
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(events)[:-1] + ",\n")  # the Trace Event Format lets a writer leave "]" out
+    want = [(r.name, r.flops) for r in from_trace(obj).breakdown("module")]
+    for path in (arr, cut):
+        p = from_trace(path)
+        assert p.calls == 2 and [(r.name, r.flops) for r in p.breakdown("module")] == want
+
+
+def test_reading_and_analysing_a_trace_grows_linearly_with_its_length(tmp_path):
+    import time
+
+    def seconds(steps):
+        path = _synthetic_trace(tmp_path / f"t{steps}.json", steps=steps, ops_per_step=50)
+        t0 = time.perf_counter()
+        p = from_trace(path)
+        p.idle()
+        p.diagnose()
+        return time.perf_counter() - t0
+
+    seconds(10)  # imports and caches out of the way
+    small, large = min(seconds(40) for _ in range(2)), seconds(160)
+    # linear: ~4x; the quadratic holes-by-intervals scans this replaced read 8-16x here
+    assert large / small < 6.5, (small, large)

@@ -22,6 +22,7 @@ from torch.autograd import DeviceType
 
 from perfloop.analysis import roofline
 from perfloop.analysis.modules import PREFIX as MODULE
+from perfloop.analysis.spans import Spans
 from perfloop.analysis.work import MARKER
 
 BY = ("module", "op", "kernel", "category")
@@ -182,7 +183,8 @@ def windows(events, name: str) -> list[tuple[float, float]]:
 
 def within(its: list[Item], spans: list[tuple[float, float]]) -> list[Item]:
     """The items launched inside one of `spans`."""
-    return [i for i in its if any(s <= i.launch_us <= e for s, e in spans)]
+    inside = Spans(spans)
+    return [i for i in its if i.launch_us in inside]
 
 
 def fastest_of_calls(its: list[Item], spans: list[tuple[float, float]]) -> list[Item]:

@@ -27,6 +27,7 @@ from perfloop import device as _device
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.recording import peak_memory, plain_wall_ms, start_profiler, stop_profiler, timed_calls
+from perfloop.analysis.spans import Spans
 from perfloop.analysis.work import WorkCounter
 from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms
@@ -387,11 +388,8 @@ def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[s
         from perfloop.analysis.attribution import items, within
 
         its = within(items(events, "cuda" if on_cuda else "cpu"), spans)
-        launches = sum(
-            1
-            for e in events
-            if e.name in KERNEL_LAUNCHES and any(s <= e.time_range.start <= t for s, t in spans)
-        )
+        inside = Spans(spans)
+        launches = sum(1 for e in events if e.name in KERNEL_LAUNCHES and e.time_range.start in inside)
         kind = "cuda" if on_cuda and its else "cpu"
         return kind, [(i.kernel, i.start_us, i.end_us) for i in its], launches or len(its)
     dev = device_events(events, annotations(events))

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 
 from torch.autograd import DeviceType
 
+from perfloop.analysis.spans import Intervals, Points
+
 SYNC_APIS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
              "cuStreamSynchronize", "cuCtxSynchronize")  # fmt: skip
 SYNC = "synchronizing calls"
@@ -127,51 +129,13 @@ def gaps(intervals: list[tuple[float, float]], start: float, end: float) -> list
 
 
 def _clip(holes, spans):
+    """The parts of `holes` inside `spans` (both sorted, holes disjoint), in one sweep."""
+    index = Intervals(spans)
     out = []
     for s, e in holes:
-        for a, b in spans:
-            if min(e, b) > max(s, a):
-                out.append((max(s, a), min(e, b)))
-    return out
-
-
-class Intervals:
-    """(start, end, item) intervals, indexed for "which meet [s, e]" in about log n plus what
-    they return: sorted by start, with the few long ones (past LONG times the median length, as
-    a step's range among its ops) kept apart, so the short ones are found by bisection between
-    s minus the longest short one and e. A profile's holes times its ops was quadratic."""
-
-    LONG = 64
-
-    def __init__(self, items):
-        items = sorted(items, key=lambda x: x[0])
-        lengths = sorted(b - a for a, b, *_ in items)
-        cut = lengths[len(lengths) // 2] * self.LONG if lengths else 0.0
-        self.long = [x for x in items if x[1] - x[0] > cut]
-        self.short = [x for x in items if x[1] - x[0] <= cut]
-        self.starts = [x[0] for x in self.short]
-        self.reach = max((b - a for a, b, *_ in self.short), default=0.0)
-
-    def meeting(self, s: float, e: float) -> list:
-        """The intervals with start < e and end > s, in order of start."""
-        lo = bisect.bisect_left(self.starts, s - self.reach)
-        hi = bisect.bisect_left(self.starts, e)
-        found = [x for x in self.short[lo:hi] if x[1] > s] + [x for x in self.long if x[0] < e and x[1] > s]
-        return sorted(found, key=lambda x: x[0]) if self.long else found
-
-    def overlap(self, s: float, e: float) -> float:
-        return sum(min(e, x[1]) - max(s, x[0]) for x in self.meeting(s, e))
-
-
-class Points:
-    """Stack samples sorted by time, for "which fall in [s, e]" by bisection."""
-
-    def __init__(self, samples):
-        self.samples = sorted(samples, key=lambda x: x.t)
-        self.ts = [x.t for x in self.samples]
-
-    def within(self, s: float, e: float) -> list:
-        return self.samples[bisect.bisect_left(self.ts, s) : bisect.bisect_right(self.ts, e)]
+        for a, b, *_ in index.meeting(s, e):
+            out.append((max(s, a), min(e, b)))
+    return sorted(out)
 
 
 def _runtime(events, names) -> list[tuple[float, float]]:
@@ -268,8 +232,14 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         holes = _clip(gaps(device_intervals, start, end), spans)
     first = min(s for s, _ in device_intervals)
     # the wait for the first kernel: of the profile, or of each span (each call, each step)
-    firsts = [(a, min((x for x, _ in device_intervals if a <= x <= b), default=b)) for a, b in spans or []]
-    before_first = lambda s, e: e <= first or any(a <= s and e <= f for a, f in firsts)  # noqa: E731
+    starts = sorted(x for x, _ in device_intervals)
+
+    def first_in(a: float, b: float) -> float:
+        i = bisect.bisect_left(starts, a)
+        return starts[i] if i < len(starts) and starts[i] <= b else b
+
+    waits = Intervals([(a, first_in(a, b)) for a, b in spans or []])
+    before_first = lambda s, e: e <= first or any(a <= s and e <= f for a, f in waits.meeting(s, e))  # noqa: E731
     syncs = _sync_calls(events)
     sync_index = Intervals(syncs)
     allocs = Intervals(_runtime(cpu, ALLOC_APIS))

@@ -32,6 +32,7 @@ from torch.autograd import DeviceType
 
 from perfloop.analysis import profiling
 from perfloop.analysis.modules import PREFIX as MODULE
+from perfloop.analysis.spans import Spans
 
 _CPU_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
 _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
@@ -146,7 +147,9 @@ def _records(path, meta: dict, progress: Callable[[int, int], None] | None) -> I
         f, raw = _open(path)
         with f, raw:
             s = _Stream(f, on_read=(lambda: progress(raw.tell(), size)) if progress else None)
-            s.expect("{")
+            if s.expect("{[") == "[":  # the JSON Array Format: the events alone; the "]" may be missing
+                yield from _array(s)
+                return
             found = False
             while s.peek() != "}":
                 key = s.value()
@@ -167,8 +170,22 @@ def _records(path, meta: dict, progress: Callable[[int, int], None] | None) -> I
                     break
     except (UnicodeDecodeError, json.JSONDecodeError, EOFError, gzip.BadGzipFile) as exc:
         raise ValueError(f"trace: cannot read {path} as JSON (plain or gzipped) ({exc})") from None
-    if not found:
-        raise ValueError(f"trace: {path} is not a torch.profiler Chrome trace (no traceEvents list)")
+    else:
+        if not found:
+            raise ValueError(f"trace: {path} is not a torch.profiler Chrome trace (no traceEvents list)")
+
+
+def _array(s: _Stream) -> Iterator[tuple[int, dict]]:
+    """(index, event) of a trace in the JSON Array Format, whose closing "]" the Trace Event
+    Format lets a writer leave out (a trace cut short by a crash)."""
+    if s.peek() in ("]", ""):
+        return
+    for i in itertools.count():
+        yield i, s.value()
+        if s.peek() == "" or s.expect(",]") == "]":
+            return
+        if s.peek() in ("]", ""):  # a trailing comma before the end
+            return
 
 
 def _number(r: dict, key: str, i: int, low: float, high: float) -> float:
@@ -329,6 +346,7 @@ def work_by_key(events, kind: str, spans=None) -> dict:
     from perfloop.analysis.attribution import call_context, cpu_ops, seq_modules
 
     seq_module = seq_modules(events)
+    inside = Spans(spans) if spans else None
     out: dict = {}
     if kind == "cuda":
         pairs, seen = [], set()
@@ -349,7 +367,7 @@ def work_by_key(events, kind: str, spans=None) -> dict:
                 flops = w[0] + sum((op_work(c) or (0.0,))[0] for c in _subtree(e))
                 pairs.append((e, e, (flops, w[1], w[2])))
     for e, op_event, w in pairs:
-        if w is None or (spans and not any(s <= op_event.time_range.start <= t for s, t in spans)):
+        if w is None or (inside is not None and op_event.time_range.start not in inside):
             continue
         op, module, phase, _ = call_context(e, seq_module)
         acc = out.setdefault((module, phase, op), [0.0, 0.0, ""])
