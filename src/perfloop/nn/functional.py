@@ -12,6 +12,7 @@ torch.compile), so whatever torch refuses is refused with torch's error.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 
@@ -129,8 +130,15 @@ def gelu(input, approximate="none"):  # noqa: A002
         return F.gelu(input, approximate=approximate)
     from perfloop.ops.gelu.triton_impl import gelu as fused
 
-    y = fused(input if input.ndim else input.reshape(1), approximate=approximate)
-    return y if input.ndim else y.reshape(())
+    if not input.ndim:
+        return fused(input.reshape(1), approximate=approximate).reshape(())
+    # the output in the input's memory order (a transposed input gives a transposed output, as
+    # torch's does): the kernel runs on the input seen in that order, then it is turned back
+    order = sorted(range(input.ndim), key=lambda d: -input.stride(d))
+    if order == list(range(input.ndim)):
+        return fused(input, approximate=approximate)
+    back = sorted(range(input.ndim), key=order.__getitem__)
+    return fused(input.permute(order), approximate=approximate).permute(back)
 
 
 def _gate_why(a, b, approximate="none") -> str | None:
@@ -206,15 +214,78 @@ def why_not_call(name: str, args: tuple, kwargs: dict) -> str | None:
 # ------------------------------------------------------------------ finding and rerouting
 
 
+def class_forward(module: torch.nn.Module):
+    """What the module's class holds as its forward (a decorator's wrapper, if any), as stored:
+    a descriptor-based decorator is not asked to bind itself."""
+    found = inspect.getattr_static(type(module), "forward")
+    return getattr(found, "__func__", found)
+
+
+def forward_function(module: torch.nn.Module):
+    """The function whose code the module's forward runs: the class's forward, unwrapped through
+    the decorators that keep what they wrap as `__wrapped__` (functools.wraps)."""
+    return inspect.unwrap(class_forward(module))
+
+
+def _codes(code: types.CodeType):
+    """A function's code and the code nested in it (comprehensions, lambdas, inner functions),
+    which run with the function's globals."""
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _codes(c)
+
+
+def rewrap(outer, inner):
+    """`outer` (a chain of decorators' wrappers ending at the function they wrap) with `inner`
+    in that function's place: each wrapper rebuilt with the closure cell that held what it wraps
+    holding the new one. None where a wrapper does not hold it in its closure (a class-based
+    decorator): then the wrapped code cannot be rerouted."""
+    wrapped = getattr(outer, "__wrapped__", None)
+    if wrapped is None:
+        return inner
+    new_wrapped = rewrap(wrapped, inner)
+    if new_wrapped is None or not isinstance(outer, types.FunctionType):
+        return None
+    cells = outer.__closure__ or ()
+    held = [i for i, c in enumerate(cells) if _cell(c) is wrapped]
+    if not held:
+        return None
+    closure = tuple(types.CellType(new_wrapped) if i in held else c for i, c in enumerate(cells))
+    out = types.FunctionType(outer.__code__, outer.__globals__, outer.__name__, outer.__defaults__, closure)
+    out.__kwdefaults__ = outer.__kwdefaults__
+    out.__dict__.update(outer.__dict__, __wrapped__=new_wrapped)
+    return out
+
+
+def _cell(c):
+    try:
+        return c.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def why_not_rerouted(module: torch.nn.Module) -> str | None:
+    """Why the module's forward cannot be given a rerouted copy, or None."""
+    outer = class_forward(module)
+    if outer is not forward_function(module) and rewrap(outer, forward_function(module)) is None:
+        return (
+            f"{type(module).__name__}.forward is wrapped by a decorator that does not hold the function "
+            "in its closure (a class-based decorator?): perfloop cannot rebuild it to reach its calls"
+        )
+    return None
+
+
 def functional_aliases(fn) -> dict[str, str]:
-    """{global name: what it is} for the names `fn` uses that are torch.nn.functional (as a
-    module: "F") or one of its fusable functions (imported bare: "layer_norm" ...)."""
+    """{global name: what it is} for the names `fn` uses (in comprehensions and inner functions
+    too) that are torch.nn.functional (as a module: "F") or one of its fusable functions
+    (imported bare: "layer_norm" ...)."""
     code = getattr(fn, "__code__", None)
     if code is None:
         return {}
     out = {}
     g = fn.__globals__
-    for name in code.co_names:
+    for name in {n for c in _codes(code) for n in c.co_names}:
         v = g.get(name)
         if v is F:
             out[name] = "F"
@@ -230,11 +301,11 @@ def site_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     torch.nn.functional by a name in its globals, with one of the fusable functions in reach."""
     out = []
     for name, m in model.named_modules():
-        fn = getattr(type(m).forward, "__func__", type(m).forward)
+        fn = forward_function(m)
         if getattr(fn, "__module__", "").startswith("torch.") or not isinstance(fn, types.FunctionType):
             continue
         aliases = functional_aliases(fn)
-        names = set(fn.__code__.co_names)
+        names = {n for c in _codes(fn.__code__) for n in c.co_names}
         if any(v != "F" for v in aliases.values()) or (
             any(v == "F" for v in aliases.values()) and names & {*FUSED_NAMES, *GATES}
         ):
@@ -347,7 +418,8 @@ def _loads(fn, name: str) -> set[int]:
     import dis
 
     ops = ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD")
-    return {i.positions.lineno for i in dis.get_instructions(fn) if i.opname in ops and i.argval == name}
+    return {i.positions.lineno for code in _codes(fn.__code__) for i in dis.get_instructions(code)
+            if i.opname in ops and i.argval == name}  # fmt: skip
 
 
 def _function(fn, bound: dict, code=None):
@@ -383,13 +455,15 @@ class Rerouted:
     version where every line calling it is a verified site, and the fused versions put the
     kernels `compiled.IN_GRAPH` names into the graph."""
 
-    def __init__(self, owner: torch.nn.Module, fn, sites: dict[str, set[int]]):
-        self.owner, self.fn, self.sites = owner, fn, sites
+    def __init__(self, owner: torch.nn.Module, fn, sites: dict[str, set[int]], outer=None):
+        self.owner, self.fn, self.sites, self.outer = owner, fn, sites, outer or fn
         self.record = None
         proxy = _Proxy(self._route)
         aliases = functional_aliases(fn)
         bound = {a: proxy if w == "F" else self._bare(w) for a, w in aliases.items()}
-        self._eager = _function(fn, bound | {GATE_CALL: self._gate}, gated_code(fn, aliases))
+        self._eager = rewrap(
+            self.outer, _function(fn, bound | {GATE_CALL: self._gate}, gated_code(fn, aliases))
+        )
         whole = {n for n, lines in sites.items() if lines and _loads(fn, n) <= lines}
         bound = {}
         for alias, what in aliases.items():
@@ -399,7 +473,7 @@ class Rerouted:
                 bound[alias].__dict__.update({n: FUSED[n] for n in whole})
             elif what != "F" and _loads(fn, alias) <= sites.get(what, set()):
                 bound[alias] = FUSED[what]
-        self._graph = _graph_function(fn, bound, self)
+        self._graph = rewrap(self.outer, _graph_function(fn, bound, self))
 
     def _route(self, name: str, line: int):
         if name not in FUSED:
@@ -427,18 +501,15 @@ class Rerouted:
         return self._eager(self.owner, *args, **kwargs)
 
     def __getstate__(self):
-        return {"owner": self.owner, "fn": self.fn, "sites": self.sites}
+        return {"owner": self.owner, "fn": self.fn, "sites": self.sites, "outer": self.outer}
 
     def __setstate__(self, state):
-        self.__init__(state["owner"], state["fn"], state["sites"])
+        self.__init__(state["owner"], state["fn"], state["sites"], state.get("outer"))
 
 
 def reroute(module: torch.nn.Module, sites: dict[str, set[int]]) -> Rerouted:
     """Give `module` a forward that sends the functional calls at `sites` to the fused versions."""
-    current = module.__dict__.get("forward")
-    fn = current.fn if isinstance(current, Rerouted) else getattr(type(module).forward, "__func__",
-                                                                   type(module).forward)  # fmt: skip
-    r = Rerouted(module, fn, sites)
+    r = Rerouted(module, forward_function(module), sites, class_forward(module))
     module.forward = r
     return r
 

@@ -320,7 +320,7 @@ _CALL_SHOWN = {"silu_gate": "F.silu(a) * b", "gelu_gate": "F.gelu(a) * b"}
 
 
 def _site_label(module_name: str, module: nn.Module, fname: str, line: int) -> str:
-    fn = getattr(type(module).forward, "__func__", type(module).forward)
+    fn = _functional.forward_function(module)
     where = f"{fn.__code__.co_filename.rsplit('/', 1)[-1]}:{line}"
     return f"{module_name or type(module).__name__}: {_CALL_SHOWN.get(fname, 'F.' + fname)} ({where})"
 
@@ -368,13 +368,17 @@ def patch(model: nn.Module, example_batch, loss_fn=None, *, measure: bool = Fals
     cands = _candidates(model)
     taken = {id(m) for _, m, _ in cands}
     sites = [(n, m) for n, m in _functional.site_modules(model) if id(m) not in taken]
+    unreachable = [Swap(n or type(m).__name__, "forward", False, _functional.why_not_rerouted(m))
+                   for n, m in sites if _functional.why_not_rerouted(m)]  # fmt: skip
+    sites = [(n, m) for n, m in sites if not _functional.why_not_rerouted(m)]
     if not cands and not sites:
-        return PatchReport([])
+        return PatchReport(unreachable)
     names = _names(model)
     swapped: list = []  # (name, original) of each attribute set, (None, module) rerouted: undone on failure
     try:
         with _preserved(model):
             report = _patch(model, cands, sites, names, example_batch, loss_fn, measure, budget_s, swapped)
+            report.swaps += unreachable
     except BaseException:
         for name, original in reversed(swapped):
             if name is None:
@@ -533,7 +537,7 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
         label = f"{type(m).__name__} module" + (f": not reached ({why})" if why else ": pl.patch swaps it")
         out.setdefault(prefix(name), {})[kind] = label
     for name, m in _functional.site_modules(model):
-        fn = getattr(type(m).forward, "__func__", type(m).forward)
+        fn = _functional.forward_function(m)
         where = fn.__code__.co_filename.rsplit("/", 1)[-1]
         for kind, names in KINDS.items():
             lines = _functional.call_lines(fn, names)
