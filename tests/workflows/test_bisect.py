@@ -5,6 +5,7 @@ own worktree, and the user's checkout is left as it was."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,7 +63,7 @@ def _state(repo):
     )
 
 
-def test_the_commit_that_slowed_a_function_is_named_in_at_most_5_timed_commits(tmp_path, git_env):
+def test_the_commit_that_slowed_a_function_is_named_in_at_most_6_timed_commits(tmp_path, git_env):
     repo = tmp_path / "r"
     commits = _repo(repo)
     before = _state(repo)
@@ -70,7 +71,8 @@ def test_the_commit_that_slowed_a_function_is_named_in_at_most_5_timed_commits(t
     b = bisect(commits[0], commits[-1], cmd, repo=repo, metric="stdout", expect=1.3)  # the change point's
     assert b.culprit.commit == commits[9] and b.culprit.subject == "make step slower"
     assert b.culprit.ratio == pytest.approx(1.3, rel=0.1) and b.culprit.ci[0] > 1.1, b.culprit
-    assert len(b.timed) + 1 <= 5, [t.commit[:7] for t in b.timed]  # the probes, and the fast commit
+    # the slow end (checked slow first), four probes of the 15 between, and the fast commit
+    assert len(b.timed) + 1 <= 6, [t.commit[:7] for t in b.timed]
     assert all(t.slow == (commits.index(t.commit) >= 9) for t in b.timed)
     assert _state(repo) == before  # the checkout, its files and its worktrees as they were
 
@@ -106,7 +108,7 @@ def test_the_cli_takes_good_bad_and_the_step_from_a_stored_change_point(tmp_path
     out = json.loads(capsys.readouterr().out)
     assert out["good"] == commits[0] and out["bad"] == commits[-1]
     assert out["threshold"] == pytest.approx(1.3**0.5, rel=0.02)  # the change point's size, halved in log
-    assert out["culprit"]["commit"] == commits[3] and out["timed_commits"] <= 4
+    assert out["culprit"]["commit"] == commits[3] and out["timed_commits"] <= 5
 
 
 @pytest.mark.parametrize(
@@ -191,3 +193,83 @@ def test_the_bisect_line_history_and_the_report_print_runs_as_printed(tmp_path, 
     capsys.readouterr()
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["culprit"]["commit"] == commits[3]
+
+
+def test_with_expect_the_bad_end_is_timed_and_a_range_without_the_step_is_refused(tmp_path, git_env):
+    repo = tmp_path / "r"
+    commits = _repo(repo, n=4, slow_at=99, delay=0.005)  # no commit is slow
+    cmd = f"{sys.executable} -c 'print(5.0)'"
+    with pytest.raises(BisectError) as e:
+        bisect(commits[0], commits[-1], cmd, repo=repo, metric="stdout", expect=1.3)
+    assert f"bad ({commits[-1][:12]}) is not slow under this command" in str(e.value)
+    assert "ratio 1.000" in str(e.value)
+
+
+def test_a_command_too_noisy_to_tell_is_said_so_not_called_stepless(tmp_path, git_env):
+    repo = tmp_path / "r"
+    commits = _repo(repo, n=3, slow_at=99, delay=0.005)
+    counter = tmp_path / "n"
+    noisy = (f"{sys.executable} -c \"import pathlib; p = pathlib.Path({str(counter)!r}); "
+             "n = int(p.read_text()) if p.exists() else 0; p.write_text(str(n + 1)); "
+             "print([1.0, 3.0, 1.5, 2.5, 2.0][n % 5])\"")  # fmt: skip
+    for expect in (1.3, None):
+        with pytest.raises(BisectError) as e:
+            bisect(commits[0], commits[-1], noisy, repo=repo, metric="stdout", expect=expect)
+        assert "cannot tell" in str(e.value) and "sees no step" not in str(e.value), str(e.value)
+
+
+def test_started_in_a_subfolder_the_command_runs_in_that_subfolder_and_no_temp_folder_is_left(
+    tmp_path, git_env, monkeypatch
+):
+    import tempfile
+
+    repo = tmp_path / "r"
+    (repo / "tools").mkdir(parents=True)
+    _git(repo, "init", "-q", "-b", "main")
+    commits = []
+    for i in range(5):  # tools/time_it.py prints the step's time: 10 ms, 13 ms from commit 3 on
+        (repo / "tools" / "time_it.py").write_text(f"print({13.0 if i >= 3 else 10.0})\n")
+        (repo / "NOTES.txt").write_text(f"note {i}\n")
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", f"change {i}")
+        commits.append(_git(repo, "rev-parse", "HEAD").strip())
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    b = bisect(commits[0], commits[-1], f"{sys.executable} time_it.py", repo=repo / "tools", metric="stdout")
+    assert b.culprit.commit == commits[3] and b.culprit.ratio == pytest.approx(1.3)
+    assert list(scratch.iterdir()) == []  # its worktrees and the folder that held them removed
+
+
+def test_sigterm_cleans_up_the_worktrees_as_ctrl_c_does(tmp_path, git_env):
+    import os
+    import signal
+    import time
+
+    repo = tmp_path / "r"
+    commits = _repo(repo, n=6, slow_at=3, delay=0.2)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = dict(os.environ, TMPDIR=str(scratch), PYTHONPATH=src)
+    argv = [
+        "bisect",
+        commits[0],
+        commits[-1],
+        "--repo",
+        str(repo),
+        "--metric",
+        "stdout",
+        "--",
+        sys.executable,
+    ]
+    p = subprocess.Popen([sys.executable, "-m", "perfloop", *argv, "bench.py"], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "perfloop-bisect" not in _git(repo, "worktree", "list"):
+        time.sleep(0.1)
+    assert "perfloop-bisect" in _git(repo, "worktree", "list")
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=60)
+    assert "perfloop-bisect" not in _git(repo, "worktree", "list")
+    assert list(scratch.iterdir()) == []

@@ -11,19 +11,25 @@ rounds are added while the CI still straddles that middle.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import shlex
+import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfloop.harness import stats
 
 MIN_ROUNDS = 5
 MAX_ROUNDS = 15
+END_ROUNDS = 40  # the slow end, which says whether there is a step at all, may be sampled longer
+NO_STEP = 0.03  # an end whose ratio's CI lies within 3% of 1: no step this command sees
 
 
 class BisectError(ValueError):
@@ -90,8 +96,9 @@ class _Runner:
     """The command, run in a worktree per commit; one time per run (wall clock, or the number
     the command prints last, in ms)."""
 
-    def __init__(self, repo: Path, command: str, metric: str, timeout_s: float):
+    def __init__(self, repo: Path, command: str, metric: str, timeout_s: float, subdir: Path = Path()):
         self.repo, self.command, self.metric, self.timeout_s = repo, command, metric, timeout_s
+        self.subdir = subdir  # where in the repository the user started: the command runs there
         self.root = Path(tempfile.mkdtemp(prefix="perfloop-bisect-"))
         self.trees: dict[str, Path] = {}
 
@@ -103,7 +110,10 @@ class _Runner:
         return self.trees[commit]
 
     def once(self, commit: str) -> float:
-        where = self.tree(commit)
+        where = self.tree(commit) / self.subdir
+        if not where.is_dir():
+            raise BisectError(f"command: {self.subdir} (where bisect was started) is not in {commit[:12]}; "
+                              "start it from a folder every commit in the range has")  # fmt: skip
         t0 = time.perf_counter()
         try:
             out = subprocess.run(self.command, shell=True, cwd=where, capture_output=True, text=True,
@@ -135,6 +145,7 @@ class _Runner:
             _git(self.repo, "worktree", "remove", "--force", str(path), check=False)
         _git(self.repo, "worktree", "prune", check=False)
         self.trees.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _time(run: _Runner, good: str, commit: str, threshold: float | None, rng: random.Random,
@@ -158,6 +169,54 @@ def _time(run: _Runner, good: str, commit: str, threshold: float | None, rng: ra
     return Timed(commit, subject, ratio, ci, s["p_value"], len(base), slow)
 
 
+def _time_end(run: _Runner, good: str, bad: str, expect: float | None, rng: random.Random) -> Timed:
+    """The slow end against good, sampled until it decides: with `expect`, until the CI leaves
+    the step's middle; without, until it leaves 1 or lies within NO_STEP of it; END_ROUNDS at
+    most."""
+    base, cand = [], []
+    while True:
+        for _ in range(MIN_ROUNDS if not base else 3):
+            pair = [(good, base), (bad, cand)]
+            rng.shuffle(pair)
+            for c, into in pair:
+                into.append(run.once(c))
+        s = stats.paired_speedup(base, cand)
+        ratio, ci = 1 / s["speedup"], (1 / s["ci"][1], 1 / s["ci"][0])
+        if expect is not None:
+            decided = not ci[0] <= math.sqrt(expect) <= ci[1]
+        else:
+            decided = not ci[0] <= 1.0 <= ci[1] or (ci[0] >= 1 - NO_STEP and ci[1] <= 1 + NO_STEP)
+        if decided or len(base) >= END_ROUNDS:
+            subject = _git(run.repo, "log", "-1", "--format=%s", bad)
+            return Timed(bad, subject, ratio, ci, s["p_value"], len(base), True)
+
+
+def _check_end(end: Timed, good: str, expect: float | None) -> float:
+    """The step's size to bisect for, from the slow end's timing; BisectError where that end is
+    not slow, or where its timing cannot tell."""
+    span = f"ratio {end.ratio:.3f} [{end.ci[0]:.3f}, {end.ci[1]:.3f}] over {end.rounds} rounds"
+    g, b = good[:12], end.commit[:12]
+    if expect is None:
+        if not end.ci[0] <= 1.0 <= end.ci[1]:
+            return end.ratio
+        if end.ci[0] >= 1 - NO_STEP and end.ci[1] <= 1 + NO_STEP:
+            raise BisectError(f"command: it sees no step between {g} and {b} ({span}); nothing to bisect: "
+                              "time what the change point measured")  # fmt: skip
+        raise BisectError(f"command: cannot tell whether it sees a step between {g} and {b} ({span}): its "
+                          "noise is wider than a step; time a steadier command (--metric stdout with a "
+                          "number it prints), or give --expect")  # fmt: skip
+    middle = math.sqrt(expect)
+    if end.ci[0] <= middle <= end.ci[1]:
+        raise BisectError(f"command: cannot tell whether bad ({b}) is slow under this command ({span}, the "
+                          f"step is {expect:.3f}x): its noise is wider than the step; time a steadier "
+                          "command")  # fmt: skip
+    if (end.ratio > middle) != (expect > 1):
+        raise BisectError(f"command: bad ({b}) is not {'slow' if expect > 1 else 'fast'} under this command "
+                          f"({span} against good {g}, where the step is {expect:.3f}x): this command does "
+                          "not time what the change point measured; nothing to bisect")  # fmt: skip
+    return expect
+
+
 def bisect(good: str, bad: str, command: str | list[str], *, repo: str | Path = ".", metric: str = "wall",
            expect: float | None = None, timeout_s: float = 600.0, seed: int = 0) -> Bisection:  # fmt: skip
     """The first commit after `good`, up to `bad`, whose time under `command` is slow.
@@ -178,6 +237,7 @@ def bisect(good: str, bad: str, command: str | list[str], *, repo: str | Path = 
     if not cmd.strip():
         raise BisectError("command: empty; give the command that times the code, after `--`")
     where = _repo(repo)
+    subdir = Path(repo).resolve().relative_to(where.resolve())
     if _git(where, "status", "--porcelain", "--untracked-files=no"):
         raise BisectError(f"{where} has uncommitted changes: commit or stash them first (bisect "
                           "times commits, and changes in no commit cannot be among them); nothing was "
@@ -190,34 +250,53 @@ def bisect(good: str, bad: str, command: str | list[str], *, repo: str | Path = 
     candidates = _git(where, "rev-list", "--first-parent", "--reverse", f"{g}..{b}").split()
     out = Bisection(g, b, cmd, candidates, threshold=math.nan)
     rng = random.Random(seed)
-    run = _Runner(where, cmd, metric, timeout_s)
+    run = _Runner(where, cmd, metric, timeout_s, subdir)
     try:
-        if expect is None:  # the step's size, as this command sees it: time the slow end first
-            end = _time(run, g, b, None, rng)
-            out.timed.append(end)
-            expect = end.ratio
-            if end.ci[0] <= 1.0 <= end.ci[1]:
-                raise BisectError(f"command: it sees no step between {g[:12]} and {b[:12]} (ratio "
-                                  f"{end.ratio:.3f} [{end.ci[0]:.3f}, {end.ci[1]:.3f}]); nothing to bisect: "
-                                  "time what the change point measured")  # fmt: skip
-        out.threshold = math.sqrt(expect)
-        slower = expect > 1
-        out.timed = [replace(t, slow=True) for t in out.timed]  # the slow end, by definition
-        known = {t.commit: t for t in out.timed}
-        lo, hi = -1, len(candidates) - 1  # candidates[hi] is slow; lo = -1 stands for good
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            t = _time(run, g, candidates[mid], out.threshold, rng, slower)
-            out.timed.append(t)
-            known[t.commit] = t
-            lo, hi = (lo, mid) if t.slow else (mid, hi)
-        culprit = known.get(candidates[hi]) or _time(run, g, candidates[hi], out.threshold, rng, slower)
-        if culprit.commit not in {t.commit for t in out.timed}:
-            out.timed.append(culprit)
-        out.culprit = culprit
-        if culprit.ci[0] <= 1.0 <= culprit.ci[1]:
-            out.notes.append(f"{culprit.commit[:12]}'s ratio CI holds 1: the step may be spread over several "
-                             "commits, or smaller than this command's noise")  # fmt: skip
+        with _terminated_as_interrupt():
+            _search(run, out, g, candidates, expect, rng)
     finally:
         run.close()
     return out
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupt():
+    """SIGTERM (what `timeout` and CI runners send) ends the bisection as Ctrl-C does: through
+    the cleanup of its worktrees."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _search(run: _Runner, out: Bisection, g: str, candidates: list[str], expect: float | None,
+            rng: random.Random) -> None:  # fmt: skip
+    """The slow end timed first (is there a step, and how large), then binary search."""
+    end = _time_end(run, g, out.bad, expect, rng)
+    out.timed.append(end)
+    expect = _check_end(end, g, expect)
+    out.threshold = math.sqrt(expect)
+    slower = expect > 1
+    known = {t.commit: t for t in out.timed}
+    lo, hi = -1, len(candidates) - 1  # candidates[hi] is slow; lo = -1 stands for good
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        t = _time(run, g, candidates[mid], out.threshold, rng, slower)
+        out.timed.append(t)
+        known[t.commit] = t
+        lo, hi = (lo, mid) if t.slow else (mid, hi)
+    culprit = known.get(candidates[hi]) or _time(run, g, candidates[hi], out.threshold, rng, slower)
+    if culprit.commit not in {t.commit for t in out.timed}:
+        out.timed.append(culprit)
+    out.culprit = culprit
+    if culprit.ci[0] <= 1.0 <= culprit.ci[1]:
+        out.notes.append(f"{culprit.commit[:12]}'s ratio CI holds 1: the step may be spread over several "
+                         "commits, or smaller than this command's noise")  # fmt: skip
