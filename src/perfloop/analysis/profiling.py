@@ -542,6 +542,9 @@ def _counted_call(call, on_cuda: bool, warnings: list[str]):
     return counted(prof, wc.records, on_cuda)
 
 
+MIN_RECORDED_MS = 1e-6  # a nanosecond: less device time per call than this is none recorded
+
+
 @dataclass(frozen=True)
 class ProfileDiff:
     removed: list[str]
@@ -551,8 +554,14 @@ class ProfileDiff:
 
     def __str__(self) -> str:
         b, a = self.device_ms
+        recorded = [fmt_ms(t) if t >= MIN_RECORDED_MS else "none recorded" for t in (b, a)]
+        ratio = (
+            f" ({b / a:.2f}x)"
+            if min(a, b) >= MIN_RECORDED_MS
+            else " (no ratio: a profile caught no device work)"
+        )
         lines = [
-            f"device time/call: {fmt_ms(b)} -> {fmt_ms(a)} ({b / a:.2f}x)" if a else "",
+            f"device time/call: {recorded[0]} -> {recorded[1]}{ratio}",
             f"launches/call: {self.launches[0]:g} -> {self.launches[1]:g}",
         ]
         if self.removed:

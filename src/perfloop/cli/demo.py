@@ -74,8 +74,10 @@ def run(args) -> int:
         f" | shape {shape[0]}x{shape[1]} fp32"
     )
     c = ceilings()
-    out.print(f"measured ceilings: copy {c['copy_gbps']:.0f} GB/s, "
-              f"fp32 matmul {c['matmul_fp32_tflops']:.1f} TFLOP/s")  # fmt: skip
+    said = [f"{what} {c[key]:.{digits}f} {unit}" if (c.get(key) or 0) > 0 else f"{what} not measured"
+            for what, key, unit, digits in (("copy", "copy_gbps", "GB/s", 0),
+                                            ("fp32 matmul", "matmul_fp32_tflops", "TFLOP/s", 2))]  # fmt: skip
+    out.print(f"measured ceilings: {', '.join(said)}")
     store = open_store(args)
     run_id = start_run(store)
 
