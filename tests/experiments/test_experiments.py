@@ -63,7 +63,7 @@ def test_experiments_show_in_the_report(store):
              "warmup": "warmup.png", "lm-step": "lm_step_time.png",
              "matmul-dispatch": "matmul_dispatch.png"}  # fmt: skip
     for name, png in plots.items():
-        assert f"experiment: {name}" in page and f"src='{png}'" in page, name
+        assert f"experiment: {name}" in page and f'src="{png}"' in page, name
         assert (d / "report" / png).stat().st_size > 1000, png
 
 

@@ -73,3 +73,26 @@ def test_a_profile_whose_diagnosis_is_a_steps_renders(tmp_path):
     s.add_artifact(run, "profile", {"kernels": [], "diagnosis": d.to_dict()}, op="gelu", variant="naive")
     page = render_html(s, tmp_path / "rep").read_text()
     assert "the calls ran no torch op the profiler recorded" in page
+
+
+def test_the_page_says_what_the_terminal_says_in_columns_with_warnings_runs_and_commit(tmp_path):
+    """The op table in columns rounded as the CLI rounds them, each stored warning beside the time
+    it qualifies, the runs the numbers came from, and no `git None` (issue 37)."""
+    from perfloop.harness.measurement import Work
+
+    s = Store(tmp_path / "x.db")
+    contended = "contended: other processes used ~1.9 of 2 CPU cores while this was timed"
+    run = s.new_run("perfloop bench gelu", {"git": "", "device": {"name": "AMD EPYC"}})
+    env = {"git": None, "device": {"name": "AMD EPYC"}}
+    samples = (0.44266, 0.45, 0.44, 0.46, 0.443)  # median 0.443 ms
+    m = pl.Measurement(samples_ms=samples, work=Work(bytes=2.2e6), extra_warnings=(contended,), env=env)
+    s.add(run, m, op="gelu", variant="triton", shape=(1024, 1024), dtype="fp32")
+    page = render_html(s, tmp_path / "rep").read_text()
+    row = re.search(r"<tr><td>triton</td><td>fp32</td><td>1024x1024</td>(.*?)</tr>", page, re.S)
+    assert row, page[-3000:]
+    cells = re.findall(r"<td>(.*?)</td>", row[1], re.S)
+    assert cells[0].startswith("443.00 us") and "contended" in cells[0]  # the caveat beside the time
+    assert cells[2] == "5"  # GB/s as the CLI rounds it, in its own column
+    assert "1 result(s), the newest of each op, variant, shape and dtype, from 1 run(s)" in page
+    assert "perfloop bench gelu" in page and run in page  # the runs list
+    assert "None" not in page and "no commit recorded" in page

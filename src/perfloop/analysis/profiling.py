@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd import DeviceType
@@ -31,6 +31,11 @@ from perfloop.analysis.spans import Spans
 from perfloop.analysis.work import WorkCounter
 from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms
+
+if TYPE_CHECKING:
+    from perfloop.analysis.diagnose import Diagnosis
+    from perfloop.analysis.opportunities import StepDiagnosis
+    from perfloop.analysis.timeline import Idle
 
 # --------------------------------------------------------------------- annotate
 
@@ -48,7 +53,7 @@ class annotate(contextlib.ContextDecorator):
     ... def step(): ...
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name: must be a non-empty string, got {name!r}")
         self.name = name
@@ -224,7 +229,7 @@ class Profile:
             self.items(), by, depth, work, ceilings, _device.l2_bytes() if self.kind == "cuda" else 0
         )
 
-    def idle(self):
+    def idle(self) -> Idle | None:
         """When and why the device sat idle (timeline.Idle): on a CPU, the time between the
         step's ops."""
         from perfloop.analysis.timeline import idle
@@ -298,7 +303,7 @@ class Profile:
         self._prof.export_chrome_trace(str(p))
         return p
 
-    def diagnose(self, ceilings: dict | None = None):
+    def diagnose(self, ceilings: dict | None = None) -> Diagnosis | StepDiagnosis:
         """With `work` given: what kind of bound this one op is (Diagnosis). Without: the
         step's opportunities, largest time saved first (StepDiagnosis)."""
         from perfloop.analysis.diagnose import diagnose

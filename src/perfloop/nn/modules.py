@@ -178,8 +178,13 @@ class LinearCrossEntropy(nn.Module):
     tokens). Under autocast the matmuls run in its dtype, the loss in fp32."""
 
     def __init__(
-        self, in_features: int, out_features: int, ignore_index: int = -100, device=None, dtype=None
-    ):
+        self,
+        in_features: int,
+        out_features: int,
+        ignore_index: int = -100,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.ignore_index = in_features, out_features, ignore_index
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))

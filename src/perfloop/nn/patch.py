@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -353,8 +355,14 @@ def _set(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
-def patch(model: nn.Module, example_batch, loss_fn=None, *, measure: bool = False, budget_s: float = 3.0
-          ) -> PatchReport:  # fmt: skip
+def patch(
+    model: nn.Module,
+    example_batch: tuple | list | torch.Tensor,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    *,
+    measure: bool = False,
+    budget_s: float = 3.0,
+) -> PatchReport:
     """Replace the modules of `model` that have a fused perfloop.nn version, each only after it
     matched the original on this model's own activations and gradients (see the module
     docstring). `loss_fn(model, example_batch)` runs one step's forward (default:

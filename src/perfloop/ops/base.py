@@ -316,7 +316,7 @@ class Op:
     def tolerance(self, dtype: torch.dtype, shape: tuple | None = None) -> tuple[float, float]:
         return self.tolerances[dtype]
 
-    def run(self, variant: str, *inputs: torch.Tensor, out=None) -> torch.Tensor:
+    def run(self, variant: str, *inputs: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.validate:
             self.validate(*inputs)
         return self.variant(variant)(*inputs, out=out)

@@ -7,7 +7,6 @@ variant, kernel names, environment strings) is HTML-escaped.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections import defaultdict
@@ -108,7 +107,7 @@ body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
 font-size:13px;text-align:right}th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
 pre{background:#f7f7f7;padding:.6em;font-size:12px;overflow-x:auto}img{max-width:100%;margin:.3em}
-.warn{color:#a40}
+.warn{color:#a40}table.ops td:nth-child(-n+3){text-align:left}
 """
 
 _CHECK_JS = """
@@ -125,64 +124,63 @@ window.addEventListener('load', function () {
 """
 
 
-def _table(headers: list[str], rows: list[list]) -> str:
-    e = html.escape
-    head = "".join(f"<th>{e(str(h))}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+def _table(headers: list[str], rows: list[list], cls: str = "") -> dict:
+    return {"table": {"headers": headers, "rows": rows, "cls": cls}}
 
 
-def _op_section(op: str, rs: list[dict], arts: list[dict], out: Path) -> list[str]:
-    e = html.escape
-    parts = [f"<h2>{e(op)}</h2>"]
-    shapes = sorted({r["shape"] for r in rs}, key=numel)
-    table_rows = []
-    for key in sorted({(r["variant"], r["dtype"], r["graph"]) for r in rs}):
-        cells = [key[0] + (" (graph)" if key[2] else ""), key[1]]
-        for s in shapes:
-            hit = [r for r in rs if (r["variant"], r["dtype"], r["graph"]) == key and r["shape"] == s]
-            if hit:
-                r = hit[-1]
-                sol = f", {100 * r['sol']:.0f}% SOL" if r.get("sol") is not None else ""
-                cells.append(f"{fmt_ms(r['median_ms'])} {fmt_rate(r)}{sol} {fmt_speedup(r)}".strip())
-            else:
-                cells.append("")
-        table_rows.append(cells)
-    parts.append(_table(["variant", "dtype", *shapes], table_rows))
+def _num(v, digits: int) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _op_section(op: str, rs: list[dict], arts: list[dict], out: Path) -> list[dict]:
+    """One row per variant, dtype and shape, a column per number (rounded as the CLI rounds
+    them), the warnings stored with each measurement beside its time."""
+    blocks: list[dict] = [{"h2": op}]
+    rows = []
+    for r in sorted(rs, key=lambda r: (r["variant"], r["dtype"], r["graph"], numel(r["shape"]))):
+        sol = "-" if r.get("sol") is None else f"{100 * r['sol']:.0f}%"
+        speedup = "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x"
+        sp_ci = "" if r.get("speedup") is None else f"[{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
+        ci = f"{fmt_ms(r['ci_lo_ms'])}..{fmt_ms(r['ci_hi_ms'])}" if r.get("ci_lo_ms") else "-"
+        rows.append([r["variant"] + (" (graph)" if r["graph"] else ""), r["dtype"], r["shape"],
+                     {"text": fmt_ms(r["median_ms"]), "warn": list(r.get("warnings") or [])}, ci,
+                     _num(r.get("gbps"), 0), _num(r.get("tflops"), 2), sol, speedup, sp_ci])  # fmt: skip
+    base = next((r.get("baseline") for r in rs if r.get("baseline")), None)
+    blocks.append(_table(["variant", "dtype", "shape", "median", "95% CI", "GB/s", "TFLOP/s", "% SOL",
+                          f"speed-up vs {base or 'baseline'}", "its 95% CI"], rows, "ops"))  # fmt: skip
     for name, alt in _plots(op, rs, out):
-        parts.append(f"<img src='{e(name)}' alt='{e(alt)}'>")
+        blocks.append({"img": name, "alt": alt})
     for a in arts:
         if a["op"] == op and a["kind"] == "profile":
-            parts += _profile_section(op, a)
-    return parts
+            blocks += _profile_section(op, a)
+    return blocks
 
 
-def _profile_section(op: str, a: dict) -> list[str]:
-    e = html.escape
+def _profile_section(op: str, a: dict) -> list[dict]:
     p = a["payload"]
     rows = [[k["short"], k["calls"], fmt_ms(k["total_ms"]), fmt_ms(k["mean_us"] / 1e3), f"{k['share']:.1%}"]
             for k in p.get("kernels", [])[:10]]  # fmt: skip
-    parts = [f"<h3>profile: {e(op)}/{e(a['variant'] or '')}</h3>",
-             _table(["kernel", "calls", "total", "mean", "share"], rows)]  # fmt: skip
+    blocks = [
+        {"h3": f"profile: {op}/{a['variant'] or ''}"},
+        _table(["kernel", "calls", "total", "mean", "share"], rows),
+    ]
     d = p.get("diagnosis")
     if d:  # one op's Diagnosis (bound, evidence, advice) or a step's (bound, advice, opportunities)
-        parts.append(
-            f"<p><b>diagnosis</b> ({e(str(d.get('bound', '?')))}): {e(str(d.get('advice', '')))}</p>"
-        )
+        blocks.append({"p": f"diagnosis ({d.get('bound', '?')}): {d.get('advice', '')}"})
         if d.get("evidence"):
-            parts.append(f"<pre>{e(json.dumps(d['evidence'], indent=1, default=str))}</pre>")
-    return parts
+            blocks.append({"pre": json.dumps(d["evidence"], indent=1, default=str)})
+    return blocks
 
 
-def _step_section(a: dict, out: Path, i: int) -> list[str]:
+def _step_section(a: dict, out: Path, i: int) -> list[dict]:
     """A profiled step (profile --script): the roofline of its ops, its modules, its idle time,
     the ranked opportunities."""
     from perfloop.results.plots import plot_bars, plot_roofline
 
-    e = html.escape
     p = a["payload"]
     calls = p.get("calls") or 1
-    parts = [f"<h2>step profile: {e(p.get('script', a['op']))} ({e(p.get('window', ''))})</h2>"]
+    blocks: list[dict] = [{"h2": f"step profile: {p.get('script', a['op'])} ({p.get('window', '')})"}]
+    blocks += [{"p": w, "cls": "warn"} for w in p.get("warnings") or []]
     ceil = p.get("ceilings") or {}
     points = [{"name": r["name"], "ms": r["device_ms"] / calls, "intensity": r.get("intensity") or 0.0,
                "gbps": r.get("gbps") or 0.0, "tflops": r.get("tflops")}
@@ -195,13 +193,13 @@ def _step_section(a: dict, out: Path, i: int) -> list[str]:
         plot_roofline(
             out / name, "ops against the measured roofs (size: time)", points, ceil["copy_gbps"], peaks
         )
-        parts.append(f"<img src='{name}' alt='roofline of the step'>")
+        blocks.append({"img": name, "alt": "roofline of the step"})
     mods = {r["name"][:30]: r["device_ms"] / calls for r in p["modules"][:12]}
     name = f"step-{i}-modules.png"
     plot_bars(
         out / name, "device time per call by module", "ms", {m: {"ms": v} for m, v in mods.items()}, log=False
     )
-    parts.append(f"<img src='{name}' alt='modules'>")
+    blocks.append({"img": name, "alt": "modules"})
     idle = p.get("idle")
     if idle:
         causes = {c: v / calls for c, v in idle["by_cause"].items()}
@@ -209,50 +207,74 @@ def _step_section(a: dict, out: Path, i: int) -> list[str]:
         what = "GPU idle" if idle.get("device", "GPU") == "GPU" else "no torch op running"
         plot_bars(out / name, f"{what} per call ({sum(causes.values()):.3f} ms)", "ms",
                   {c: {"ms": v} for c, v in causes.items()}, log=False)  # fmt: skip
-        parts.append(f"<img src='{name}' alt='idle time by cause'>")
+        blocks.append({"img": name, "alt": "idle time by cause"})
     opp = (p.get("diagnosis") or {}).get("opportunities", [])
-    parts.append(_table(["opportunity", "saves (ms/call)", "share", "bound", "evidence", "next"],
-                        [[o["title"], f"{o['saves_ms']:.3f}", f"{o['share']:.0%}", o["bound"], o["evidence"],
-                          o["advice"]] for o in opp]))  # fmt: skip
-    return parts
+    blocks.append(_table(["opportunity", "saves (ms/call)", "share", "bound", "evidence", "next"],
+                         [[o["title"], f"{o['saves_ms']:.3f}", f"{o['share']:.0%}", o["bound"], o["evidence"],
+                           o["advice"]] for o in opp]))  # fmt: skip
+    return blocks
 
 
-def _experiment_section(p: dict, out: Path) -> list[str]:
-    e = html.escape
+def _experiment_section(p: dict, out: Path) -> list[dict]:
     for src in p.get("plot_paths", []):  # bring the plots next to the page
         if Path(src).exists() and Path(src).resolve() != (out / Path(src).name).resolve():
             (out / Path(src).name).write_bytes(Path(src).read_bytes())
-    parts = [f"<h2>experiment: {e(p.get('name', ''))}</h2>"]
+    blocks: list[dict] = [{"h2": f"experiment: {p.get('name', '')}"}]
     if p.get("table"):
-        parts.append(_table(p["table"]["headers"], p["table"]["rows"]))
-    for img in p.get("plots", []):
-        parts.append(f"<img src='{e(img)}' alt='{e(p.get('name', ''))}'>")
+        blocks.append(_table(p["table"]["headers"], p["table"]["rows"]))
+    blocks += [{"img": img, "alt": p.get("name", "")} for img in p.get("plots", [])]
     if p.get("conclusion"):
-        parts.append(f"<p>{e(p['conclusion'])}</p>")
-    return parts
+        blocks.append({"p": p["conclusion"]})
+    return blocks
 
 
-def _comm_section(rows_c: list[dict], out: Path) -> list[str]:
+def _comm_section(rows_c: list[dict], out: Path) -> list[dict]:
     table = _table(["collective", "bytes (nccl-tests)", "ranks", "backend", "time ms", "algbw GB/s",
                     "busbw GB/s", "correct"],
                    [[r["collective"], r["bytes"], r["ranks"], r["backend"], f"{r['time_ms']:.4f}",
                      f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}", r["correct"]]
                     for r in rows_c])  # fmt: skip
-    plot = html.escape(_comm_plot(rows_c, out))
-    return ["<h2>communication</h2>", table, f"<img src='{plot}' alt='bus bandwidth against size'>"]
+    return [
+        {"h2": "communication"},
+        table,
+        {"img": _comm_plot(rows_c, out), "alt": "bus bandwidth against size"},
+    ]
 
 
-def _env_section(env: dict) -> list[str]:
+def _runs_section(runs: list[dict], shown: set[str]) -> list[dict]:
+    """The runs the page's numbers come from: id, time, commit, device, command, rows."""
+    rows = [[r["run_id"], r["created"][:19].replace("T", " "), r["env"].get("git") or "-",
+             (r["env"].get("device") or {}).get("name") or "-", r["command"] or "", r["rows"]]
+            for r in runs if r["run_id"] in shown]  # fmt: skip
+    return [{"h2": f"runs ({len(rows)})", "id": "runs"},
+            _table(["run", "time (UTC)", "commit", "device", "command", "rows"], rows, "runs")]  # fmt: skip
+
+
+def _env_section(env: dict) -> list[dict]:
     flat = {
         "device": (env.get("device") or {}).get("name"),
         "torch": env.get("torch"),
-        "triton": env.get("triton"),
-        "cuda": env.get("cuda"),
+        "triton": env.get("triton") or "not installed",
+        "cuda": env.get("cuda") or "-",
         "python": env.get("python"),
-        "git": env.get("git"),
+        "git": env.get("git") or "no commit recorded (not run in a git working tree)",
         **{f"precision.{k}": v for k, v in (env.get("precision") or {}).items()},
     }
-    return ["<h2>environment</h2>", _table(["what", "value"], [[k, v] for k, v in flat.items()])]
+    return [
+        {"h2": "environment (the newest run)"},
+        _table(["what", "value"], [[k, v] for k, v in flat.items()]),
+    ]
+
+
+def _template():
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("perfloop.results", "templates"),
+        autoescape=True,
+        keep_trailing_newline=True,
+    )
+    return env.get_template("report.html.j2")
 
 
 def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
@@ -261,6 +283,8 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
     >>> render_html(Store("r.db"), "report")  # doctest: +SKIP
     PosixPath('report/index.html')
     """
+    from markupsafe import Markup
+
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -268,41 +292,41 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
         (out / ".write-test").unlink()
     except OSError as exc:
         raise OSError(f"out_dir {out}: cannot write there ({exc}); choose a writable folder") from exc
-    rows = latest_rows(store.rows(run_id))
+    all_rows = store.rows(run_id)
+    rows = latest_rows(all_rows)
     arts = store.artifacts(run_id)
-    e = html.escape
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>perfloop report</title>",
-        f"<style>{_CSS}{trend_page.CSS}</style><script>{_CHECK_JS}</script></head><body>",
-        "<h1>perfloop report</h1>",
-        f"<p>{len(rows)} measurements" + (f" from run {e(run_id)}" if run_id else "") + ".</p>",
-    ]
+    shown = {r["run_id"] for r in all_rows} | {a["run_id"] for a in arts}
+    summary = (f"{len(rows)} result(s), the newest of each op, variant, shape and dtype, from {len(shown)} "
+               "run(s)" + (f" (run {run_id} only)" if run_id else ""))  # fmt: skip
+    blocks: list[dict] = []
     if not rows and not arts:
-        parts.append("<p>No results stored yet: run <code>perfloop demo</code> or "
-                     "<code>perfloop bench OP</code>.</p>")  # fmt: skip
-    if run_id is None:  # the whole history: its steps first, then every key's line
-        parts += trend_page.section(trends(store, repo="."))
+        blocks.append({"p": "No results stored yet: run `perfloop demo` or `perfloop bench OP`."})
+    if run_id is None:  # the whole history: its steps first, then every key's line (inline SVG)
+        blocks += [{"raw": Markup(part)} for part in trend_page.section(trends(store, repo="."))]
     by_op = defaultdict(list)
     for r in rows:
         by_op[r["op"]].append(r)
     for op in sorted(by_op):
-        parts += _op_section(op, by_op[op], arts, out)
+        blocks += _op_section(op, by_op[op], arts, out)
     for i, a in enumerate(arts):
         if a["kind"] == "profile" and a["payload"].get("modules"):
-            parts += _step_section(a, out, i)
+            blocks += _step_section(a, out, i)
     for a in arts:
         if a["kind"] == "experiment":
-            parts += _experiment_section(a["payload"], out)
+            blocks += _experiment_section(a["payload"], out)
     comm = [a for a in arts if a["kind"] == "comm"]
     if comm:
-        parts += _comm_section(comm[-1]["payload"]["rows"], out)
-    envs = [r["env"] for r in rows if r.get("env")]
+        blocks += _comm_section(comm[-1]["payload"]["rows"], out)
+    if shown:
+        blocks += _runs_section(store.runs(), shown)
+    envs = [r["env"] for r in all_rows if r.get("env")]
     if envs:
-        parts += _env_section(envs[-1])
-    parts.append("</body></html>")
+        blocks += _env_section(envs[-1])
+    text = _template().render(css=Markup(_CSS + trend_page.CSS), js=Markup(_CHECK_JS), summary=summary,
+                              blocks=blocks)  # fmt: skip
     page = out / "index.html"
     try:
-        page.write_text("\n".join(parts))
+        page.write_text(text)
     except OSError as exc:
         raise OSError(
             f"out_dir {out}: cannot write {page.name} ({exc.strerror or exc}); choose a writable "
