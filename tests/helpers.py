@@ -10,6 +10,17 @@ import time
 from pathlib import Path
 
 ARTIFACTS = Path(__file__).resolve().parent / "build" / "test-artifacts"
+# a test file's head for the pytest plugin's tests: work that takes `ms` of a busy core
+BUSY = """
+import time
+
+def busy(ms):
+    def f():
+        end = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < end:
+            pass
+    return f
+"""
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

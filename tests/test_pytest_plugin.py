@@ -4,20 +4,16 @@ import json
 
 import pytest
 
-SUITE = """
-import time
+from helpers import BUSY
 
-def busy(ms):
-    def f():
-        end = time.perf_counter() + ms / 1e3
-        while time.perf_counter() < end:
-            pass
-    return f
-
+SUITE = (
+    BUSY
+    + """
 def test_kernel_speed(perfloop):
     m = perfloop.bench(busy(MS), name="kernel", budget_s=0.4)
     assert m.median_ms > 0
 """
+)
 
 
 # One torch thread: this file tests the plugin's flow (save, compare, fail). With torch's two

@@ -7,16 +7,7 @@ import os
 
 import pytest
 
-BUSY = """
-import time
-
-def busy(ms):
-    def f():
-        end = time.perf_counter() + ms / 1e3
-        while time.perf_counter() < end:
-            pass
-    return f
-"""
+from helpers import BUSY
 
 TWO_UNNAMED = (
     BUSY

@@ -117,20 +117,9 @@ def test_a_read_only_database_is_refused_before_measuring(tmp_path, capsys, monk
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes read-only folders")
 def test_a_wal_database_in_a_read_only_folder_is_read_not_called_unusable(tmp_path):
-    from perfloop.harness.measurement import Measurement
-
     folder = tmp_path / "ro"
     folder.mkdir()
-    s = Store(folder / "r.db")
-    s.add(
-        s.new_run("x"),
-        Measurement(samples_ms=(1.0, 1.1, 0.9)),
-        op="gelu",
-        variant="v",
-        shape=(4,),
-        dtype="fp32",
-    )
-    s.close()
+    _one_row(folder / "r.db")
     folder.chmod(0o555)
     try:
         assert [r["op"] for r in Store(folder / "r.db").rows()] == ["gelu"]
@@ -141,9 +130,20 @@ def test_a_wal_database_in_a_read_only_folder_is_read_not_called_unusable(tmp_pa
 
 
 def test_a_folder_reported_unwritable_opens_the_database_immutable_and_reads_it(tmp_path, monkeypatch):
+    _one_row(tmp_path / "r.db")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    reader = Store(tmp_path / "r.db")
+    assert [r["op"] for r in reader.rows()] == ["gelu"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no -shm or -wal made beside it
+    reader.close()
+
+
+def _one_row(path) -> None:
     from perfloop.harness.measurement import Measurement
 
-    s = Store(tmp_path / "r.db")
+    s = Store(path)
     s.add(
         s.new_run("x"),
         Measurement(samples_ms=(1.0, 1.1, 0.9)),
@@ -153,10 +153,3 @@ def test_a_folder_reported_unwritable_opens_the_database_immutable_and_reads_it(
         dtype="fp32",
     )
     s.close()
-    real = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode))
-    before = sorted(p.name for p in tmp_path.iterdir())
-    reader = Store(tmp_path / "r.db")
-    assert [r["op"] for r in reader.rows()] == ["gelu"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no -shm or -wal made beside it
-    reader.close()

@@ -143,15 +143,17 @@ class _Runner:
     def close(self) -> None:
         for path in self.trees.values():
             _git(self.repo, "worktree", "remove", "--force", str(path), check=False)
-        _git(self.repo, "worktree", "prune", check=False)
         self.trees.clear()
+        # a worktree being added when an interrupt came is registered but not yet known here:
+        # with its folder gone, prune drops it
         shutil.rmtree(self.root, ignore_errors=True)
+        _git(self.repo, "worktree", "prune", check=False)
 
 
-def _time(run: _Runner, good: str, commit: str, threshold: float | None, rng: random.Random,
-          slower: bool = True) -> Timed:  # fmt: skip
-    """`commit` against `good`, interleaved: MIN_ROUNDS rounds, more (to MAX_ROUNDS) while the
-    CI straddles the threshold; slow when past it the way the step goes (`slower`)."""
+def _sample(run: _Runner, good: str, commit: str, rng: random.Random, decided, most: int
+            ) -> tuple[float, tuple[float, float], float, int]:  # fmt: skip
+    """`commit` against `good`, interleaved round by round in a fresh order: MIN_ROUNDS rounds,
+    then more until `decided(ci)` or `most` rounds; (ratio, its 95% CI, p, rounds)."""
     base, cand = [], []
     while True:
         for _ in range(MIN_ROUNDS if not base else 2):
@@ -161,34 +163,33 @@ def _time(run: _Runner, good: str, commit: str, threshold: float | None, rng: ra
                 into.append(run.once(c))
         s = stats.paired_speedup(base, cand)
         ratio, ci = 1 / s["speedup"], (1 / s["ci"][1], 1 / s["ci"][0])
-        undecided = threshold is not None and ci[0] <= threshold <= ci[1]
-        if not undecided or len(base) >= MAX_ROUNDS:
-            break
+        if decided(ci) or len(base) >= most:
+            return ratio, ci, s["p_value"], len(base)
+
+
+def _time(run: _Runner, good: str, commit: str, threshold: float | None, rng: random.Random,
+          slower: bool = True) -> Timed:  # fmt: skip
+    """`commit` against `good`: more rounds (to MAX_ROUNDS) while the CI straddles the
+    threshold; slow when past it the way the step goes (`slower`)."""
+    decided = lambda ci: threshold is None or not ci[0] <= threshold <= ci[1]  # noqa: E731
+    ratio, ci, p, rounds = _sample(run, good, commit, rng, decided, MAX_ROUNDS)
     subject = _git(run.repo, "log", "-1", "--format=%s", commit)
     slow = threshold is not None and (ratio > threshold) == slower
-    return Timed(commit, subject, ratio, ci, s["p_value"], len(base), slow)
+    return Timed(commit, subject, ratio, ci, p, rounds, slow)
 
 
 def _time_end(run: _Runner, good: str, bad: str, expect: float | None, rng: random.Random) -> Timed:
     """The slow end against good, sampled until it decides: with `expect`, until the CI leaves
     the step's middle; without, until it leaves 1 or lies within NO_STEP of it; END_ROUNDS at
     most."""
-    base, cand = [], []
-    while True:
-        for _ in range(MIN_ROUNDS if not base else 3):
-            pair = [(good, base), (bad, cand)]
-            rng.shuffle(pair)
-            for c, into in pair:
-                into.append(run.once(c))
-        s = stats.paired_speedup(base, cand)
-        ratio, ci = 1 / s["speedup"], (1 / s["ci"][1], 1 / s["ci"][0])
+
+    def decided(ci) -> bool:
         if expect is not None:
-            decided = not ci[0] <= math.sqrt(expect) <= ci[1]
-        else:
-            decided = not ci[0] <= 1.0 <= ci[1] or (ci[0] >= 1 - NO_STEP and ci[1] <= 1 + NO_STEP)
-        if decided or len(base) >= END_ROUNDS:
-            subject = _git(run.repo, "log", "-1", "--format=%s", bad)
-            return Timed(bad, subject, ratio, ci, s["p_value"], len(base), True)
+            return not ci[0] <= math.sqrt(expect) <= ci[1]
+        return not ci[0] <= 1.0 <= ci[1] or (ci[0] >= 1 - NO_STEP and ci[1] <= 1 + NO_STEP)
+
+    ratio, ci, p, rounds = _sample(run, good, bad, rng, decided, END_ROUNDS)
+    return Timed(bad, _git(run.repo, "log", "-1", "--format=%s", bad), ratio, ci, p, rounds, True)
 
 
 def _check_end(end: Timed, good: str, expect: float | None) -> float:
