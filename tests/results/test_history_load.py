@@ -48,6 +48,9 @@ def test_two_contended_runs_no_longer_turn_a_1_8x_slowdown_into_a_speedup(tmp_pa
     assert main(["history", "test:step", "--db", str(tmp_path / "h.db")]) == 0
     out = capsys.readouterr().out
     assert "(slower)" in out and "left out: contended" in out and "2 of 10 run(s) left out" in out
+    assert main(["report", "--db", str(tmp_path / "h.db"), "--html", str(tmp_path / "page")]) == 0
+    page = (tmp_path / "page" / "index.html").read_text()
+    assert page.count("10 (2 contended, left out)") == 2 and "1.8" in page
 
 
 def _line(rng, n_commits, runs_each, noise, steps, contend_share, contend_range):

@@ -119,7 +119,8 @@ def section(trends: list[Trend]) -> list[str]:
     for t in sorted(trends, key=lambda t: (not t.changes, _name(t))):
         last = t.points[-1]
         step = "; ".join(f"{c.ratio:.3f}x at {c.after or '?'}" for c in t.changes) or " ".join(t.notes[:1])
-        rows.append(f"<tr id='{_anchor(t)}' class='trend'><td>{e(_name(t))}</td><td>{len(t.points)}</td>"
+        runs = f"{len(t.points)}" + (f" ({len(t.left_out)} contended, left out)" if t.left_out else "")
+        rows.append(f"<tr id='{_anchor(t)}' class='trend'><td>{e(_name(t))}</td><td>{runs}</td>"
                     f"<td>{last.median_ms:.4g} ms</td><td>{sparkline(t)}</td><td>{e(step)}</td>"
                     "</tr>")  # fmt: skip
     parts += ["<h2>every benchmark, run by run</h2>",
