@@ -219,7 +219,7 @@ def test_reading_and_analysing_a_trace_grows_linearly_with_its_length(tmp_path):
     import time
 
     def seconds(steps):
-        path = _synthetic_trace(tmp_path / f"t{steps}.json", steps=steps, ops_per_step=50)
+        path = _synthetic_trace(tmp_path / f"t{steps}.json", steps=steps, ops_per_step=25)
         t0 = time.perf_counter()
         p = from_trace(path)
         p.idle()
@@ -227,6 +227,7 @@ def test_reading_and_analysing_a_trace_grows_linearly_with_its_length(tmp_path):
         return time.perf_counter() - t0
 
     seconds(10)  # imports and caches out of the way
-    small, large = min(seconds(40) for _ in range(2)), seconds(160)
-    # linear: ~4x; the quadratic holes-by-intervals scans this replaced read 8-16x here
-    assert large / small < 6.5, (small, large)
+    small, large = min(seconds(30) for _ in range(2)), min(seconds(240) for _ in range(2))
+    # 8x the events: linear reads ~8-10x; the quadratic scans this replaced read 9.1x at 4x
+    # the events, so 30x or more here (each size its best of two, against a busy machine)
+    assert large / small < 16, (small, large)

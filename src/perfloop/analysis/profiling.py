@@ -177,6 +177,15 @@ class Profile:
     _samples: Any = field(default=None, repr=False)  # the launching thread's stack (stacks.Sample)
     _call_spans: Any = field(default=None, repr=False)  # pl.profile's calls on the profiler's timeline
 
+    def events(self) -> list:
+        """The profiler's events (torch's, or a trace file's read as such)."""
+        return self._prof.events() if self._prof is not None else []
+
+    @property
+    def windows(self) -> list[tuple[float, float]] | None:
+        """The host intervals (us) the profile is limited to: a range's occurrences, or None."""
+        return self._windows
+
     @property
     def step_ms(self) -> list[float]:
         """Each profiled occurrence's host duration (a script's steps), in ms; [] where the
@@ -474,18 +483,19 @@ def profile(
         prof, wall_ms, host, samples, spans = timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
         work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
 
-    p = build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work,
-                      plain_wall_ms=plain_ms)  # fmt: skip
-    p._samples, p._call_spans = samples, spans
-    return p
+    return build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work,
+                         plain_wall_ms=plain_ms, samples=samples, call_spans=spans)  # fmt: skip
 
 
 def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: bool, warnings: list[str],
                   counted=None, peak: int | None = None, work: Work | None = None,
-                  range_name: str | None = None, plain_wall_ms: float | None = None) -> Profile:  # fmt: skip
+                  range_name: str | None = None, plain_wall_ms: float | None = None, samples=None,
+                  call_spans=None, given_work=None) -> Profile:  # fmt: skip
     """A Profile from a stopped profiler that recorded `calls` calls (times over all of them);
     with `range_name`, of the work launched inside that range's occurrences only, and the wall
-    time theirs; `plain_wall_ms`: the same calls' wall time without the profiler."""
+    time theirs; `plain_wall_ms`: the same calls' wall time without the profiler; `samples`: the
+    launching thread's stack samples; `call_spans`: each call's host interval; `given_work`:
+    (events, kind, windows) -> {(module, phase, op): work}, for a trace that carries shapes."""
     from perfloop.analysis.attribution import windows
 
     events = prof.events()
@@ -517,6 +527,9 @@ def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: boo
         _prof=prof,
         _counted=counted,
         _windows=spans,
+        _samples=samples,
+        _call_spans=call_spans,
+        _given_work=given_work(events, kind, spans) if given_work is not None else None,
     )
 
 

@@ -90,6 +90,10 @@ class Sampler:
         self._thread.start()
         return self
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()

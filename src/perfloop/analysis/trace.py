@@ -395,13 +395,14 @@ def from_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
     steps = [e for e in events if e.name.startswith("ProfilerStep#") and e.device_type == DeviceType.CPU]
     cpu = [e.time_range for e in events if e.device_type == DeviceType.CPU]
     span_ms = (max(r.end for r in cpu) - min(r.start for r in cpu)) / 1e3
+    shapes = meta.get("record_shapes") or any("Input Dims" in e.args for e in events)
     p = profiling.build_profile(TraceEvents(events), max(len(steps), 1), span_ms, span_ms, on_cuda, warnings,
-                      range_name="ProfilerStep#*" if steps else None)  # fmt: skip
-    if not meta.get("record_shapes") and not any("Input Dims" in e.args for e in events):
+                                range_name="ProfilerStep#*" if steps else None,
+                                given_work=work_by_key if shapes else None)  # fmt: skip
+    if not shapes:
         warnings.append("the trace has no shapes (record it with record_shapes=True): time by kernel, op, "
                         "module and category, and idle time, but no FLOPs, bytes or roofline")  # fmt: skip
     else:
-        p._given_work = work_by_key(p._prof.events(), p.kind, p._windows)
         warnings.append("FLOPs and bytes from the trace's input shapes: matmul FLOPs, and the bytes of each "
                         "op's inputs (its outputs are not in the trace)")  # fmt: skip
     warnings.append("idle and host time as the trace recorded them, under torch.profiler, whose cost per op "

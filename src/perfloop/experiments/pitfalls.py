@@ -12,7 +12,7 @@ from perfloop.analysis.profiling import profile
 from perfloop.experiments._common import device, finish, ms, plot_bars, plot_lines, sync
 from perfloop.harness.measurement import parse_ms
 from perfloop.harness.timing import bench
-from perfloop.ops.gelu.torch_impl import _naive as gelu_naive
+from perfloop.ops.gelu.torch_impl import naive as gelu_naive
 
 
 def launch_overhead(quick=False, store=None, run_id=None, out_dir=None) -> dict:

@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from perfloop.nn.modules import (
-    _autocast_fp32,
-    _kernel_here,
     autocast_on,
+    kernel_here,
     why_not_gelu_options,
     why_not_loss_options,
     why_not_norm_options,
 )
+from perfloop.ops.base import autocast_fp32
 
 FUSED_NAMES = ("layer_norm", "rms_norm", "cross_entropy", "gelu")
 
@@ -44,7 +44,7 @@ def _takes(x) -> bool:
     """Whether the kernels can run on x here (a tensor, not under torch.compile)."""
     if not isinstance(x, torch.Tensor) or torch.compiler.is_compiling():
         return False
-    return _cached(("here", x.device), lambda: _kernel_here(x)) is None
+    return _cached(("here", x.device), lambda: kernel_here(x)) is None
 
 
 def _norm_why(x, normalized_shape, weight) -> str | None:
@@ -61,7 +61,7 @@ def why_not_norm(x, normalized_shape, weight) -> str | None:
         return why
     if tuple(normalized_shape) != tuple(x.shape[-1:]):
         return f"normalized_shape {tuple(normalized_shape)} for rows of {tuple(x.shape[-1:])}"
-    return supported(_autocast_fp32(x), weight)
+    return supported(autocast_fp32(x), weight)
 
 
 def _graph():
@@ -78,7 +78,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
         return F.layer_norm(input, normalized_shape, weight, bias, eps)
     from perfloop.ops.layernorm.triton_impl import fused_norm
 
-    return fused_norm(_autocast_fp32(input), weight, bias, eps, False)
+    return fused_norm(autocast_fp32(input), weight, bias, eps, False)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
@@ -89,7 +89,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
         return F.rms_norm(input, normalized_shape, weight, eps)
     from perfloop.ops.layernorm.triton_impl import fused_norm
 
-    x = _autocast_fp32(input)
+    x = autocast_fp32(input)
     return fused_norm(x, weight, None, eps if eps is not None else torch.finfo(x.dtype).eps, True)
 
 
@@ -192,12 +192,12 @@ def why_not_call(name: str, args: tuple, kwargs: dict) -> str | None:
         x = a["a"]
         if not isinstance(x, torch.Tensor):
             return "no tensor input"
-        return _kernel_here(x) or _gate_why(x, a["b"], a.get("approximate", "none"))
+        return kernel_here(x) or _gate_why(x, a["b"], a.get("approximate", "none"))
     x = a.get("input")
     if not isinstance(x, torch.Tensor):
         return "no tensor input"
-    if _kernel_here(x):
-        return _kernel_here(x)
+    if kernel_here(x):
+        return kernel_here(x)
     if name in ("layer_norm", "rms_norm"):
         return why_not_norm(x, a.get("normalized_shape", ()), a.get("weight"))
     if name == "cross_entropy":

@@ -7,6 +7,8 @@ itself, and a Python autograd function in its graph would only break it."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
 
 import torch
@@ -17,14 +19,28 @@ from perfloop.ops.base import autocast_fp32 as _autocast_fp32
 from perfloop.ops.base import autocast_on, interpreting
 
 _WARNED: set = set()
-_RECORDING: list = []  # while pl.patch checks a module: its fallbacks go here, unsaid
+# while pl.patch checks a module (recording_fallbacks): its fallbacks go to that list, unsaid
+_RECORDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("perfloop_fallbacks", default=None)
+
+
+@contextlib.contextmanager
+def recording_fallbacks():
+    """Within: a fused module that falls back to torch adds why to the list yielded, and warns
+    nothing (pl.patch's check says it in its report)."""
+    said: list[str] = []
+    token = _RECORDING.set(said)
+    try:
+        yield said
+    finally:
+        _RECORDING.reset(token)
 
 
 def _fallback(module: nn.Module, why: str) -> None:
     if why == "compiling":
         return
-    if _RECORDING:
-        _RECORDING[-1].append(why)
+    recording = _RECORDING.get()
+    if recording is not None:
+        recording.append(why)
         return
     key = (type(module).__name__, why)
     if key not in _WARNED:
@@ -33,7 +49,7 @@ def _fallback(module: nn.Module, why: str) -> None:
                       RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
-def _kernel_here(x: torch.Tensor) -> str | None:
+def kernel_here(x: torch.Tensor) -> str | None:
     if x.is_cuda or (x.device.type == "cpu" and interpreting()):
         try:
             import triton  # noqa: F401
@@ -66,7 +82,7 @@ def _cached_why(module: nn.Module, key, call_check, x: torch.Tensor) -> str | No
     if cache is not None and key in cache:  # the common case: this key seen before
         return cache[key]
     cache = module.__dict__.setdefault("_perfloop_why", {})
-    cache[key] = _kernel_here(x) or why_not(module) or call_check()
+    cache[key] = kernel_here(x) or why_not(module) or call_check()
     return cache[key]
 
 
@@ -158,7 +174,7 @@ class SwiGLU(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         from perfloop.ops.swiglu.triton_impl import geglu, swiglu
 
-        why = "compiling" if torch.compiler.is_compiling() else _kernel_here(a)
+        why = "compiling" if torch.compiler.is_compiling() else kernel_here(a)
         if why or a.shape != b.shape or a.dtype != b.dtype:
             _fallback(self, why or "operands of different shapes or dtypes")
             return (F.gelu(a, approximate="tanh") if self.gelu else F.silu(a)) * b
@@ -204,7 +220,7 @@ class LinearCrossEntropy(nn.Module):
             loss = graph_linear_cross_entropy(h, w, t, self.ignore_index)
             if loss is not None:
                 return loss
-        why = "compiling" if torch.compiler.is_compiling() else _kernel_here(h)
+        why = "compiling" if torch.compiler.is_compiling() else kernel_here(h)
         if not why and t.dtype != torch.int64:
             why = f"targets of dtype {t.dtype} (class indices in int64 only)"
         if why or h.dtype != w.dtype:

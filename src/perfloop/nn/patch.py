@@ -266,14 +266,12 @@ def _check(name: str, original: nn.Module, fused: nn.Module, args, kwargs, autoc
     want_y, want_g = _forward_backward(ref, [dbl(a) for a in args], {k: dbl(v) for k, v in kwargs.items()},
                                        None, seed=0)  # fmt: skip
     orig_y, orig_g = _forward_backward(original, args, kwargs, autocast_dtype, seed=0)
-    fallbacks: list = []
-    _modules._RECORDING.append(fallbacks)
     try:
-        got_y, got_g = _forward_backward(fused, args, kwargs, autocast_dtype, seed=0)
+        with _modules.recording_fallbacks() as fallbacks:
+            got_y, got_g = _forward_backward(fused, args, kwargs, autocast_dtype, seed=0)
     except Exception as exc:  # noqa: BLE001 -- a kernel that cannot run here is a refusal, not a crash
         return Swap(name, kind, False, f"the fused module failed on this input: {exc}")
     finally:
-        _modules._RECORDING.remove(fallbacks)
         for p in original.parameters():
             p.grad = None
     if fallbacks:

@@ -230,7 +230,7 @@ class _Window:
         self.state = "timed"
 
     def _end_sampling(self) -> None:
-        if self.sampler is not None and self.sampler._thread.is_alive():
+        if self.sampler is not None and self.sampler.running:
             self.sampler.__exit__(None, None, None)
 
     def _give_way(self) -> None:
@@ -584,10 +584,9 @@ def _result(w: _Window) -> profiling.Profile:
     # the profile's own copies of the range bound it where the trace has them (not NVTX's, not
     # optimizer steps': there the profiled span is the steps)
     traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
+    samples = w.sampler.align(w.prof.events(), w.sampler_mark) if w.sampler is not None else None
     p = profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings,
-                                counted, range_name=traced, plain_wall_ms=plain)  # fmt: skip
-    if w.sampler is not None:
-        p._samples = w.sampler.align(w.prof.events(), w.sampler_mark)
+                                counted, range_name=traced, plain_wall_ms=plain, samples=samples)  # fmt: skip
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
         raise ValueError(f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from perfloop.ops.attention.triton_impl import _bwd_dkdv_kernel, _bwd_dq_kernel, _config, _fwd_kernel
+from perfloop.ops.attention.triton_impl import kernels
 
 
 def asm_specs(ty: str) -> list[dict]:
     """The unit strides (head dim; V's sequence in fp32, see `run_forward`) become constants in
     Triton's runtime (so loads vectorize); the tiles are the table's for the type."""
+    k = kernels()
     ptr = f"*{ty}"
     unit = {"stride_qd", "stride_kd", "stride_vn" if ty == "fp32" else "stride_vd", "stride_od"}
     strides = {}
@@ -27,13 +28,13 @@ def asm_specs(ty: str) -> list[dict]:
     specs = []
     for kernel, kind, sig, aligned in (
         # pointers, and every stride and size that is a multiple of 16 (as at S=4096, D=128)
-        (_fwd_kernel, "fwd", fwd_sig, [i for i, (n, t) in enumerate(fwd_sig.items())
+        (k["fwd"], "fwd", fwd_sig, [i for i, (n, t) in enumerate(fwd_sig.items())
                                        if t != "constexpr" and n not in ("qk_scale", "H")]),
-        (_bwd_dkdv_kernel, "dkdv", {**bwd_sig, "DK": ptr, "DV": ptr, "sm_scale": "fp32", **sizes},
+        (k["bwd_dkdv"], "dkdv", {**bwd_sig, "DK": ptr, "DV": ptr, "sm_scale": "fp32", **sizes},
          list(range(8))),
-        (_bwd_dq_kernel, "dq", {**bwd_sig, "DQ": ptr, "sm_scale": "fp32", **sizes}, list(range(7))),
+        (k["bwd_dq"], "dq", {**bwd_sig, "DQ": ptr, "sm_scale": "fp32", **sizes}, list(range(7))),
     ):  # fmt: skip
-        cfg = _config(128, kind, torch.float32 if ty == "fp32" else torch.bfloat16)
+        cfg = k["config"](128, kind, torch.float32 if ty == "fp32" else torch.bfloat16)
         consts = {**common, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]}
         if kind == "fwd":
             consts |= dict.fromkeys(unit, 1)

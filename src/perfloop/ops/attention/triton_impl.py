@@ -343,10 +343,10 @@ def _shape_consts(d: int, sq: int, sk: int, cfg: dict) -> dict:
 
 
 try:
-    from triton.runtime.errors import OutOfResources as _OutOfResources
+    from triton.runtime.errors import OutOfResources
 except ImportError:  # pragma: no cover - very old Triton
 
-    class _OutOfResources(Exception):
+    class OutOfResources(Exception):
         pass
 
 
@@ -380,7 +380,7 @@ def _fit(kind: str, d: int, sq: int, sk: int, q, consts: tuple, attempt) -> dict
                 **cfg}  # fmt: skip
         try:
             attempt(meta, cfg)
-        except _OutOfResources:
+        except OutOfResources:
             cfg = _smaller(cfg)
             if cfg is None:
                 raise
@@ -557,3 +557,8 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
 def attention(q, k, v, causal=False, out=None):
     o, _ = flash_attention(q, k, v, causal)
     return o if out is None else out.copy_(o)
+
+
+def kernels() -> dict:
+    """The three jitted kernels and the launch-config lookup, for `perfloop asm` (asm_specs)."""
+    return {"fwd": _fwd_kernel, "bwd_dkdv": _bwd_dkdv_kernel, "bwd_dq": _bwd_dq_kernel, "config": _config}

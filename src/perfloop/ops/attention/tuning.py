@@ -67,7 +67,7 @@ def _candidates(kind: str, q, k, v, causal: bool, ref) -> tuple[dict, dict, list
             try:
                 err = (ti.run_forward(q, k, v, causal, scale, cfg)[0] - ref).abs().max().item()
                 why = "" if err <= 2e-2 else f"max abs err {err:.3g} against SDPA"
-            except ti._OutOfResources as exc:  # a config that does not fit this GPU is a row, not a stop
+            except ti.OutOfResources as exc:  # a config that does not fit this GPU is a row, not a stop
                 why = f"{type(exc).__name__}: {str(exc)[:120]}"
             if why:
                 wrong.append({"head_dim": d, "causal": causal, "kernel": kind, **cfg, "error": why})
