@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perfloop.analysis import attribution as attr
 from perfloop.analysis import roofline, timeline
@@ -298,202 +298,258 @@ def _ops_list(ops: list[str]) -> str:
     return head + (f", ... ({len(ops)} ops)" if len(ops) > 6 else "")
 
 
+@dataclass
+class Step:
+    """What every analyzer below reads (one profiled step, times per call) and what it adds to:
+    the opportunities found, and the (module, phase, op) keys an earlier analyzer explained."""
+
+    items: list
+    work: dict | None
+    records: list | None
+    b_items: list | None
+    idle: timeline.Idle | None
+    ceilings: dict
+    calls: int
+    step_ms: float
+    l2_bytes: int
+    sites: dict | None
+    kind: str
+    found: list[Opportunity] = field(default_factory=list)
+    covered: set = field(default_factory=set)
+
+    @property
+    def copy(self) -> float:
+        return self.ceilings.get("copy_gbps") or 0.0
+
+    def at_copy_ms(self, nbytes: float) -> float:
+        return nbytes / (self.copy * 1e9) * 1e3 if self.copy else 0.0
+
+    def add(self, title: str, saves: float, bound: str, evidence: str, advice: str, where: str = "") -> None:
+        if saves / self.step_ms >= MIN_SHARE:
+            self.found.append(Opportunity(title, saves, saves / self.step_ms, bound, evidence, advice, where))
+
+
 def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_ms: float,
          l2_bytes: int = 0, sites: dict | None = None, kind: str = "cuda") -> StepDiagnosis:  # fmt: skip
     """The ranked opportunities of a profile: `items` and `work` from the timed calls (`calls`
     of them), `records` and `b_items` from the counted call, `idle` from timeline.idle; times
     per call. `sites` (nn.patch.plan's, by module name) names the call site of each fusable
-    chain; `kind` is the profile's device ("cuda", or "cpu" where the ops are the work)."""
+    chain; `kind` is the profile's device ("cuda", or "cpu" where the ops are the work). Each
+    analyzer below answers one question; the order matters only where one explains time that a
+    later one would count again (`covered`, `kept`)."""
     device_ms = sum(i.ms for i in items) / calls
-    step_ms = max(wall_ms, device_ms) or 1e-12
-    copy = ceilings.get("copy_gbps") or 0.0
-    found: list[Opportunity] = []
-    covered: set = set()
-
-    def add(title, saves, bound, evidence, advice, where=""):
-        if saves / step_ms >= MIN_SHARE:
-            found.append(Opportunity(title, saves, saves / step_ms, bound, evidence, advice, where))
-
-    a_ms: dict = defaultdict(float)
-    for i in items:
-        a_ms[(i.module, i.phase, i.op)] += i.ms / calls
-    attention = _written_attention(items)
-    for pattern, (mods, ms, n_ops) in attention.items():
-        add(f"attention written out in {pattern}: the scores go through memory", ms / calls, "memory",
-            f"{n_ops} ops on the T x T scores between its two matmuls, forward and backward, "
-            f"{fmt_ms(ms / calls)} per call" + (f" in {len(mods)} modules" if len(mods) > 1 else ""),
-            ADVICE["attention"] + ": one kernel, the scores never written (is_causal=True for a causal "
-            "mask, attn_mask= for another; dropout_p= for attention dropout)")  # fmt: skip
-        covered |= {(i.module, i.phase, i.op) for i in items if i.module in mods}
-    for c in _chains(records or [], b_items or [], a_ms):
-        if any(_matches(c["module"], mods) for mods, _, _ in attention.values()):
-            continue  # its ops are the written-out attention's
-        ideal = c["ideal_bytes"] / (copy * 1e9) * 1e3 if copy else 0.0
-        mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
-        where = f"{c['module']} ({c['phase']}{', x' + str(c['count']) if c['count'] > 1 else ''})"
-        at_copy = c["bytes"] / (copy * 1e9) * 1e3 if copy else 0.0
-        if roofline.latency_bound(c["ms"], at_copy, c["bytes"] / max(c["kernels"], 1), c["kernels"]):
-            fix = ("fuse them into one kernel (torch.compile), or replay the step as a CUDA graph "
-                   "(torch.compile(mode='reduce-overhead'), torch.cuda.graphs)" if kind == "cuda"
-                   else "fuse them into one (torch.compile): each op's dispatch costs ~its work")  # fmt: skip
-            unit = "kernels" if kind == "cuda" else "ops"
-            add(
-                f"{c['kernels']} tiny {unit} in a row in {where}",
-                c["ms"] - ideal,
-                "launch",
-                f"{_ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call",
-                fix,
-            )
-            covered |= c["keys"]
-            continue
-        passes = c["bytes"] / c["ideal_bytes"] if c["ideal_bytes"] else float("inf")
-        if passes < FUSE_PASSES:
-            continue  # little to fuse: its ops are judged one by one below
-        covered |= c["keys"]
-        add(
-            f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them",
-            c["ms"] - ideal,
-            "memory",
-            f"{_ops_list(c['ops'])}: {c['bytes'] / 1e6:.1f} MB moved where {c['ideal_bytes'] / 1e6:.1f} MB "
-            f"(its inputs and outputs) would do, {passes:.1f}x; {fmt_ms(c['ms'])} -> ~{fmt_ms(ideal)} fused",
-            _chain_advice(c["ops"]),
-            _where(c["module"], _chain_kind(c["ops"]), sites),
-        )
-
-    kept = [i for i in items if (i.module, i.phase, i.op) not in covered and i.phase != "optimizer"]
-    pageable = [i for i in kept if "Pageable" in i.kernel]  # copies from unpinned host memory
-    if pageable:
-        kept = [i for i in kept if "Pageable" not in i.kernel]
-        dev_ms = sum(i.ms for i in pageable) / calls
-        staging = idle.by_cause[timeline.PAGEABLE] / calls if idle is not None else 0.0
-        advice = HOST[timeline.PAGEABLE][1]
-        n = len(pageable) // calls
-        copies = "1 host-to-device copy" if n == 1 else f"{n} host-to-device copies"
-        add(f"{copies} from pageable memory per call", dev_ms + staging, "host",
-            f"{fmt_ms(dev_ms)} per call of device copies from pageable memory (staged by the host, at a "
-            f"fraction of the link's speed)" + (f"; the GPU idle {fmt_ms(staging)} while the host staged it"
-                                                if staging else ""), advice)  # fmt: skip
-    layout = [i for i in kept if (i.outer_op or i.op) in LAYOUT_OPS]  # copies that change a layout only
-    if layout:
-        kept = [i for i in kept if (i.outer_op or i.op) not in LAYOUT_OPS]
-        ms = sum(i.ms for i in layout) / calls
-        by_module: dict = defaultdict(float)
-        for i in layout:
-            by_module[f"{i.module} ({i.phase})"] += i.ms / calls
-        ops = sorted({(i.outer_op or i.op).split("::")[-1] for i in layout})
-        top = sorted(by_module.items(), key=lambda kv: -kv[1])[:3]
-        add(f"layout copies: {len(layout) // calls} per call ({', '.join(ops)})", ms, "memory",
-            f"{fmt_ms(ms)} per call copying tensors to a new layout, in "
-            + "; ".join(f"{m} {fmt_ms(v)}" for m, v in top),
-            "keep the layout the next op takes: matmul and scaled_dot_product_attention read transposed "
-            "operands (drop the .contiguous()), transpose after the op rather than before, or "
-            "torch.compile, which folds the copy into the op that reads it")  # fmt: skip
-    opt = [i for i in items if i.phase == "optimizer"]
-    loop_ms = idle.by_cause[timeline.OPTIMIZER] / calls if idle is not None and opt else 0.0
-    if opt:
-        opt_ms = sum(i.ms for i in opt) / calls
-        nbytes = sum(w[1] for k, w in (work or {}).items() if k[1] == "optimizer") / calls
-        ideal = nbytes / (copy * 1e9) * 1e3 if copy else 0.0
-        waits = "the GPU" if idle is None or idle.device == "GPU" else "the CPU's ops"
-        loop = f"; {waits} idle {fmt_ms(loop_ms)} per call in its host loop between them" if loop_ms else ""
-        kind = "kernels" if idle is None or idle.device == "GPU" else "ops"
-        add(f"optimizer: {len(opt) // calls} {kind} per step", opt_ms - ideal + loop_ms,
-            "host" if loop_ms > opt_ms - ideal else "memory",
-            f"{fmt_ms(opt_ms)} per call" + (f" for {nbytes / 1e6:.1f} MB of parameters, gradients and "
-            f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / copy:.0%} of copy" if nbytes and copy else "")
-            + loop,
-            ADVICE["optimizer"] + " (one pass over the parameters, its state and gradients)")  # fmt: skip
-    casts = 0.0
-    top_row = None
-    for row in attr.group(kept, "op/phase", work=work, ceilings=ceilings, l2_bytes=l2_bytes):
-        op = row.name.rsplit(" (", 1)[0]
-        cat = attr.category(op)
-        ms = row.device_ms / calls
-        if top_row is None or row.device_ms > top_row.device_ms:
-            top_row = row
-        if cat == "dtype cast/copy":
-            casts += ms
-            continue
-        faster = max(
-            filter(None, [ceilings.get("matmul_tf32_tflops"), ceilings.get("matmul_bf16_tflops")]), default=0
-        )
-        fp32 = matmul_ceiling(ceilings, "fp32") or 0
-        if cat == "matmul" and row.dtype == "fp32" and row.flops and fp32 and faster > 1.5 * fp32:
-            at = (
-                max(row.bytes / (copy * 1e9) * 1e3 if copy else 0.0, row.flops / (faster * 1e12) * 1e3)
-                / calls
-            )
-            add(f"{row.name}: fp32 matmuls with TF32 off", ms - at, "precision",
-                f"{_count(row.calls // calls, 'call', 'calls')}, {row.tflops:.1f} TFLOP/s; the TF32 ceiling "
-                f"is {faster:.0f}",
-                "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
-                "or bf16 autocast")  # fmt: skip
-            continue
-        if row.headroom_ms is None or row.bound == "":
-            continue
-        of = row.of_matmul if row.bound == "compute" else row.of_copy
-        ceiling = "matmul" if row.bound == "compute" else "copy"
-        ev = f"{_count(row.calls // calls, 'call', 'calls')}, {fmt_ms(ms)} per call" + (
-            f", {of:.0%} of the {ceiling} ceiling" if of is not None else ""
-        )
-        if row.bound == "latency":
-            short = "the GPU" if kind == "cuda" else "the CPU's threads, its dispatch a large share"
-            ev += f", mean {row.device_ms * 1e3 / row.calls:.1f} us: too short to fill {short}"
-        latency = ("fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs" if kind == "cuda"
-                   else "fewer, larger ops: fuse (torch.compile) or batch them")  # fmt: skip
-        add(f"{row.name} below its ceiling", row.headroom_ms / calls, row.bound, ev,
-            ADVICE.get(cat, ADVICE["other"]) if row.bound != "latency" else latency,
-            _where_any(_chain_kind([op]), sites))  # fmt: skip
-
-    if casts:
-        n = sum(1 for i in kept if attr.category(i.op or i.kernel) == "dtype cast/copy") // calls
-        add(f"dtype casts and copies: {n} per call", casts, "memory",
-            f"{fmt_ms(casts)} per call in copy kernels (autocast casts each weight on every use)",
-            "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy), or "
-            "torch.compile, which folds the casts into the kernels that use them")  # fmt: skip
-
-    if idle is not None:
-        for cause, ms in idle.by_cause.items():
-            if cause == timeline.FIRST or not ms or (cause == timeline.OPTIMIZER and loop_ms):
-                continue  # the optimizer's loop is in the optimizer's opportunity
-            if cause == timeline.PAGEABLE and pageable:
-                continue  # in the pageable copies' opportunity
-            if idle.device == "CPU" and cause == timeline.LAUNCH:
-                continue  # a CPU's time between ops mixes dispatch, the allocator and the profiler's cost
-            if idle.device == "CPU" and cause == timeline.OUTSIDE:  # only what a line of the user's explains
-                ms = sum(v for c, p, v in idle.places if c == cause and p)
-                if not ms:
-                    continue
-            ms = (ms + (idle.by_cause[timeline.FIRST] if cause == timeline.LAUNCH else 0.0)) / calls
-            if cause == timeline.SYNC and idle.sync_saving_ms:  # the timeline replayed without the waits
-                ms = max(ms, min(idle.sync_saving_ms / calls, idle.idle_ms / calls))
-            title, advice = HOST[cause]
-            evidence = f"idle {fmt_ms(ms)} per call" + (f"; busy {idle.busy_ms / idle.wall_ms:.0%}"
-                                                        if cause == timeline.LAUNCH else "")  # fmt: skip
-            if cause == timeline.SYNC and idle.syncs:
-                evidence += " after " + "; ".join(
-                    f"{op.split('::')[-1]} x{n // calls}" + (f" at {', '.join(s[:3])}" if s else "")
-                    for op, n, _, s in idle.syncs[:3])  # fmt: skip
-            places = [(p, v / calls) for c, p, v in idle.places if c == cause and p][:3]
-            where = "; ".join(f"{p} {fmt_ms(v)}" for p, v in places)
-            if idle.device == "CPU" and cause == timeline.LAUNCH:
-                title = "Python and dispatch between small ops"
-            waits = "the GPU waits" if idle.device == "GPU" else "between the step's ops"
-            add(
-                f"{waits}: {title}",
-                ms,
-                "launch" if cause == timeline.LAUNCH else "host",
-                evidence,
-                advice,
-                where,
-            )
-    found.sort(key=lambda o: -o.saves_ms)
-    busy = idle.busy_ms / idle.wall_ms if idle is not None and idle.wall_ms else min(1.0, device_ms / step_ms)
-    out = StepDiagnosis(found, step_ms, device_ms, busy)
-    if not found and top_row is not None and top_row.bound in ("compute", "memory"):
+    s = Step(items, work, records, b_items, idle, ceilings, calls, max(wall_ms, device_ms) or 1e-12, l2_bytes,
+             sites, kind)  # fmt: skip
+    attention = written_attention(s)
+    fusable_chains(s, attention)
+    kept = [i for i in items if (i.module, i.phase, i.op) not in s.covered and i.phase != "optimizer"]
+    kept, pageable = pageable_copies(s, kept)
+    kept = layout_copies(s, kept)
+    loop_ms = optimizer_step(s)
+    top_row = op_rows(s, kept)
+    idle_causes(s, loop_ms, bool(pageable))
+    s.found.sort(key=lambda o: -o.saves_ms)
+    busy = (
+        idle.busy_ms / idle.wall_ms if idle is not None and idle.wall_ms else min(1.0, device_ms / s.step_ms)
+    )
+    out = StepDiagnosis(s.found, s.step_ms, device_ms, busy)
+    if not s.found and top_row is not None and top_row.bound in ("compute", "memory"):
         of = top_row.of_matmul if top_row.bound == "compute" else top_row.of_copy
         if of is not None:
             ceiling = "matmul" if top_row.bound == "compute" else "copy"
             out.at_ceiling = f"{top_row.name} runs at {of:.0%} of the measured {ceiling} ceiling"
             out.ceiling_bound = top_row.bound
     return out
+
+
+def written_attention(s: Step) -> dict:
+    """Attention computed op by op (its scores through memory); its ops are covered."""
+    attention = _written_attention(s.items)
+    for pattern, (mods, ms, n_ops) in attention.items():
+        s.add(f"attention written out in {pattern}: the scores go through memory", ms / s.calls, "memory",
+              f"{n_ops} ops on the T x T scores between its two matmuls, forward and backward, "
+              f"{fmt_ms(ms / s.calls)} per call" + (f" in {len(mods)} modules" if len(mods) > 1 else ""),
+              ADVICE["attention"] + ": one kernel, the scores never written (is_causal=True for a causal "
+              "mask, attn_mask= for another; dropout_p= for attention dropout)")  # fmt: skip
+        s.covered |= {(i.module, i.phase, i.op) for i in s.items if i.module in mods}
+    return attention
+
+
+def fusable_chains(s: Step, attention: dict) -> None:
+    """Runs of memory-bound ops in one module: launch-bound where tiny, else fusable."""
+    a_ms: dict = defaultdict(float)
+    for i in s.items:
+        a_ms[(i.module, i.phase, i.op)] += i.ms / s.calls
+    for c in _chains(s.records or [], s.b_items or [], a_ms):
+        if any(_matches(c["module"], mods) for mods, _, _ in attention.values()):
+            continue  # its ops are the written-out attention's
+        ideal = s.at_copy_ms(c["ideal_bytes"])
+        where = f"{c['module']} ({c['phase']}{', x' + str(c['count']) if c['count'] > 1 else ''})"
+        if roofline.latency_bound(c["ms"], s.at_copy_ms(c["bytes"]), c["bytes"] / max(c["kernels"], 1),
+                                  c["kernels"]):  # fmt: skip
+            fix = ("fuse them into one kernel (torch.compile), or replay the step as a CUDA graph "
+                   "(torch.compile(mode='reduce-overhead'), torch.cuda.graphs)" if s.kind == "cuda"
+                   else "fuse them into one (torch.compile): each op's dispatch costs ~its work")  # fmt: skip
+            unit = "kernels" if s.kind == "cuda" else "ops"
+            mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
+            evidence = f"{_ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call"
+            s.add(f"{c['kernels']} tiny {unit} in a row in {where}", c["ms"] - ideal, "launch", evidence, fix)
+            s.covered |= c["keys"]
+            continue
+        passes = c["bytes"] / c["ideal_bytes"] if c["ideal_bytes"] else float("inf")
+        if passes < FUSE_PASSES:
+            continue  # little to fuse: its ops are judged one by one
+        s.covered |= c["keys"]
+        moved, needed = c["bytes"] / 1e6, c["ideal_bytes"] / 1e6
+        evidence = (
+            f"{_ops_list(c['ops'])}: {moved:.1f} MB moved where {needed:.1f} MB (its inputs and outputs) "
+            f"would do, {passes:.1f}x; {fmt_ms(c['ms'])} -> ~{fmt_ms(ideal)} fused"
+        )
+        advice, where_called = _chain_advice(c["ops"]), _where(c["module"], _chain_kind(c["ops"]), s.sites)
+        title = f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them"
+        s.add(title, c["ms"] - ideal, "memory", evidence, advice, where_called)
+
+
+def pageable_copies(s: Step, kept: list) -> tuple[list, list]:
+    """Host-to-device copies from unpinned memory, with the host's staging time."""
+    pageable = [i for i in kept if "Pageable" in i.kernel]
+    if not pageable:
+        return kept, []
+    dev_ms = sum(i.ms for i in pageable) / s.calls
+    staging = s.idle.by_cause[timeline.PAGEABLE] / s.calls if s.idle is not None else 0.0
+    n = len(pageable) // s.calls
+    copies = "1 host-to-device copy" if n == 1 else f"{n} host-to-device copies"
+    s.add(f"{copies} from pageable memory per call", dev_ms + staging, "host",
+          f"{fmt_ms(dev_ms)} per call of device copies from pageable memory (staged by the host, at a "
+          f"fraction of the link's speed)" + (f"; the GPU idle {fmt_ms(staging)} while the host staged it"
+                                              if staging else ""), HOST[timeline.PAGEABLE][1])  # fmt: skip
+    return [i for i in kept if "Pageable" not in i.kernel], pageable
+
+
+def layout_copies(s: Step, kept: list) -> list:
+    """Copies that change a layout only (.contiguous(), clone)."""
+    layout = [i for i in kept if (i.outer_op or i.op) in LAYOUT_OPS]
+    if not layout:
+        return kept
+    ms = sum(i.ms for i in layout) / s.calls
+    by_module: dict = defaultdict(float)
+    for i in layout:
+        by_module[f"{i.module} ({i.phase})"] += i.ms / s.calls
+    ops = sorted({(i.outer_op or i.op).split("::")[-1] for i in layout})
+    top = sorted(by_module.items(), key=lambda kv: -kv[1])[:3]
+    s.add(f"layout copies: {len(layout) // s.calls} per call ({', '.join(ops)})", ms, "memory",
+          f"{fmt_ms(ms)} per call copying tensors to a new layout, in "
+          + "; ".join(f"{m} {fmt_ms(v)}" for m, v in top),
+          "keep the layout the next op takes: matmul and scaled_dot_product_attention read transposed "
+          "operands (drop the .contiguous()), transpose after the op rather than before, or "
+          "torch.compile, which folds the copy into the op that reads it")  # fmt: skip
+    return [i for i in kept if (i.outer_op or i.op) not in LAYOUT_OPS]
+
+
+def optimizer_step(s: Step) -> float:
+    """The optimizer's kernels against its bytes, and its host loop; the loop's idle ms."""
+    opt = [i for i in s.items if i.phase == "optimizer"]
+    if not opt:
+        return 0.0
+    idle = s.idle
+    loop_ms = idle.by_cause[timeline.OPTIMIZER] / s.calls if idle is not None else 0.0
+    opt_ms = sum(i.ms for i in opt) / s.calls
+    nbytes = sum(w[1] for k, w in (s.work or {}).items() if k[1] == "optimizer") / s.calls
+    ideal = s.at_copy_ms(nbytes)
+    waits = "the GPU" if idle is None or idle.device == "GPU" else "the CPU's ops"
+    loop = f"; {waits} idle {fmt_ms(loop_ms)} per call in its host loop between them" if loop_ms else ""
+    unit = "kernels" if idle is None or idle.device == "GPU" else "ops"
+    s.add(f"optimizer: {len(opt) // s.calls} {unit} per step", opt_ms - ideal + loop_ms,
+          "host" if loop_ms > opt_ms - ideal else "memory",
+          f"{fmt_ms(opt_ms)} per call" + (f" for {nbytes / 1e6:.1f} MB of parameters, gradients and "
+          f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / s.copy:.0%} of copy" if nbytes and s.copy else "")
+          + loop,
+          ADVICE["optimizer"] + " (one pass over the parameters, its state and gradients)")  # fmt: skip
+    return loop_ms
+
+
+def op_rows(s: Step, kept: list):
+    """Each op (and phase) against its roofline: fp32 matmuls with TF32 off, ops below their
+    ceiling, and the dtype casts together. Returns the heaviest row."""
+    casts, top_row = 0.0, None
+    for row in attr.group(kept, "op/phase", work=s.work, ceilings=s.ceilings, l2_bytes=s.l2_bytes):
+        cat = attr.category(row.name.rsplit(" (", 1)[0])
+        if top_row is None or row.device_ms > top_row.device_ms:
+            top_row = row
+        if cat == "dtype cast/copy":
+            casts += row.device_ms / s.calls
+        elif not _tf32_off(s, row, cat):
+            _below_ceiling(s, row, cat)
+    if casts:
+        n = sum(1 for i in kept if attr.category(i.op or i.kernel) == "dtype cast/copy") // s.calls
+        s.add(f"dtype casts and copies: {n} per call", casts, "memory",
+              f"{fmt_ms(casts)} per call in copy kernels (autocast casts each weight on every use)",
+              "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy), or "
+              "torch.compile, which folds the casts into the kernels that use them")  # fmt: skip
+    return top_row
+
+
+def _tf32_off(s: Step, row, cat: str) -> bool:
+    """An fp32 matmul row where a TF32 or bf16 ceiling is much higher: said; True if it was."""
+    faster = max(filter(None, [s.ceilings.get("matmul_tf32_tflops"), s.ceilings.get("matmul_bf16_tflops")]),
+                 default=0)  # fmt: skip
+    fp32 = matmul_ceiling(s.ceilings, "fp32") or 0
+    if not (cat == "matmul" and row.dtype == "fp32" and row.flops and fp32 and faster > 1.5 * fp32):
+        return False
+    at = max(s.at_copy_ms(row.bytes), row.flops / (faster * 1e12) * 1e3) / s.calls
+    s.add(f"{row.name}: fp32 matmuls with TF32 off", row.device_ms / s.calls - at, "precision",
+          f"{_count(row.calls // s.calls, 'call', 'calls')}, {row.tflops:.1f} TFLOP/s; the TF32 ceiling "
+          f"is {faster:.0f}",
+          "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
+          "or bf16 autocast")  # fmt: skip
+    return True
+
+
+def _below_ceiling(s: Step, row, cat: str) -> None:
+    if row.headroom_ms is None or row.bound == "":
+        return
+    of = row.of_matmul if row.bound == "compute" else row.of_copy
+    ceiling = "matmul" if row.bound == "compute" else "copy"
+    ev = f"{_count(row.calls // s.calls, 'call', 'calls')}, {fmt_ms(row.device_ms / s.calls)} per call" + (
+        f", {of:.0%} of the {ceiling} ceiling" if of is not None else ""
+    )
+    if row.bound == "latency":
+        short = "the GPU" if s.kind == "cuda" else "the CPU's threads, its dispatch a large share"
+        ev += f", mean {row.device_ms * 1e3 / row.calls:.1f} us: too short to fill {short}"
+    latency = ("fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs" if s.kind == "cuda"
+               else "fewer, larger ops: fuse (torch.compile) or batch them")  # fmt: skip
+    s.add(f"{row.name} below its ceiling", row.headroom_ms / s.calls, row.bound, ev,
+          ADVICE.get(cat, ADVICE["other"]) if row.bound != "latency" else latency,
+          _where_any(_chain_kind([row.name.rsplit(" (", 1)[0]]), s.sites))  # fmt: skip
+
+
+def idle_causes(s: Step, loop_ms: float, pageable: bool) -> None:
+    """The device's idle time by its host cause (timeline.idle), each at its line."""
+    idle = s.idle
+    if idle is None:
+        return
+    for cause, ms in idle.by_cause.items():
+        if cause == timeline.FIRST or not ms or (cause == timeline.OPTIMIZER and loop_ms):
+            continue  # the optimizer's loop is in the optimizer's opportunity
+        if cause == timeline.PAGEABLE and pageable:
+            continue  # in the pageable copies' opportunity
+        if idle.device == "CPU" and cause == timeline.LAUNCH:
+            continue  # a CPU's time between ops mixes dispatch, the allocator and the profiler's cost
+        if idle.device == "CPU" and cause == timeline.OUTSIDE:  # only what a line of the user's explains
+            ms = sum(v for c, p, v in idle.places if c == cause and p)
+            if not ms:
+                continue
+        ms = (ms + (idle.by_cause[timeline.FIRST] if cause == timeline.LAUNCH else 0.0)) / s.calls
+        if cause == timeline.SYNC and idle.sync_saving_ms:  # the timeline replayed without the waits
+            ms = max(ms, min(idle.sync_saving_ms / s.calls, idle.idle_ms / s.calls))
+        title, advice = HOST[cause]
+        evidence = f"idle {fmt_ms(ms)} per call" + (f"; busy {idle.busy_ms / idle.wall_ms:.0%}"
+                                                    if cause == timeline.LAUNCH else "")  # fmt: skip
+        if cause == timeline.SYNC and idle.syncs:
+            evidence += " after " + "; ".join(
+                f"{op.split('::')[-1]} x{n // s.calls}" + (f" at {', '.join(sites[:3])}" if sites else "")
+                for op, n, _, sites in idle.syncs[:3])  # fmt: skip
+        places = [(p, v / s.calls) for c, p, v in idle.places if c == cause and p][:3]
+        waits = "the GPU waits" if idle.device == "GPU" else "between the step's ops"
+        s.add(f"{waits}: {title}", ms, "launch" if cause == timeline.LAUNCH else "host", evidence, advice,
+              "; ".join(f"{p} {fmt_ms(v)}" for p, v in places))  # fmt: skip
