@@ -71,3 +71,17 @@ def test_rules_without_work_say_what_is_missing():
     d = classify(device_ms=1.0, wall_ms=1.1, busy_fraction=0.9, distinct_kernels=1, launches=1,
                  work=None, ceilings=CEIL)  # fmt: skip
     assert d.bound == "unclear" and "work" in d.advice
+
+
+def test_one_bound_vocabulary_prints_compares_and_serializes_as_its_word():
+    import json
+
+    from perfloop.analysis.bound import Bound
+    from perfloop.analysis.opportunities import Opportunity, StepDiagnosis
+
+    o = Opportunity("x", 1.0, 0.5, Bound.MEMORY, "e", "a")
+    assert o.bound == "memory" and f"{o.bound}-bound" == "memory-bound" and str(o.bound) == "memory"
+    assert "1.000 ms per call (50% of the step), memory-bound" in str(o)
+    step = StepDiagnosis([], 1.0, 1.0, 1.0)
+    assert step.bound is Bound.NONE and json.loads(json.dumps(step.to_dict()))["bound"] == "none"
+    assert {b.value for b in Bound} >= {"launch", "memory", "compute", "latency", "host", "precision"}

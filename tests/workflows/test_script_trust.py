@@ -253,7 +253,8 @@ def test_report_and_exports_show_a_profile_run_and_compare_says_what_each_run_ho
     [profile] = [r for r in json.loads(json_path.read_text()) if r["kind"] == "profile"]
     assert profile["op"] == "script:s.py" and profile["profile"]["ops"]
     lines = csv_path.read_text().splitlines()
-    assert lines[0].endswith("kind,name,calls") and any(",profile op,aten::linear," in ln for ln in lines)
+    assert lines[0].endswith("kind,name,calls,commit,run_created")
+    assert any(",profile op,aten::linear," in ln for ln in lines)
     script_run = profile["run_id"]
     assert (
         main(["bench", "rowsum", "--variant", "builtin", "--shape", "64x33", "--budget", "0.2", "--db", db])

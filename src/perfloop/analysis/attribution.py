@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from torch.autograd import DeviceType
 
 from perfloop.analysis import roofline
+from perfloop.analysis.bound import Bound
 from perfloop.analysis.modules import PREFIX as MODULE
 from perfloop.analysis.spans import Spans
 from perfloop.analysis.work import MARKER
@@ -84,7 +85,7 @@ class Row:
     intensity: float | None = None
     of_copy: float | None = None
     of_matmul: float | None = None
-    bound: str = ""
+    bound: Bound | None = None  # against its roofline; None without bytes
     headroom_ms: float | None = None  # its time minus its time at the ceiling
     note: str = ""
 

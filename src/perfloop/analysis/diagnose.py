@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfloop.analysis.bound import Bound
 from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms, matmul_ceiling
 
@@ -23,7 +24,7 @@ RIDGE_MARGIN = 2.0  # compute's side of the roofline: intensity past the ridge b
 
 @dataclass(frozen=True)
 class Diagnosis:
-    bound: str  # "launch", "memory", "compute", "unclear"
+    bound: Bound  # LAUNCH, MEMORY, COMPUTE or UNCLEAR
     evidence: dict
     advice: str
 
@@ -67,14 +68,14 @@ def classify(
         gain = wall_ms / device_ms if device_ms else float("inf")
         if kind != "cuda":
             return Diagnosis(
-                "launch",
+                Bound.LAUNCH,
                 ev,
                 f"dispatch-bound: torch's ops run {busy_fraction:.0%} of the time, {launches:g} ops of "
                 f"~{mean_kernel_us:.1f} us each, Python and dispatch between them. Fewer, larger ops: "
                 f"fuse them (torch.compile): up to ~{gain:.0f}x if only the ops' time remained.",
             )
         return Diagnosis(
-            "launch",
+            Bound.LAUNCH,
             ev,
             f"launch-bound: the GPU is busy {busy_fraction:.0%} of the time, {launches:g} launches "
             f"of ~{mean_kernel_us:.1f} us each. Fuse the ops (torch.compile), or capture a CUDA "
@@ -105,7 +106,7 @@ def classify(
     compute_side = (work.intensity or 0) > RIDGE_MARGIN * ridge if ridge else False
     if peak and tflops and (tflops / peak >= COMPUTE_NEAR or compute_side):
         return Diagnosis(
-            "compute",
+            Bound.COMPUTE,
             ev,
             f"compute-bound at {tflops / peak:.0%} of the measured matmul ceiling "
             f"(intensity {work.intensity:.0f} flop/B > ridge {ridge:.0f}). Keep it on tensor cores "
@@ -116,7 +117,7 @@ def classify(
     passes = device_ms / ideal_ms if ideal_ms else 0
     if gbps / copy >= MEMORY_NEAR:
         return Diagnosis(
-            "memory",
+            Bound.MEMORY,
             ev,
             f"memory-bound at {gbps / copy:.0%} of the copy ceiling, in {distinct_kernels} "
             f"kernel(s): near the limit. Only moving fewer bytes helps: a narrower dtype "
@@ -125,7 +126,7 @@ def classify(
     ev["hbm_passes"] = passes
     if launches > 1.5:
         return Diagnosis(
-            "memory",
+            Bound.MEMORY,
             ev,
             f"memory-bound: {distinct_kernels} kernels, {launches:g} launches, "
             f"~{passes:.0f} passes over memory (device time x copy bandwidth / minimum bytes) "
@@ -137,14 +138,14 @@ def classify(
         )
     if not compute_side:
         return Diagnosis(
-            "memory",
+            Bound.MEMORY,
             ev,
             f"memory-bound (intensity under the ridge) but one kernel reaches only "
             f"{gbps / copy:.0%} of the copy ceiling: ~{passes:.1f}x from the limit. Look at its "
             "accesses (`perfloop asm`): 16-byte vector loads, several loads in flight per "
             "thread, enough blocks to fill every SM, no re-reads.",
         )
-    return Diagnosis("unclear", ev, "neither near the copy nor the matmul ceiling; look at the kernels.")
+    return Diagnosis(Bound.UNCLEAR, ev, "neither near the copy nor the matmul ceiling; look at the kernels.")
 
 
 def diagnose(profile, ceilings: dict | None = None) -> Diagnosis:

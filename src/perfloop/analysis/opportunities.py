@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from perfloop.analysis import attribution as attr
 from perfloop.analysis import roofline, timeline
+from perfloop.analysis.bound import Bound
 from perfloop.harness.measurement import fmt_ms, matmul_ceiling
 
 MIN_SHARE = 0.01  # opportunities saving less of the step are not listed
@@ -72,7 +73,7 @@ class Opportunity:
     title: str
     saves_ms: float  # per call
     share: float  # of the step's wall time
-    bound: str  # "memory", "compute", "launch", "latency", "host", "precision"
+    bound: Bound
     evidence: str
     advice: str
     where: str = ""  # the call site in the user's code, and whether pl.patch reaches it
@@ -92,14 +93,14 @@ class StepDiagnosis:
     busy_share: float
 
     at_ceiling: str = ""  # with nothing to gain: the op that takes the step, at its ceiling
-    ceiling_bound: str = ""  # and which ceiling ("compute", "memory")
+    ceiling_bound: Bound | None = None  # and which ceiling (COMPUTE, MEMORY)
     note: str = ""  # why there is nothing to rank, where that is not "nothing above 1%"
 
     @property
-    def bound(self) -> str:
+    def bound(self) -> Bound:
         if self.opportunities:
             return self.opportunities[0].bound
-        return self.ceiling_bound or "none"
+        return self.ceiling_bound or Bound.NONE
 
     @property
     def advice(self) -> str:
@@ -324,7 +325,9 @@ class Step:
     def at_copy_ms(self, nbytes: float) -> float:
         return nbytes / (self.copy * 1e9) * 1e3 if self.copy else 0.0
 
-    def add(self, title: str, saves: float, bound: str, evidence: str, advice: str, where: str = "") -> None:
+    def add(
+        self, title: str, saves: float, bound: Bound, evidence: str, advice: str, where: str = ""
+    ) -> None:
         if saves / self.step_ms >= MIN_SHARE:
             self.found.append(Opportunity(title, saves, saves / self.step_ms, bound, evidence, advice, where))
 
@@ -353,10 +356,10 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
         idle.busy_ms / idle.wall_ms if idle is not None and idle.wall_ms else min(1.0, device_ms / s.step_ms)
     )
     out = StepDiagnosis(s.found, s.step_ms, device_ms, busy)
-    if not s.found and top_row is not None and top_row.bound in ("compute", "memory"):
-        of = top_row.of_matmul if top_row.bound == "compute" else top_row.of_copy
+    if not s.found and top_row is not None and top_row.bound in (Bound.COMPUTE, Bound.MEMORY):
+        of = top_row.of_matmul if top_row.bound == Bound.COMPUTE else top_row.of_copy
         if of is not None:
-            ceiling = "matmul" if top_row.bound == "compute" else "copy"
+            ceiling = "matmul" if top_row.bound == Bound.COMPUTE else "copy"
             out.at_ceiling = f"{top_row.name} runs at {of:.0%} of the measured {ceiling} ceiling"
             out.ceiling_bound = top_row.bound
     return out
@@ -366,7 +369,7 @@ def written_attention(s: Step) -> dict:
     """Attention computed op by op (its scores through memory); its ops are covered."""
     attention = _written_attention(s.items)
     for pattern, (mods, ms, n_ops) in attention.items():
-        s.add(f"attention written out in {pattern}: the scores go through memory", ms / s.calls, "memory",
+        s.add(f"attention written out in {pattern}: the scores go through memory", ms / s.calls, Bound.MEMORY,
               f"{n_ops} ops on the T x T scores between its two matmuls, forward and backward, "
               f"{fmt_ms(ms / s.calls)} per call" + (f" in {len(mods)} modules" if len(mods) > 1 else ""),
               ADVICE["attention"] + ": one kernel, the scores never written (is_causal=True for a causal "
@@ -393,7 +396,13 @@ def fusable_chains(s: Step, attention: dict) -> None:
             unit = "kernels" if s.kind == "cuda" else "ops"
             mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
             evidence = f"{_ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call"
-            s.add(f"{c['kernels']} tiny {unit} in a row in {where}", c["ms"] - ideal, "launch", evidence, fix)
+            s.add(
+                f"{c['kernels']} tiny {unit} in a row in {where}",
+                c["ms"] - ideal,
+                Bound.LAUNCH,
+                evidence,
+                fix,
+            )
             s.covered |= c["keys"]
             continue
         passes = c["bytes"] / c["ideal_bytes"] if c["ideal_bytes"] else float("inf")
@@ -407,7 +416,7 @@ def fusable_chains(s: Step, attention: dict) -> None:
         )
         advice, where_called = _chain_advice(c["ops"]), _where(c["module"], _chain_kind(c["ops"]), s.sites)
         title = f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them"
-        s.add(title, c["ms"] - ideal, "memory", evidence, advice, where_called)
+        s.add(title, c["ms"] - ideal, Bound.MEMORY, evidence, advice, where_called)
 
 
 def pageable_copies(s: Step, kept: list) -> tuple[list, list]:
@@ -419,7 +428,7 @@ def pageable_copies(s: Step, kept: list) -> tuple[list, list]:
     staging = s.idle.by_cause[timeline.PAGEABLE] / s.calls if s.idle is not None else 0.0
     n = len(pageable) // s.calls
     copies = "1 host-to-device copy" if n == 1 else f"{n} host-to-device copies"
-    s.add(f"{copies} from pageable memory per call", dev_ms + staging, "host",
+    s.add(f"{copies} from pageable memory per call", dev_ms + staging, Bound.HOST,
           f"{fmt_ms(dev_ms)} per call of device copies from pageable memory (staged by the host, at a "
           f"fraction of the link's speed)" + (f"; the GPU idle {fmt_ms(staging)} while the host staged it"
                                               if staging else ""), HOST[timeline.PAGEABLE][1])  # fmt: skip
@@ -437,7 +446,7 @@ def layout_copies(s: Step, kept: list) -> list:
         by_module[f"{i.module} ({i.phase})"] += i.ms / s.calls
     ops = sorted({(i.outer_op or i.op).split("::")[-1] for i in layout})
     top = sorted(by_module.items(), key=lambda kv: -kv[1])[:3]
-    s.add(f"layout copies: {len(layout) // s.calls} per call ({', '.join(ops)})", ms, "memory",
+    s.add(f"layout copies: {len(layout) // s.calls} per call ({', '.join(ops)})", ms, Bound.MEMORY,
           f"{fmt_ms(ms)} per call copying tensors to a new layout, in "
           + "; ".join(f"{m} {fmt_ms(v)}" for m, v in top),
           "keep the layout the next op takes: matmul and scaled_dot_product_attention read transposed "
@@ -460,7 +469,7 @@ def optimizer_step(s: Step) -> float:
     loop = f"; {waits} idle {fmt_ms(loop_ms)} per call in its host loop between them" if loop_ms else ""
     unit = "kernels" if idle is None or idle.device == "GPU" else "ops"
     s.add(f"optimizer: {len(opt) // s.calls} {unit} per step", opt_ms - ideal + loop_ms,
-          "host" if loop_ms > opt_ms - ideal else "memory",
+          Bound.HOST if loop_ms > opt_ms - ideal else Bound.MEMORY,
           f"{fmt_ms(opt_ms)} per call" + (f" for {nbytes / 1e6:.1f} MB of parameters, gradients and "
           f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / s.copy:.0%} of copy" if nbytes and s.copy else "")
           + loop,
@@ -482,7 +491,7 @@ def op_rows(s: Step, kept: list):
             _below_ceiling(s, row, cat)
     if casts:
         n = sum(1 for i in kept if attr.category(i.op or i.kernel) == "dtype cast/copy") // s.calls
-        s.add(f"dtype casts and copies: {n} per call", casts, "memory",
+        s.add(f"dtype casts and copies: {n} per call", casts, Bound.MEMORY,
               f"{fmt_ms(casts)} per call in copy kernels (autocast casts each weight on every use)",
               "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy), or "
               "torch.compile, which folds the casts into the kernels that use them")  # fmt: skip
@@ -497,7 +506,7 @@ def _tf32_off(s: Step, row, cat: str) -> bool:
     if not (cat == "matmul" and row.dtype == "fp32" and row.flops and fp32 and faster > 1.5 * fp32):
         return False
     at = max(s.at_copy_ms(row.bytes), row.flops / (faster * 1e12) * 1e3) / s.calls
-    s.add(f"{row.name}: fp32 matmuls with TF32 off", row.device_ms / s.calls - at, "precision",
+    s.add(f"{row.name}: fp32 matmuls with TF32 off", row.device_ms / s.calls - at, Bound.PRECISION,
           f"{_count(row.calls // s.calls, 'call', 'calls')}, {row.tflops:.1f} TFLOP/s; the TF32 ceiling "
           f"is {faster:.0f}",
           "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
@@ -506,20 +515,20 @@ def _tf32_off(s: Step, row, cat: str) -> bool:
 
 
 def _below_ceiling(s: Step, row, cat: str) -> None:
-    if row.headroom_ms is None or row.bound == "":
+    if row.headroom_ms is None or row.bound is None:
         return
-    of = row.of_matmul if row.bound == "compute" else row.of_copy
-    ceiling = "matmul" if row.bound == "compute" else "copy"
+    of = row.of_matmul if row.bound == Bound.COMPUTE else row.of_copy
+    ceiling = "matmul" if row.bound == Bound.COMPUTE else "copy"
     ev = f"{_count(row.calls // s.calls, 'call', 'calls')}, {fmt_ms(row.device_ms / s.calls)} per call" + (
         f", {of:.0%} of the {ceiling} ceiling" if of is not None else ""
     )
-    if row.bound == "latency":
+    if row.bound == Bound.LATENCY:
         short = "the GPU" if s.kind == "cuda" else "the CPU's threads, its dispatch a large share"
         ev += f", mean {row.device_ms * 1e3 / row.calls:.1f} us: too short to fill {short}"
     latency = ("fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs" if s.kind == "cuda"
                else "fewer, larger ops: fuse (torch.compile) or batch them")  # fmt: skip
     s.add(f"{row.name} below its ceiling", row.headroom_ms / s.calls, row.bound, ev,
-          ADVICE.get(cat, ADVICE["other"]) if row.bound != "latency" else latency,
+          ADVICE.get(cat, ADVICE["other"]) if row.bound != Bound.LATENCY else latency,
           _where_any(_chain_kind([row.name.rsplit(" (", 1)[0]]), s.sites))  # fmt: skip
 
 
@@ -551,5 +560,7 @@ def idle_causes(s: Step, loop_ms: float, pageable: bool) -> None:
                 for op, n, _, sites in idle.syncs[:3])  # fmt: skip
         places = [(p, v / s.calls) for c, p, v in idle.places if c == cause and p][:3]
         waits = "the GPU waits" if idle.device == "GPU" else "between the step's ops"
-        s.add(f"{waits}: {title}", ms, "launch" if cause == timeline.LAUNCH else "host", evidence, advice,
-              "; ".join(f"{p} {fmt_ms(v)}" for p, v in places))  # fmt: skip
+        bound = Bound.LAUNCH if cause == timeline.LAUNCH else Bound.HOST
+        s.add(
+            f"{waits}: {title}", ms, bound, evidence, advice, "; ".join(f"{p} {fmt_ms(v)}" for p, v in places)
+        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from perfloop.analysis.bound import Bound
 from perfloop.harness.measurement import matmul_ceiling
 
 SMALL_BYTES = 2**20  # a kernel moving less than this cannot hide its launch and ramp-up ...
@@ -49,9 +50,9 @@ def apply(row, ceilings: dict, memory_ms: float, compute_ms: float, l2_bytes: in
     of_matmul = tflops / peak if peak and row.flops else None
     at_ceiling = max(memory_ms, compute_ms)
     if at_ceiling <= 0 or latency_bound(ms, at_ceiling, row.bytes / max(row.calls, 1), row.calls):
-        bound = "latency"
+        bound = Bound.LATENCY
     else:
-        bound = "compute" if compute_ms > memory_ms else "memory"
+        bound = Bound.COMPUTE if compute_ms > memory_ms else Bound.MEMORY
     note = ""
     if of_copy is not None and of_copy > SUSPECT:
         if l2_bytes and row.bytes / row.calls < l2_bytes:
