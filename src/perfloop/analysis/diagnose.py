@@ -65,31 +65,42 @@ def classify(
         "mean_kernel": fmt_ms(mean_kernel_us / 1e3),
     }
     if busy_fraction < LAUNCH_BUSY and mean_kernel_us < SHORT_KERNEL_US:
-        gain = wall_ms / device_ms if device_ms else float("inf")
-        if kind != "cuda":
-            return Diagnosis(
-                Bound.LAUNCH,
-                ev,
-                f"dispatch-bound: torch's ops run {busy_fraction:.0%} of the time, {launches:g} ops of "
-                f"~{mean_kernel_us:.1f} us each, Python and dispatch between them. Fewer, larger ops: "
-                f"fuse them (torch.compile): up to ~{gain:.0f}x if only the ops' time remained.",
-            )
+        return _launch_bound(ev, device_ms, wall_ms, busy_fraction, launches, mean_kernel_us, kind)
+    if work is None or not (ceilings and ceilings.get("copy_gbps")):
         return Diagnosis(
-            Bound.LAUNCH,
-            ev,
-            f"launch-bound: the GPU is busy {busy_fraction:.0%} of the time, {launches:g} launches "
-            f"of ~{mean_kernel_us:.1f} us each. Fuse the ops (torch.compile), or capture a CUDA "
-            f"graph (bench(graph=True), torch.compile(mode='reduce-overhead')): up to ~{gain:.0f}x "
-            "if only device time remained.",
-        )
-    copy = ceilings.get("copy_gbps") if ceilings else None
-    peak = matmul_ceiling(ceilings, work.dtype if work else None)
-    if work is None or not copy:
-        return Diagnosis(
-            "unclear",
+            Bound.UNCLEAR,
             ev,
             "give the work (bytes, flops) and measured ceilings to tell memory from compute.",
         )
+    return _on_the_roofline(ev, device_ms, distinct_kernels, launches, work, ceilings)
+
+
+def _launch_bound(ev: dict, device_ms, wall_ms, busy_fraction, launches, mean_kernel_us, kind) -> Diagnosis:
+    gain = wall_ms / device_ms if device_ms else float("inf")
+    if kind != "cuda":
+        return Diagnosis(
+            Bound.LAUNCH,
+            ev,
+            f"dispatch-bound: torch's ops run {busy_fraction:.0%} of the time, {launches:g} ops of "
+            f"~{mean_kernel_us:.1f} us each, Python and dispatch between them. Fewer, larger ops: "
+            f"fuse them (torch.compile): up to ~{gain:.0f}x if only the ops' time remained.",
+        )
+    return Diagnosis(
+        Bound.LAUNCH,
+        ev,
+        f"launch-bound: the GPU is busy {busy_fraction:.0%} of the time, {launches:g} launches "
+        f"of ~{mean_kernel_us:.1f} us each. Fuse the ops (torch.compile), or capture a CUDA "
+        f"graph (bench(graph=True), torch.compile(mode='reduce-overhead')): up to ~{gain:.0f}x "
+        "if only device time remained.",
+    )
+
+
+def _on_the_roofline(
+    ev: dict, device_ms, distinct_kernels, launches, work: Work, ceilings: dict
+) -> Diagnosis:
+    """Compute- or memory-bound, from the achieved rates against the measured ceilings."""
+    copy = ceilings["copy_gbps"]
+    peak = matmul_ceiling(ceilings, work.dtype)
     gbps = work.gbps(device_ms) or 0.0
     tflops = work.tflops(device_ms) or 0.0
     ridge = (peak * 1e12) / (copy * 1e9) if peak else None

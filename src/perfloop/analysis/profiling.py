@@ -176,6 +176,7 @@ class Profile:
     sites: dict | None = None  # module name -> {kind: call site and pl.patch's reach} (nn.patch.plan)
     _samples: Any = field(default=None, repr=False)  # the launching thread's stack (stacks.Sample)
     _call_spans: Any = field(default=None, repr=False)  # pl.profile's calls on the profiler's timeline
+    window_cut_s: float | None = None  # a script's time window: the seconds recorded, where it ended early
 
     def events(self) -> list:
         """The profiler's events (torch's, or a trace file's read as such)."""
@@ -487,10 +488,23 @@ def profile(
                          plain_wall_ms=plain_ms, samples=samples, call_spans=spans)  # fmt: skip
 
 
-def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: bool, warnings: list[str],
-                  counted=None, peak: int | None = None, work: Work | None = None,
-                  range_name: str | None = None, plain_wall_ms: float | None = None, samples=None,
-                  call_spans=None, given_work=None) -> Profile:  # fmt: skip
+def build_profile(
+    prof,
+    calls: int,
+    wall_ms: float,
+    host_ms: float,
+    on_cuda: bool,
+    warnings: list[str],
+    counted=None,
+    peak: int | None = None,
+    work: Work | None = None,
+    range_name: str | None = None,
+    plain_wall_ms: float | None = None,
+    samples=None,
+    call_spans=None,
+    given_work=None,
+    window_cut_s: float | None = None,
+) -> Profile:
     """A Profile from a stopped profiler that recorded `calls` calls (times over all of them);
     with `range_name`, of the work launched inside that range's occurrences only, and the wall
     time theirs; `plain_wall_ms`: the same calls' wall time without the profiler; `samples`: the
@@ -530,6 +544,7 @@ def build_profile(prof, calls: int, wall_ms: float, host_ms: float, on_cuda: boo
         _samples=samples,
         _call_spans=call_spans,
         _given_work=given_work(events, kind, spans) if given_work is not None else None,
+        window_cut_s=window_cut_s,
     )
 
 

@@ -212,6 +212,20 @@ def without(
     return max(0.0, old - new)
 
 
+def _before_first(device_intervals, spans):
+    """Whether a hole [s, e] is the wait for the first kernel: of the profile, or of each span
+    (each call, each step) -- the user's data and Python before the work, not a launch gap."""
+    first = min(s for s, _ in device_intervals)
+    starts = sorted(x for x, _ in device_intervals)
+
+    def first_in(a: float, b: float) -> float:
+        i = bisect.bisect_left(starts, a)
+        return starts[i] if i < len(starts) and starts[i] <= b else b
+
+    waits = Intervals([(a, first_in(a, b)) for a, b in spans or []])
+    return lambda s, e: e <= first or any(a <= s and e <= f for a, f in waits.meeting(s, e))
+
+
 def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None,
          spans: list[tuple[float, float]] | None = None, *, launched_at: list[float] | None = None,
          pageable: list[tuple[float, float]] | None = None, samples=None) -> Idle | None:  # fmt: skip
@@ -230,16 +244,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     if spans:
         start, end = spans[0][0], max(end, spans[-1][1])
         holes = _clip(gaps(device_intervals, start, end), spans)
-    first = min(s for s, _ in device_intervals)
-    # the wait for the first kernel: of the profile, or of each span (each call, each step)
-    starts = sorted(x for x, _ in device_intervals)
-
-    def first_in(a: float, b: float) -> float:
-        i = bisect.bisect_left(starts, a)
-        return starts[i] if i < len(starts) and starts[i] <= b else b
-
-    waits = Intervals([(a, first_in(a, b)) for a, b in spans or []])
-    before_first = lambda s, e: e <= first or any(a <= s and e <= f for a, f in waits.meeting(s, e))  # noqa: E731
+    before_first = _before_first(device_intervals, spans)
     syncs = _sync_calls(events)
     sync_index = Intervals(syncs)
     allocs = Intervals(_runtime(cpu, ALLOC_APIS))

@@ -182,11 +182,55 @@ def _perfloop_options_in(script_args: list[str]) -> list[str]:
 
 
 def run_step_profile(args) -> int:
-    from perfloop.analysis.attribution import row_dict, table
-    from perfloop.analysis.trace import from_trace
-    from perfloop.harness.ceilings import ceilings as measured_ceilings
-    from perfloop.results.report import render_html
-    from perfloop.workflows.script import AUTO, ScriptError, profile_script
+    from perfloop.workflows.script import ScriptError
+
+    window, range_name = _step_args(args)
+    store = open_store(args)
+    try:
+        p = _take_profile(args, window, range_name)
+    except ScriptError as exc:
+        return _script_failed(args, exc)
+    except (OSError, ValueError) as exc:
+        text = str(exc)
+        if (
+            args.script
+            and {"-h", "--help"} & set(args.script_args or [])
+            and text.startswith("no step found")
+        ):
+            console(True).print(
+                "perfloop profile: the script printed its own help and ended before a step: "
+                "nothing profiled. perfloop's options: perfloop profile --help",
+                style="yellow",
+            )
+            return 0
+        raise UsageError(
+            "--trace-file:" + text[len("trace:") :] if text.startswith("trace:") else text
+        ) from None
+    with status(args, "attributing and ranking"):
+        tables = {"modules": p.breakdown("module", depth=args.depth), "ops": p.breakdown("op")}
+        d, idle = p.diagnose(), p.idle()
+    if args.trace:
+        p.export_trace(args.trace)
+    range_name = p.step or range_name
+    what = _what_was_profiled(args, p, range_name)
+    payload = _step_payload(args, p, what, tables, d, idle)
+    run_id, name = _store_step(store, args, p, payload, range_name)
+    page = None
+    if args.report:
+        from perfloop.results.report import render_html
+
+        page = render_html(store, args.report, run_id)
+    if args.json:
+        emit_json(payload)
+        return 0
+    _print_step(args, p, what, tables, d, idle, run_id, name, page)
+    return 0
+
+
+def _step_args(args) -> tuple:
+    """(window, range name) from the flags, checked; paths made absolute where the user ran
+    perfloop (whatever the script's chdir); the report's folder made and checked writable."""
+    from perfloop.workflows.script import AUTO
 
     if args.trace_file and args.trace:
         raise UsageError("--trace: a trace file is already a trace; open --trace-file in Perfetto")
@@ -196,7 +240,7 @@ def run_step_profile(args) -> int:
         raise UsageError(f"--depth: must be >= 1, got {args.depth}")
     window = _window(args.window)
     range_name = None if window or args.trace_file else (args.range or AUTO)
-    for name in ("report", "trace", "db"):  # where the user ran perfloop, whatever the script's chdir
+    for name in ("report", "trace", "db"):
         if getattr(args, name, None):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     if args.report:
@@ -208,84 +252,82 @@ def run_step_profile(args) -> int:
             raise UsageError(
                 f"--report: cannot write to {args.report} ({exc}); choose a writable folder"
             ) from None
-    store = open_store(args)
-    try:
-        with status(args, f"running {args.script}" if args.script else f"reading {args.trace_file}"):
-            if args.trace_file:
-                p = from_trace(args.trace_file, progress=_progress_printer(args.trace_file, args.json))
-            else:
-                p = profile_script(args.script, args.script_args, range_name, skip=args.skip,
-                                   steps=args.steps, window=window, count_work=not args.no_count,
-                                   exit_after=args.exit_after, on_taken=_taken_printer(args))  # fmt: skip
-    except ScriptError as exc:
-        if exc.code is None:
-            import traceback
+    return window, range_name
 
-            traceback.print_exception(exc.original, file=sys.stderr)
-        console(True).print(f"--script: {exc}; the profiler was stopped and nothing was stored", style="red")
-        stray = _perfloop_options_in(args.script_args)
-        if stray:
-            console(True).print(f"--script: {', '.join(stray)} reached the script: everything after the "
-                                "script's path is the script's. Put perfloop's options before --script, "
-                                "or end them with -- (--script PATH OPTIONS -- SCRIPT-ARGS)",
-                                style="yellow")  # fmt: skip
-        return exc.code if isinstance(exc.code, int) and exc.code > 0 else FAILED
-    except (OSError, ValueError) as exc:
-        text = str(exc)
-        asked_help = {"-h", "--help"} & set(args.script_args or [])
-        if args.script and asked_help and text.startswith("no step found"):
-            console(True).print(
-                "perfloop profile: the script printed its own help and ended before a step: "
-                "nothing profiled. perfloop's options: perfloop profile --help",
-                style="yellow",
-            )
-            return 0
-        raise UsageError(
-            "--trace-file:" + text[len("trace:") :] if text.startswith("trace:") else text
-        ) from None
-    with status(args, "attributing and ranking"):
-        modules = p.breakdown("module", depth=args.depth)
-        ops = p.breakdown("op")
-        d = p.diagnose()
-        idle = p.idle()
-    if args.trace:
-        p.export_trace(args.trace)
-    source = args.script or args.trace_file
+
+def _take_profile(args, window, range_name):
+    from perfloop.analysis.trace import from_trace
+    from perfloop.workflows.script import profile_script
+
+    with status(args, f"running {args.script}" if args.script else f"reading {args.trace_file}"):
+        if args.trace_file:
+            return from_trace(args.trace_file, progress=_progress_printer(args.trace_file, args.json))
+        return profile_script(args.script, args.script_args, range_name, skip=args.skip, steps=args.steps,
+                              window=window, count_work=not args.no_count, exit_after=args.exit_after,
+                              on_taken=_taken_printer(args))  # fmt: skip
+
+
+def _script_failed(args, exc) -> int:
+    if exc.code is None:
+        import traceback
+
+        traceback.print_exception(exc.original, file=sys.stderr)
+    console(True).print(f"--script: {exc}; the profiler was stopped and nothing was stored", style="red")
+    stray = _perfloop_options_in(args.script_args)
+    if stray:
+        console(True).print(f"--script: {', '.join(stray)} reached the script: everything after the "
+                            "script's path is the script's. Put perfloop's options before --script, "
+                            "or end them with -- (--script PATH OPTIONS -- SCRIPT-ARGS)",
+                            style="yellow")  # fmt: skip
+    return exc.code if isinstance(exc.code, int) and exc.code > 0 else FAILED
+
+
+def _what_was_profiled(args, p, range_name) -> str:
     if args.trace_file:
-        what = f"its {p.calls} ProfilerStep range(s)" if p.step_ms else "the whole trace"
-    else:
-        range_name = p.step or range_name
-        what = f"{p.calls} occurrence(s) of {range_name!r}" if range_name else f"the window {args.window} s"
-        cut = next((w for w in p.warnings if w.startswith("--window: the script ended")), None)
-        if cut:
-            what += f" (cut short: {cut.split(': ', 1)[1]})"
-    payload = p.to_dict() | {
-        "script": source, "script_args": args.script_args, "window": what,
-        "modules": [row_dict(r) for r in modules], "ops": [row_dict(r) for r in ops],
+        return f"its {p.calls} ProfilerStep range(s)" if p.step_ms else "the whole trace"
+    what = f"{p.calls} occurrence(s) of {range_name!r}" if range_name else f"the window {args.window} s"
+    if p.window_cut_s is not None:
+        what += f" (cut short: the script ended {p.window_cut_s:.3g} s into it)"
+    return what
+
+
+def _step_payload(args, p, what: str, tables: dict, d, idle) -> dict:
+    from perfloop.analysis.attribution import row_dict
+    from perfloop.harness.ceilings import ceilings as measured_ceilings
+
+    return p.to_dict() | {
+        "script": args.script or args.trace_file, "script_args": args.script_args, "window": what,
+        "modules": [row_dict(r) for r in tables["modules"]], "ops": [row_dict(r) for r in tables["ops"]],
         "idle": idle.__dict__ if idle else None, "diagnosis": d.to_dict(), "patch_sites": p.sites,
         "ceilings": measured_ceilings(measure=False),
     }  # fmt: skip
+
+
+def _store_step(store, args, p, payload: dict, range_name) -> tuple[str, str]:
+    """The profile as a run's artifact, and its steps' own times as a line `history` follows."""
     run_id = start_run(store)
-    name = f"{'script' if args.script else 'trace'}:{os.path.basename(source)}"
+    name = f"{'script' if args.script else 'trace'}:{os.path.basename(args.script or args.trace_file)}"
     store.add_artifact(run_id, "profile", payload, op=name, variant=range_name or "window")
-    if len(p.step_ms) >= 2:  # the steps' own times, profiled, as a line `perfloop history` can follow
+    if len(p.step_ms) >= 2:
         from perfloop.device import env_fingerprint
         from perfloop.harness.measurement import Measurement
 
         m = Measurement(samples_ms=tuple(p.step_ms), label=name, env=env_fingerprint())
         store.add(run_id, m, op=name, variant=f"{range_name or 'window'} (profiled step)", shape=(), dtype="")
-    page = render_html(store, args.report, run_id) if args.report else None
-    if args.json:
-        emit_json(payload)
-        return 0
+    return run_id, name
+
+
+def _print_step(args, p, what, tables, d, idle, run_id, name, page) -> None:
+    from perfloop.analysis.attribution import table
+
     out = console()
-    out.print(f"{source}: profiled {what}", style="bold")
-    out.print(table(modules, p.calls, "module", top=args.top), markup=False, highlight=False)
-    out.print(table(ops, p.calls, "op", top=args.top), markup=False, highlight=False)
+    out.print(f"{args.script or args.trace_file}: profiled {what}", style="bold")
+    out.print(table(tables["modules"], p.calls, "module", top=args.top), markup=False, highlight=False)
+    out.print(table(tables["ops"], p.calls, "op", top=args.top), markup=False, highlight=False)
     if idle is not None:
         causes = ", ".join(f"{c} {v / p.calls:.3f} ms" for c, v in idle.by_cause.items() if v)
-        what = "GPU idle" if idle.device == "GPU" else "no torch op running (the CPU is the device)"
-        out.print(f"{what} {idle.idle_share:.0%} of the window ({causes or 'none'})")
+        kind = "GPU idle" if idle.device == "GPU" else "no torch op running (the CPU is the device)"
+        out.print(f"{kind} {idle.idle_share:.0%} of the window ({causes or 'none'})")
     out.print(str(d), markup=False, highlight=False)
     if p.sites:
         from perfloop.workflows.script import patch_summary
@@ -301,4 +343,3 @@ def run_step_profile(args) -> int:
         out.print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
     if page:
         out.print(f"report: {page}")
-    return 0

@@ -586,7 +586,8 @@ def _result(w: _Window) -> profiling.Profile:
     traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
     samples = w.sampler.align(w.prof.events(), w.sampler_mark) if w.sampler is not None else None
     p = profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings,
-                                counted, range_name=traced, plain_wall_ms=plain, samples=samples)  # fmt: skip
+                                counted, range_name=traced, plain_wall_ms=plain, samples=samples,
+                                window_cut_s=w.ended_at)  # fmt: skip
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
         raise ValueError(f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "
