@@ -33,7 +33,23 @@ from perfloop.nn import functional as _functional
 from perfloop.nn import modules as _modules
 from perfloop.nn.modules import fused_like, why_not
 
-OPS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm", "CrossEntropyLoss": "cross_entropy", "GELU": "gelu"}
+# One row per fused op: its folder in perfloop.ops, the torch module class it replaces, the
+# functional call it replaces (nn.functional's name), and the kind the analysis names its chains by.
+FUSED_OPS = [
+    ("layernorm", "LayerNorm", "layer_norm", "normalization"),
+    ("rmsnorm", "RMSNorm", "rms_norm", "normalization"),
+    ("cross_entropy", "CrossEntropyLoss", "cross_entropy", "cross_entropy"),
+    ("gelu", "GELU", "gelu", "gelu"),
+    ("swiglu", None, "silu_gate", None),
+    ("geglu", None, "gelu_gate", None),
+]
+OPS = {module: op for op, module, _, _ in FUSED_OPS if module}  # module class -> op
+_CALL_OPS = {call: op for op, _, call, _ in FUSED_OPS}  # functional call -> op
+_KIND_OF = {module: kind for _, module, _, kind in FUSED_OPS if module and kind}  # module class -> kind
+KINDS = {  # kind -> its functional calls
+    kind: tuple(call for _, _, call, k in FUSED_OPS if k == kind)
+    for kind in dict.fromkeys(k for *_, k in FUSED_OPS if k)
+}
 
 
 @dataclass
@@ -306,16 +322,6 @@ class _Call(nn.Module):
         return self.fn(*args, **kwargs)
 
 
-_CALL_OPS = {
-    "layer_norm": "layernorm",
-    "rms_norm": "rmsnorm",
-    "cross_entropy": "cross_entropy",
-    "gelu": "gelu",
-    "silu_gate": "swiglu",
-    "gelu_gate": "geglu",
-}
-
-
 _CALL_SHOWN = {"silu_gate": "F.silu(a) * b", "gelu_gate": "F.gelu(a) * b"}
 
 
@@ -520,11 +526,6 @@ def step_peak(model: nn.Module, run) -> int:
     peak = torch.cuda.max_memory_allocated() - base + params
     model.zero_grad(set_to_none=True)
     return peak
-
-
-KINDS = {"cross_entropy": ("cross_entropy",), "normalization": ("layer_norm", "rms_norm"), "gelu": ("gelu",)}
-_KIND_OF = {"CrossEntropyLoss": "cross_entropy", "LayerNorm": "normalization", "RMSNorm": "normalization",
-            "GELU": "gelu"}  # fmt: skip
 
 
 def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
