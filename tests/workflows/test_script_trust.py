@@ -311,7 +311,7 @@ def test_a_time_window_records_its_whole_duration_from_when_recording_began(tmp_
     payload = json.loads(r.stdout)
     assert 450 <= payload["wall_ms_per_call"] <= 1000, payload["wall_ms_per_call"]
     [linear] = [k for k in payload["ops"] if k["name"] == "aten::linear"]
-    assert linear["calls"] > 20  # hundreds on an idle machine; one when the window closed at once
+    assert linear["calls"] > 10  # hundreds on an idle machine; one when the window closed at once
 
 
 def test_a_window_the_script_cuts_short_says_how_long_it_recorded(tmp_path):
