@@ -25,7 +25,7 @@ _WHERE = {
     "Diagnosis": "perfloop.analysis.diagnose",
     "Profile": "perfloop.analysis.profiling",
     "annotate": "perfloop.analysis.profiling",
-    "diff": "perfloop.analysis.profiling",
+    "diff": "perfloop.analysis.compare_profiles",
     "profile": "perfloop.analysis.profiling",
     "Measurement": "perfloop.harness.measurement",
     "Sweep": "perfloop.harness.measurement",
@@ -64,8 +64,9 @@ __all__ = [
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from perfloop import ops
+    from perfloop.analysis.compare_profiles import diff
     from perfloop.analysis.diagnose import Diagnosis
-    from perfloop.analysis.profiling import Profile, annotate, diff, profile
+    from perfloop.analysis.profiling import Profile, annotate, profile
     from perfloop.device import device_info, env_fingerprint
     from perfloop.harness.ceilings import ceilings
     from perfloop.harness.measurement import Comparison, Measurement, Sweep, Work

@@ -208,7 +208,7 @@ def test_on_a_cpu_the_ops_time_is_set_against_the_wall_it_was_measured_in():
 
 
 def test_a_diff_whose_profile_caught_no_device_work_says_so_instead_of_a_huge_ratio():
-    from perfloop.analysis.profiling import ProfileDiff
+    from perfloop.analysis.compare_profiles import ProfileDiff
 
     text = str(ProfileDiff([], [], (66.136, 1.98e-13), (3.0, 1.0)))
     assert "66.136 ms -> none recorded" in text and "no ratio" in text and "x)" not in text

@@ -54,7 +54,7 @@ def run(args) -> int:
     import torch
 
     from perfloop import ops
-    from perfloop.analysis.profiling import diff
+    from perfloop.analysis.compare_profiles import diff
     from perfloop.device import default_device, env_fingerprint
     from perfloop.harness.ceilings import ceilings
     from perfloop.harness.measurement import fmt_ms
