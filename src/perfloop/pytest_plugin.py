@@ -69,12 +69,11 @@ def pytest_addoption(parser):
         metavar="PATH",
         help="also write the measurements in pytest-benchmark's JSON format",
     )
-    how = g.addmutuallyexclusivegroup() if hasattr(g, "addmutuallyexclusivegroup") else g
-    how.addoption("--perfloop-skip", action="store_true", help="skip the tests that use the perfloop fixture")
-    how.addoption(
+    g.addoption("--perfloop-skip", action="store_true", help="skip the tests that use the perfloop fixture")
+    g.addoption(
         "--perfloop-only", action="store_true", help="run only the tests that use the perfloop fixture"
     )
-    how.addoption(
+    g.addoption(
         "--perfloop-disable",
         action="store_true",
         help="call each benchmarked function once, untimed (bench returns None)",
