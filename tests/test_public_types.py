@@ -14,8 +14,11 @@ def _untyped(obj) -> bool:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return False
-    named = [p for p in sig.parameters.values() if p.name not in ("self", "cls")
-             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]  # fmt: skip
+    named = [
+        p
+        for p in sig.parameters.values()
+        if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     return sig.return_annotation is inspect.Signature.empty or any(p.annotation is p.empty for p in named)
 
 

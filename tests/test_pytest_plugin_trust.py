@@ -91,13 +91,19 @@ def test_a_read_only_folder_for_the_baseline_is_a_usage_error(pytester):
 GOOD = {"samples_ms": [1.0, 1.1, 0.9], "label": "x"}
 
 
-@pytest.mark.parametrize("entry, says", [
-    (GOOD | {"work": {"bytes": -5}}, "Work.bytes: must be a finite number >= 0"),
-    (GOOD | {"work": {"bytes": "many"}}, "Work.bytes: must be a finite number >= 0"),
-    (GOOD | {"meta": [1, 2]}, "meta must be an object, got a list"),
-    (GOOD | {"samples_ms": ["1.0", "2.0"]}, "finite positive"),
-    (GOOD | {"meta": {"reference_samples_ms": [0.0, 0.0]}}, "reference_samples_ms must be finite positive"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        (GOOD | {"work": {"bytes": -5}}, "Work.bytes: must be a finite number >= 0"),
+        (GOOD | {"work": {"bytes": "many"}}, "Work.bytes: must be a finite number >= 0"),
+        (GOOD | {"meta": [1, 2]}, "meta must be an object, got a list"),
+        (GOOD | {"samples_ms": ["1.0", "2.0"]}, "finite positive"),
+        (
+            GOOD | {"meta": {"reference_samples_ms": [0.0, 0.0]}},
+            "reference_samples_ms must be finite positive",
+        ),
+    ],
+)
 def test_a_baseline_is_checked_field_by_field(pytester, entry, says):
     pytester.makepyfile(test_user=BUSY + "\ndef test_x(perfloop):\n    perfloop.bench(busy(0.1), name='k')\n")
     (pytester.path / "bad.json").write_text(json.dumps({"k": entry}))

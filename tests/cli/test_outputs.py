@@ -11,8 +11,24 @@ from perfloop.cli import main
 
 def test_bench_json_carries_the_environment_commit_and_raw_samples(tmp_path, capsys):
     db = str(tmp_path / "r.db")
-    assert main(["bench", "gelu", "--variant", "builtin", "--shape", "4096", "--budget", "0.2", "--db", db,
-                 "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "gelu",
+                "--variant",
+                "builtin",
+                "--shape",
+                "4096",
+                "--budget",
+                "0.2",
+                "--db",
+                db,
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["env"]["torch"] and out["env"]["device"]["kind"] == "cpu" and "commit" in out
     assert out["commit"] == out["env"]["git"]

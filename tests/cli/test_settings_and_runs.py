@@ -27,13 +27,16 @@ def test_settings_are_read_from_the_nearest_pyproject_and_paths_are_its_folders(
     assert (s.threshold, s.budget, s.strict, s.reference) == (7.0, 0.5, True, None)
 
 
-@pytest.mark.parametrize("table, says", [
-    ("tresh = 5", "unknown key(s) tresh; known: db, threshold"),
-    ("threshold = -1", "threshold must be a percentage >= 0, got -1"),
-    ("budget = 0", "budget must be seconds > 0, got 0"),
-    ('strict = "yes"', "strict must be true or false"),
-    ("db = 3", "db must be a path, got 3"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "table, says",
+    [
+        ("tresh = 5", "unknown key(s) tresh; known: db, threshold"),
+        ("threshold = -1", "threshold must be a percentage >= 0, got -1"),
+        ("budget = 0", "budget must be seconds > 0, got 0"),
+        ('strict = "yes"', "strict must be true or false"),
+        ("db = 3", "db must be a path, got 3"),
+    ],
+)
 def test_a_wrong_setting_is_named_with_its_file_and_key(tmp_path, table, says, monkeypatch, capsys):
     sub = _project(tmp_path, table)
     with pytest.raises(SettingsError, match="tool.perfloop") as info:

@@ -20,8 +20,12 @@ def _add(store, op, commit, level, rng, *, spread=0.02, contended=False, referen
     meta = {"other_cpu_cores": 1.9 if contended else 0.05}
     if reference is not None:
         meta["reference_samples_ms"] = [reference * math.exp(rng.gauss(0, spread)) for _ in range(25)]
-    m = Measurement(samples_ms=samples, env={"git": commit, "device": {"name": device}}, meta=meta,
-                    extra_warnings=(CONTENDED,) if contended else ())  # fmt: skip
+    m = Measurement(
+        samples_ms=samples,
+        env={"git": commit, "device": {"name": device}},
+        meta=meta,
+        extra_warnings=(CONTENDED,) if contended else (),
+    )
     store.add(store.new_run("pytest --perfloop-db"), m, op=op, variant="pytest", shape=(), dtype="")
 
 
@@ -65,10 +69,13 @@ def _line(rng, n_commits, runs_each, noise, steps, contend_share, contend_range)
     return out
 
 
-@pytest.mark.parametrize("machine, noise, planted, contend_range", [
-    ("cpu", 0.04, {60: 1.10, 120: 0.80, 170: 1.5}, (5.0, 100.0)),
-    ("gpu", 0.005, {40: 1.10, 100: 0.90, 150: 1.25}, (1.05, 3.0)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "machine, noise, planted, contend_range",
+    [
+        ("cpu", 0.04, {60: 1.10, 120: 0.80, 170: 1.5}, (5.0, 100.0)),
+        ("gpu", 0.005, {40: 1.10, 100: 0.90, 150: 1.25}, (1.05, 3.0)),
+    ],
+)
 def test_a_thousand_runs_a_tenth_contended_find_every_planted_step_its_true_way_and_none_on_flat_keys(
     tmp_path, machine, noise, planted, contend_range
 ):
@@ -76,8 +83,9 @@ def test_a_thousand_runs_a_tenth_contended_find_every_planted_step_its_true_way_
     s = Store(tmp_path / "h.db")
     commits = 200
     for op, steps in ((f"{machine}-steps", planted), (f"{machine}-flat", {})):
-        for commit, level, hog in _line(rng, commits, 5 if op.endswith("flat") else 5, noise, steps, 0.10,
-                                        contend_range):  # fmt: skip
+        for commit, level, hog in _line(
+            rng, commits, 5 if op.endswith("flat") else 5, noise, steps, 0.10, contend_range
+        ):
             _add(s, op, commit, level, rng, spread=noise / 2, contended=hog)
     by_op = {t.key[0]: t for t in trends(s)}
     flat = by_op[f"{machine}-flat"]

@@ -28,30 +28,44 @@ SHOWN = 10
 FUSE_PASSES = 1.5  # a run that moves at least this many times the bytes it needs fused
 NOT_FUSABLE = {"matmul", "attention", "optimizer", "communication", "memcpy/memset"}
 HOST = {  # timeline's cause -> (what the host was doing, what removes it)
-    timeline.SYNC: ("synchronizing calls, and the emptied queue after them",
-                    "remove the synchronization from the step: keep values on the GPU (no .item(), "
-                    ".cpu(), print of a tensor, or data-dependent shapes) or read them every N steps"),
-    timeline.LAUNCH: ("the host launches work slower than the device runs it",
-                      "fewer launches: torch.compile, or CUDA graphs "
-                      "(torch.compile(mode='reduce-overhead')); keep the host ahead (no Python work between "
-                      "kernels)"),
-    timeline.PAGEABLE: ("a host-to-device copy from pageable memory",
-                        "pin the host tensor (tensor.pin_memory(), DataLoader(pin_memory=True)) and copy "
-                        "with .to(device, non_blocking=True), or keep the data on the GPU"),
-    timeline.ALLOCATOR: ("the caching allocator asks the driver for memory (cudaMalloc/cudaFree)",
-                         "no torch.cuda.empty_cache() in the step; steady shapes; "
-                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
-    timeline.DATA: ("data loading in the step's thread (the DataLoader's iterator)",
-                    "DataLoader(num_workers=N, pin_memory=True, persistent_workers=True): collate in "
-                    "worker processes, ahead of the step"),
-    timeline.OPTIMIZER: ("the optimizer's per-parameter host loop",
-                         "a fused or foreach optimizer: torch.optim.AdamW(..., fused=True) (a few launches "
-                         "per step instead of several per parameter)"),
-    timeline.OUTSIDE: ("host work outside torch (Python, NumPy; time in C code is charged to the Python line "
-                       "that called it) in the step",
-                       "move it out of the step (precompute it, or into DataLoader workers), or do it in "
-                       "torch on the device"),
-}  # fmt: skip
+    timeline.SYNC: (
+        "synchronizing calls, and the emptied queue after them",
+        "remove the synchronization from the step: keep values on the GPU (no .item(), "
+        ".cpu(), print of a tensor, or data-dependent shapes) or read them every N steps",
+    ),
+    timeline.LAUNCH: (
+        "the host launches work slower than the device runs it",
+        "fewer launches: torch.compile, or CUDA graphs "
+        "(torch.compile(mode='reduce-overhead')); keep the host ahead (no Python work between "
+        "kernels)",
+    ),
+    timeline.PAGEABLE: (
+        "a host-to-device copy from pageable memory",
+        "pin the host tensor (tensor.pin_memory(), DataLoader(pin_memory=True)) and copy "
+        "with .to(device, non_blocking=True), or keep the data on the GPU",
+    ),
+    timeline.ALLOCATOR: (
+        "the caching allocator asks the driver for memory (cudaMalloc/cudaFree)",
+        "no torch.cuda.empty_cache() in the step; steady shapes; "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    ),
+    timeline.DATA: (
+        "data loading in the step's thread (the DataLoader's iterator)",
+        "DataLoader(num_workers=N, pin_memory=True, persistent_workers=True): collate in "
+        "worker processes, ahead of the step",
+    ),
+    timeline.OPTIMIZER: (
+        "the optimizer's per-parameter host loop",
+        "a fused or foreach optimizer: torch.optim.AdamW(..., fused=True) (a few launches "
+        "per step instead of several per parameter)",
+    ),
+    timeline.OUTSIDE: (
+        "host work outside torch (Python, NumPy; time in C code is charged to the Python line "
+        "that called it) in the step",
+        "move it out of the step (precompute it, or into DataLoader workers), or do it in "
+        "torch on the device",
+    ),
+}
 ADVICE = {
     "normalization": "a fused norm kernel (x and dy read once, dx written once, the weight "
     "gradients reduced in the same pass): pl.patch(model, batch) swaps in perfloop.nn's for "
@@ -114,13 +128,19 @@ class StepDiagnosis:
 
     @property
     def evidence(self) -> dict:
-        return {"wall_time": fmt_ms(self.wall_ms), "device_time": fmt_ms(self.device_ms),
-                "busy": f"{self.busy_share:.0%}", "opportunities": len(self.opportunities)}  # fmt: skip
+        return {
+            "wall_time": fmt_ms(self.wall_ms),
+            "device_time": fmt_ms(self.device_ms),
+            "busy": f"{self.busy_share:.0%}",
+            "opportunities": len(self.opportunities),
+        }
 
     def __str__(self) -> str:
-        head = (f"step: wall {fmt_ms(self.wall_ms)}, device {fmt_ms(self.device_ms)}, busy "
-                f"{self.busy_share:.0%}; {_count(len(self.opportunities), 'opportunity', 'opportunities')}"
-                + (", largest first" if len(self.opportunities) > 1 else ""))  # fmt: skip
+        head = (
+            f"step: wall {fmt_ms(self.wall_ms)}, device {fmt_ms(self.device_ms)}, busy "
+            f"{self.busy_share:.0%}; {_count(len(self.opportunities), 'opportunity', 'opportunities')}"
+            + (", largest first" if len(self.opportunities) > 1 else "")
+        )
         lines = [head] + [f"{i}. {o}" for i, o in enumerate(self.opportunities[:SHOWN], 1)]
         if len(self.opportunities) > SHOWN:
             lines.append(f"... and {len(self.opportunities) - SHOWN} smaller ones (.opportunities)")
@@ -129,8 +149,13 @@ class StepDiagnosis:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"bound": self.bound, "wall_ms": self.wall_ms, "device_ms": self.device_ms,
-                "advice": self.advice, "opportunities": [o.__dict__ for o in self.opportunities]}  # fmt: skip
+        return {
+            "bound": self.bound,
+            "wall_ms": self.wall_ms,
+            "device_ms": self.device_ms,
+            "advice": self.advice,
+            "opportunities": [o.__dict__ for o in self.opportunities],
+        }
 
 
 def _count(n: int, one: str, many: str) -> str:
@@ -144,8 +169,16 @@ def _chains(records, b_items, a_ms: dict) -> list[dict]:
     info: dict[int, dict] = {}
     for it in b_items:
         for m in it.markers:
-            d = info.setdefault(m, {"kernels": 0, "module": it.module, "phase": it.phase, "op": it.op,
-                                    "layout": (it.outer_op or it.op) in LAYOUT_OPS})  # fmt: skip
+            d = info.setdefault(
+                m,
+                {
+                    "kernels": 0,
+                    "module": it.module,
+                    "phase": it.phase,
+                    "op": it.op,
+                    "layout": (it.outer_op or it.op) in LAYOUT_OPS,
+                },
+            )
             d["kernels"] += 1
     per_key: dict = defaultdict(int)
     for d in info.values():
@@ -188,13 +221,18 @@ def _chains(records, b_items, a_ms: dict) -> list[dict]:
         last_writes = {k for k, _ in records[run[-1]].writes}
         ext_write = sum(b for k, b in produced.items() if last_read.get(k, -1) > run[-1] or k in last_writes)
         keys = [(info[m]["module"], info[m]["phase"], info[m]["op"]) for m in run]
-        out.append({
-            "module": info[run[0]]["module"], "phase": info[run[0]]["phase"],
-            "ms": sum(a_ms.get(k, 0.0) / per_key[k] for k in keys),
-            "kernels": sum(info[m]["kernels"] for m in run),
-            "bytes": sum(records[m].bytes for m in run), "ideal_bytes": ext_read + ext_write,
-            "ops": [records[m].op.split("::")[-1] for m in run], "keys": set(keys),
-        })  # fmt: skip
+        out.append(
+            {
+                "module": info[run[0]]["module"],
+                "phase": info[run[0]]["phase"],
+                "ms": sum(a_ms.get(k, 0.0) / per_key[k] for k in keys),
+                "kernels": sum(info[m]["kernels"] for m in run),
+                "bytes": sum(records[m].bytes for m in run),
+                "ideal_bytes": ext_read + ext_write,
+                "ops": [records[m].op.split("::")[-1] for m in run],
+                "keys": set(keys),
+            }
+        )
     return _merged(out)
 
 
@@ -249,10 +287,12 @@ def _merged(chains: list[dict]) -> list[dict]:
 def _chain_advice(ops: list[str]) -> str:
     kind = _chain_kind(ops)
     if kind == "cross_entropy":
-        return ("a fused cross-entropy: the loss from one read of the logits, their gradient from "
-                "one more, in the logits' dtype: pl.patch(model, batch) swaps it in for an "
-                "nn.CrossEntropyLoss or an F.cross_entropy call in forward where it checks equal; or "
-                "torch.compile")  # fmt: skip
+        return (
+            "a fused cross-entropy: the loss from one read of the logits, their gradient from "
+            "one more, in the logits' dtype: pl.patch(model, batch) swaps it in for an "
+            "nn.CrossEntropyLoss or an F.cross_entropy call in forward where it checks equal; or "
+            "torch.compile"
+        )
     if kind == "normalization":
         return ADVICE["normalization"]
     return "torch.compile on the module, or one Triton kernel for the run"
@@ -275,8 +315,10 @@ def _where(pattern: str, kind: str | None, sites: dict | None) -> str:
     found = [sites[m][kind] for m in sites if rx.match(m) and kind in sites[m]]
     if not found:
         what = {"cross_entropy": "cross entropy call", "normalization": "norm"}[kind]
-        return (f"no {what} pl.patch can reach in {pattern}: no fusable module there and no F call in its "
-                "forward's own code (computed elsewhere?)")  # fmt: skip
+        return (
+            f"no {what} pl.patch can reach in {pattern}: no fusable module there and no F call in its "
+            "forward's own code (computed elsewhere?)"
+        )
     first = found[0]
     return first + (f" (x{len(found)} modules)" if len(found) > 1 else "")
 
@@ -332,8 +374,19 @@ class Step:
             self.found.append(Opportunity(title, saves, saves / self.step_ms, bound, evidence, advice, where))
 
 
-def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_ms: float,
-         l2_bytes: int = 0, sites: dict | None = None, kind: str = "cuda") -> StepDiagnosis:  # fmt: skip
+def rank(
+    items,
+    work,
+    records,
+    b_items,
+    idle,
+    ceilings: dict,
+    calls: int,
+    wall_ms: float,
+    l2_bytes: int = 0,
+    sites: dict | None = None,
+    kind: str = "cuda",
+) -> StepDiagnosis:
     """The ranked opportunities of a profile: `items` and `work` from the timed calls (`calls`
     of them), `records` and `b_items` from the counted call, `idle` from timeline.idle; times
     per call. `sites` (nn.patch.plan's, by module name) names the call site of each fusable
@@ -341,8 +394,19 @@ def rank(items, work, records, b_items, idle, ceilings: dict, calls: int, wall_m
     analyzer below answers one question; the order matters only where one explains time that a
     later one would count again (`covered`, `kept`)."""
     device_ms = sum(i.ms for i in items) / calls
-    s = Step(items, work, records, b_items, idle, ceilings, calls, max(wall_ms, device_ms) or 1e-12, l2_bytes,
-             sites, kind)  # fmt: skip
+    s = Step(
+        items,
+        work,
+        records,
+        b_items,
+        idle,
+        ceilings,
+        calls,
+        max(wall_ms, device_ms) or 1e-12,
+        l2_bytes,
+        sites,
+        kind,
+    )
     attention = written_attention(s)
     fusable_chains(s, attention)
     kept = [i for i in items if (i.module, i.phase, i.op) not in s.covered and i.phase != "optimizer"]
@@ -369,11 +433,15 @@ def written_attention(s: Step) -> dict:
     """Attention computed op by op (its scores through memory); its ops are covered."""
     attention = _written_attention(s.items)
     for pattern, (mods, ms, n_ops) in attention.items():
-        s.add(f"attention written out in {pattern}: the scores go through memory", ms / s.calls, Bound.MEMORY,
-              f"{n_ops} ops on the T x T scores between its two matmuls, forward and backward, "
-              f"{fmt_ms(ms / s.calls)} per call" + (f" in {len(mods)} modules" if len(mods) > 1 else ""),
-              ADVICE["attention"] + ": one kernel, the scores never written (is_causal=True for a causal "
-              "mask, attn_mask= for another; dropout_p= for attention dropout)")  # fmt: skip
+        s.add(
+            f"attention written out in {pattern}: the scores go through memory",
+            ms / s.calls,
+            Bound.MEMORY,
+            f"{n_ops} ops on the T x T scores between its two matmuls, forward and backward, "
+            f"{fmt_ms(ms / s.calls)} per call" + (f" in {len(mods)} modules" if len(mods) > 1 else ""),
+            ADVICE["attention"] + ": one kernel, the scores never written (is_causal=True for a causal "
+            "mask, attn_mask= for another; dropout_p= for attention dropout)",
+        )
         s.covered |= {(i.module, i.phase, i.op) for i in s.items if i.module in mods}
     return attention
 
@@ -388,11 +456,15 @@ def fusable_chains(s: Step, attention: dict) -> None:
             continue  # its ops are the written-out attention's
         ideal = s.at_copy_ms(c["ideal_bytes"])
         where = f"{c['module']} ({c['phase']}{', x' + str(c['count']) if c['count'] > 1 else ''})"
-        if roofline.latency_bound(c["ms"], s.at_copy_ms(c["bytes"]), c["bytes"] / max(c["kernels"], 1),
-                                  c["kernels"]):  # fmt: skip
-            fix = ("fuse them into one kernel (torch.compile), or replay the step as a CUDA graph "
-                   "(torch.compile(mode='reduce-overhead'), torch.cuda.graphs)" if s.kind == "cuda"
-                   else "fuse them into one (torch.compile): each op's dispatch costs ~its work")  # fmt: skip
+        if roofline.latency_bound(
+            c["ms"], s.at_copy_ms(c["bytes"]), c["bytes"] / max(c["kernels"], 1), c["kernels"]
+        ):
+            fix = (
+                "fuse them into one kernel (torch.compile), or replay the step as a CUDA graph "
+                "(torch.compile(mode='reduce-overhead'), torch.cuda.graphs)"
+                if s.kind == "cuda"
+                else "fuse them into one (torch.compile): each op's dispatch costs ~its work"
+            )
             unit = "kernels" if s.kind == "cuda" else "ops"
             mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
             evidence = f"{_ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call"
@@ -428,10 +500,15 @@ def pageable_copies(s: Step, kept: list) -> tuple[list, list]:
     staging = s.idle.by_cause[timeline.PAGEABLE] / s.calls if s.idle is not None else 0.0
     n = len(pageable) // s.calls
     copies = "1 host-to-device copy" if n == 1 else f"{n} host-to-device copies"
-    s.add(f"{copies} from pageable memory per call", dev_ms + staging, Bound.HOST,
-          f"{fmt_ms(dev_ms)} per call of device copies from pageable memory (staged by the host, at a "
-          f"fraction of the link's speed)" + (f"; the GPU idle {fmt_ms(staging)} while the host staged it"
-                                              if staging else ""), HOST[timeline.PAGEABLE][1])  # fmt: skip
+    s.add(
+        f"{copies} from pageable memory per call",
+        dev_ms + staging,
+        Bound.HOST,
+        f"{fmt_ms(dev_ms)} per call of device copies from pageable memory (staged by the host, at a "
+        f"fraction of the link's speed)"
+        + (f"; the GPU idle {fmt_ms(staging)} while the host staged it" if staging else ""),
+        HOST[timeline.PAGEABLE][1],
+    )
     return [i for i in kept if "Pageable" not in i.kernel], pageable
 
 
@@ -446,12 +523,16 @@ def layout_copies(s: Step, kept: list) -> list:
         by_module[f"{i.module} ({i.phase})"] += i.ms / s.calls
     ops = sorted({(i.outer_op or i.op).split("::")[-1] for i in layout})
     top = sorted(by_module.items(), key=lambda kv: -kv[1])[:3]
-    s.add(f"layout copies: {len(layout) // s.calls} per call ({', '.join(ops)})", ms, Bound.MEMORY,
-          f"{fmt_ms(ms)} per call copying tensors to a new layout, in "
-          + "; ".join(f"{m} {fmt_ms(v)}" for m, v in top),
-          "keep the layout the next op takes: matmul and scaled_dot_product_attention read transposed "
-          "operands (drop the .contiguous()), transpose after the op rather than before, or "
-          "torch.compile, which folds the copy into the op that reads it")  # fmt: skip
+    s.add(
+        f"layout copies: {len(layout) // s.calls} per call ({', '.join(ops)})",
+        ms,
+        Bound.MEMORY,
+        f"{fmt_ms(ms)} per call copying tensors to a new layout, in "
+        + "; ".join(f"{m} {fmt_ms(v)}" for m, v in top),
+        "keep the layout the next op takes: matmul and scaled_dot_product_attention read transposed "
+        "operands (drop the .contiguous()), transpose after the op rather than before, or "
+        "torch.compile, which folds the copy into the op that reads it",
+    )
     return [i for i in kept if (i.outer_op or i.op) not in LAYOUT_OPS]
 
 
@@ -468,12 +549,20 @@ def optimizer_step(s: Step) -> float:
     waits = "the GPU" if idle is None or idle.device == "GPU" else "the CPU's ops"
     loop = f"; {waits} idle {fmt_ms(loop_ms)} per call in its host loop between them" if loop_ms else ""
     unit = "kernels" if idle is None or idle.device == "GPU" else "ops"
-    s.add(f"optimizer: {len(opt) // s.calls} {unit} per step", opt_ms - ideal + loop_ms,
-          Bound.HOST if loop_ms > opt_ms - ideal else Bound.MEMORY,
-          f"{fmt_ms(opt_ms)} per call" + (f" for {nbytes / 1e6:.1f} MB of parameters, gradients and "
-          f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / s.copy:.0%} of copy" if nbytes and s.copy else "")
-          + loop,
-          ADVICE["optimizer"] + " (one pass over the parameters, its state and gradients)")  # fmt: skip
+    s.add(
+        f"optimizer: {len(opt) // s.calls} {unit} per step",
+        opt_ms - ideal + loop_ms,
+        Bound.HOST if loop_ms > opt_ms - ideal else Bound.MEMORY,
+        f"{fmt_ms(opt_ms)} per call"
+        + (
+            f" for {nbytes / 1e6:.1f} MB of parameters, gradients and "
+            f"moments: {nbytes / (opt_ms * 1e-3) / 1e9 / s.copy:.0%} of copy"
+            if nbytes and s.copy
+            else ""
+        )
+        + loop,
+        ADVICE["optimizer"] + " (one pass over the parameters, its state and gradients)",
+    )
     return loop_ms
 
 
@@ -491,26 +580,35 @@ def op_rows(s: Step, kept: list):
             _below_ceiling(s, row, cat)
     if casts:
         n = sum(1 for i in kept if attr.category(i.op or i.kernel) == "dtype cast/copy") // s.calls
-        s.add(f"dtype casts and copies: {n} per call", casts, Bound.MEMORY,
-              f"{fmt_ms(casts)} per call in copy kernels (autocast casts each weight on every use)",
-              "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy), or "
-              "torch.compile, which folds the casts into the kernels that use them")  # fmt: skip
+        s.add(
+            f"dtype casts and copies: {n} per call",
+            casts,
+            Bound.MEMORY,
+            f"{fmt_ms(casts)} per call in copy kernels (autocast casts each weight on every use)",
+            "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy), or "
+            "torch.compile, which folds the casts into the kernels that use them",
+        )
     return top_row
 
 
 def _tf32_off(s: Step, row, cat: str) -> bool:
     """An fp32 matmul row where a TF32 or bf16 ceiling is much higher: said; True if it was."""
-    faster = max(filter(None, [s.ceilings.get("matmul_tf32_tflops"), s.ceilings.get("matmul_bf16_tflops")]),
-                 default=0)  # fmt: skip
+    faster = max(
+        filter(None, [s.ceilings.get("matmul_tf32_tflops"), s.ceilings.get("matmul_bf16_tflops")]), default=0
+    )
     fp32 = matmul_ceiling(s.ceilings, "fp32") or 0
     if not (cat == "matmul" and row.dtype == "fp32" and row.flops and fp32 and faster > 1.5 * fp32):
         return False
     at = max(s.at_copy_ms(row.bytes), row.flops / (faster * 1e12) * 1e3) / s.calls
-    s.add(f"{row.name}: fp32 matmuls with TF32 off", row.device_ms / s.calls - at, Bound.PRECISION,
-          f"{_count(row.calls // s.calls, 'call', 'calls')}, {row.tflops:.1f} TFLOP/s; the TF32 ceiling "
-          f"is {faster:.0f}",
-          "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
-          "or bf16 autocast")  # fmt: skip
+    s.add(
+        f"{row.name}: fp32 matmuls with TF32 off",
+        row.device_ms / s.calls - at,
+        Bound.PRECISION,
+        f"{_count(row.calls // s.calls, 'call', 'calls')}, {row.tflops:.1f} TFLOP/s; the TF32 ceiling "
+        f"is {faster:.0f}",
+        "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
+        "or bf16 autocast",
+    )
     return True
 
 
@@ -525,11 +623,19 @@ def _below_ceiling(s: Step, row, cat: str) -> None:
     if row.bound == Bound.LATENCY:
         short = "the GPU" if s.kind == "cuda" else "the CPU's threads, its dispatch a large share"
         ev += f", mean {row.device_ms * 1e3 / row.calls:.1f} us: too short to fill {short}"
-    latency = ("fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs" if s.kind == "cuda"
-               else "fewer, larger ops: fuse (torch.compile) or batch them")  # fmt: skip
-    s.add(f"{row.name} below its ceiling", row.headroom_ms / s.calls, row.bound, ev,
-          ADVICE.get(cat, ADVICE["other"]) if row.bound != Bound.LATENCY else latency,
-          _where_any(_chain_kind([row.name.rsplit(" (", 1)[0]]), s.sites))  # fmt: skip
+    latency = (
+        "fewer, larger launches: fuse (torch.compile) or batch them; CUDA graphs"
+        if s.kind == "cuda"
+        else "fewer, larger ops: fuse (torch.compile) or batch them"
+    )
+    s.add(
+        f"{row.name} below its ceiling",
+        row.headroom_ms / s.calls,
+        row.bound,
+        ev,
+        ADVICE.get(cat, ADVICE["other"]) if row.bound != Bound.LATENCY else latency,
+        _where_any(_chain_kind([row.name.rsplit(" (", 1)[0]]), s.sites),
+    )
 
 
 def idle_causes(s: Step, loop_ms: float, pageable: bool) -> None:
@@ -552,12 +658,14 @@ def idle_causes(s: Step, loop_ms: float, pageable: bool) -> None:
         if cause == timeline.SYNC and idle.sync_saving_ms:  # the timeline replayed without the waits
             ms = max(ms, min(idle.sync_saving_ms / s.calls, idle.idle_ms / s.calls))
         title, advice = HOST[cause]
-        evidence = f"idle {fmt_ms(ms)} per call" + (f"; busy {idle.busy_ms / idle.wall_ms:.0%}"
-                                                    if cause == timeline.LAUNCH else "")  # fmt: skip
+        evidence = f"idle {fmt_ms(ms)} per call" + (
+            f"; busy {idle.busy_ms / idle.wall_ms:.0%}" if cause == timeline.LAUNCH else ""
+        )
         if cause == timeline.SYNC and idle.syncs:
             evidence += " after " + "; ".join(
                 f"{op.split('::')[-1]} x{n // s.calls}" + (f" at {', '.join(sites[:3])}" if sites else "")
-                for op, n, _, sites in idle.syncs[:3])  # fmt: skip
+                for op, n, _, sites in idle.syncs[:3]
+            )
         places = [(p, v / s.calls) for c, p, v in idle.places if c == cause and p][:3]
         waits = "the GPU waits" if idle.device == "GPU" else "between the step's ops"
         bound = Bound.LAUNCH if cause == timeline.LAUNCH else Bound.HOST

@@ -23,8 +23,13 @@ from perfloop.cli.output import console, emit_json, status
 
 
 def register(verb) -> None:
-    p = verb("profile", "where the time goes: kernels, launches, busy time, diagnosis; an op's variant, "
-             "or a window of your own script (--script)", run, db=True)  # fmt: skip
+    p = verb(
+        "profile",
+        "where the time goes: kernels, launches, busy time, diagnosis; an op's variant, "
+        "or a window of your own script (--script)",
+        run,
+        db=True,
+    )
     p.add_argument("op", nargs="?", help="an op of the library (or --script instead)")
     p.add_argument("--variant", help="the op's variant (with OP)")
     p.add_argument("--shape")
@@ -37,12 +42,19 @@ def register(verb) -> None:
     # set by --nsys for the process it runs under nsys: bracket the profiled calls for capture
     p.add_argument("--cuda-profiler-range", action="store_true", help=argparse.SUPPRESS)
     s = p.add_argument_group("a script (perfloop profile [flags] --script train.py [its arguments])")
-    s.add_argument("--script", help="run this Python script unchanged and profile a window of it; "
-                   "everything after its path goes to it")  # fmt: skip
-    s.add_argument("--range", default=None, help="what one step is: optimizer.step (the work between two "
-                   "optimizer.step() calls), or a range's name: pl.annotate, record_function, NVTX, "
-                   "ProfilerStep (default: a range named step if the script has one, else "
-                   "optimizer.step)")  # fmt: skip
+    s.add_argument(
+        "--script",
+        help="run this Python script unchanged and profile a window of it; "
+        "everything after its path goes to it",
+    )
+    s.add_argument(
+        "--range",
+        default=None,
+        help="what one step is: optimizer.step (the work between two "
+        "optimizer.step() calls), or a range's name: pl.annotate, record_function, NVTX, "
+        "ProfilerStep (default: a range named step if the script has one, else "
+        "optimizer.step)",
+    )
     s.add_argument(
         "--skip",
         type=int,
@@ -56,12 +68,18 @@ def register(verb) -> None:
         "--depth", type=int, default=3, help="module names rolled up to this many parts (default 3)"
     )
     s.add_argument("--no-count", action="store_true", help="do not count FLOPs and bytes (no roofline)")
-    s.add_argument("--exit-after", action="store_true",
-                   help="end the script once its profile is taken (its finally blocks run, its later "
-                   "steps do not); default: it runs to its end")  # fmt: skip
+    s.add_argument(
+        "--exit-after",
+        action="store_true",
+        help="end the script once its profile is taken (its finally blocks run, its later "
+        "steps do not); default: it runs to its end",
+    )
     s.add_argument("--report", metavar="DIR", help="also write a report page there: roofline, modules, idle")
-    p.add_argument("--trace-file", help="read a Chrome trace torch.profiler wrote elsewhere "
-                   "(record_shapes=True for FLOPs and bytes) instead of running anything")  # fmt: skip
+    p.add_argument(
+        "--trace-file",
+        help="read a Chrome trace torch.profiler wrote elsewhere "
+        "(record_shapes=True for FLOPs and bytes) instead of running anything",
+    )
 
 
 def run(args) -> int:
@@ -75,8 +93,9 @@ def run(args) -> int:
             )
         return run_step_profile(args)
     if not args.op or not args.variant:
-        raise UsageError("profile: give an op and --variant (perfloop profile gelu --variant triton), "
-                         "or --script train.py")  # fmt: skip
+        raise UsageError(
+            "profile: give an op and --variant (perfloop profile gelu --variant triton), or --script train.py"
+        )
     op = get_op(args.op)
     dtype = parse_dtype(args.dtype)
     shape = parse_shape(args.shape) if args.shape else op.bench_shape(default_device())
@@ -88,9 +107,16 @@ def run(args) -> int:
     store = open_store(args)
     try:
         with shape_errors(), status(args, f"profiling {op.name}/{variant}"):
-            p, d = profile_variant(op, variant, shape, dtype, calls=args.calls, trace=args.trace,
-                                   memory_snapshot=args.memory_snapshot,
-                                   cuda_profiler_range=args.cuda_profiler_range)  # fmt: skip
+            p, d = profile_variant(
+                op,
+                variant,
+                shape,
+                dtype,
+                calls=args.calls,
+                trace=args.trace,
+                memory_snapshot=args.memory_snapshot,
+                cuda_profiler_range=args.cuda_profiler_range,
+            )
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     run_id = start_run(store)
@@ -122,10 +148,26 @@ def run_nsys(args) -> int:
         )
         return FAILED
     out = args.trace or f"perfloop-{args.op}-{args.variant}"
-    cmd = [nsys, "profile", "-o", out, "--force-overwrite=true", "--trace=cuda,nvtx",
-           "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
-           sys.executable, "-m", "perfloop", "profile", args.op, "--variant", args.variant,
-           "--calls", str(args.calls), "--cuda-profiler-range"]  # fmt: skip
+    cmd = [
+        nsys,
+        "profile",
+        "-o",
+        out,
+        "--force-overwrite=true",
+        "--trace=cuda,nvtx",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        sys.executable,
+        "-m",
+        "perfloop",
+        "profile",
+        args.op,
+        "--variant",
+        args.variant,
+        "--calls",
+        str(args.calls),
+        "--cuda-profiler-range",
+    ]
     if args.shape:
         cmd += ["--shape", args.shape]
     console().print("running: " + " ".join(cmd))
@@ -165,8 +207,12 @@ def _taken_printer(args):
         return None
 
     def say():
-        print("perfloop: the profile is taken; the script runs on to its end (--exit-after ends it "
-              "once the profile is taken)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "perfloop: the profile is taken; the script runs on to its end (--exit-after ends it "
+            "once the profile is taken)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return say
 
@@ -262,9 +308,17 @@ def _take_profile(args, window, range_name):
     with status(args, f"running {args.script}" if args.script else f"reading {args.trace_file}"):
         if args.trace_file:
             return from_trace(args.trace_file, progress=_progress_printer(args.trace_file, args.json))
-        return profile_script(args.script, args.script_args, range_name, skip=args.skip, steps=args.steps,
-                              window=window, count_work=not args.no_count, exit_after=args.exit_after,
-                              on_taken=_taken_printer(args))  # fmt: skip
+        return profile_script(
+            args.script,
+            args.script_args,
+            range_name,
+            skip=args.skip,
+            steps=args.steps,
+            window=window,
+            count_work=not args.no_count,
+            exit_after=args.exit_after,
+            on_taken=_taken_printer(args),
+        )
 
 
 def _script_failed(args, exc) -> int:
@@ -275,10 +329,12 @@ def _script_failed(args, exc) -> int:
     console(True).print(f"--script: {exc}; the profiler was stopped and nothing was stored", style="red")
     stray = _perfloop_options_in(args.script_args)
     if stray:
-        console(True).print(f"--script: {', '.join(stray)} reached the script: everything after the "
-                            "script's path is the script's. Put perfloop's options before --script, "
-                            "or end them with -- (--script PATH OPTIONS -- SCRIPT-ARGS)",
-                            style="yellow")  # fmt: skip
+        console(True).print(
+            f"--script: {', '.join(stray)} reached the script: everything after the "
+            "script's path is the script's. Put perfloop's options before --script, "
+            "or end them with -- (--script PATH OPTIONS -- SCRIPT-ARGS)",
+            style="yellow",
+        )
     return exc.code if isinstance(exc.code, int) and exc.code > 0 else FAILED
 
 
@@ -296,11 +352,16 @@ def _step_payload(args, p, what: str, tables: dict, d, idle) -> dict:
     from perfloop.harness.ceilings import ceilings as measured_ceilings
 
     return p.to_dict() | {
-        "script": args.script or args.trace_file, "script_args": args.script_args, "window": what,
-        "modules": [row_dict(r) for r in tables["modules"]], "ops": [row_dict(r) for r in tables["ops"]],
-        "idle": idle.__dict__ if idle else None, "diagnosis": d.to_dict(), "patch_sites": p.sites,
+        "script": args.script or args.trace_file,
+        "script_args": args.script_args,
+        "window": what,
+        "modules": [row_dict(r) for r in tables["modules"]],
+        "ops": [row_dict(r) for r in tables["ops"]],
+        "idle": idle.__dict__ if idle else None,
+        "diagnosis": d.to_dict(),
+        "patch_sites": p.sites,
         "ceilings": measured_ceilings(measure=False),
-    }  # fmt: skip
+    }
 
 
 def _store_step(store, args, p, payload: dict, range_name) -> tuple[str, str]:
@@ -332,8 +393,11 @@ def _print_step(args, p, what, tables, d, idle, run_id, name, page) -> None:
     if p.sites:
         from perfloop.workflows.script import patch_summary
 
-        out.print("pl.patch(model, batch) would check, each against float64 on your batch before swapping:",
-                  markup=False, highlight=False)  # fmt: skip
+        out.print(
+            "pl.patch(model, batch) would check, each against float64 on your batch before swapping:",
+            markup=False,
+            highlight=False,
+        )
         for line in patch_summary(p.sites):
             out.print(f"  {line}", markup=False, highlight=False)
     for w in p.warnings:

@@ -52,8 +52,10 @@ class Change:
     def __str__(self) -> str:
         word = "slower" if self.ratio > 1 else "faster"
         p = f"p {fmt_p(self.p_value)}"
-        return (f"{self.ratio:.3f}x ({word}) between {self.before or '?'} and {self.after or '?'}: "
-                f"{self.z:.1f} standard errors, {p}")  # fmt: skip
+        return (
+            f"{self.ratio:.3f}x ({word}) between {self.before or '?'} and {self.after or '?'}: "
+            f"{self.z:.1f} standard errors, {p}"
+        )
 
 
 def fmt_p(p: float) -> str:
@@ -73,12 +75,18 @@ class Trend:
     gone: set[str] = field(default_factory=set)  # commits of the line that repository no longer holds
 
     def to_dict(self) -> dict:
-        return {"key": dict(zip(KEY_FIELDS, self.key, strict=True)),
-                "points": [p.__dict__ | {"ci_ms": list(p.ci_ms), "left_out": i in self.left_out}
-                           for i, p in enumerate(self.points)],
-                "changes": [c.__dict__ for c in self.changes], "notes": self.notes,
-                "left_out": len(self.left_out), "divided_by_reference": self.divided,
-                "bisect": bisect_command(self)}  # fmt: skip
+        return {
+            "key": dict(zip(KEY_FIELDS, self.key, strict=True)),
+            "points": [
+                p.__dict__ | {"ci_ms": list(p.ci_ms), "left_out": i in self.left_out}
+                for i, p in enumerate(self.points)
+            ],
+            "changes": [c.__dict__ for c in self.changes],
+            "notes": self.notes,
+            "left_out": len(self.left_out),
+            "divided_by_reference": self.divided,
+            "bisect": bisect_command(self),
+        }
 
 
 KEY_FIELDS = ("op", "variant", "shape", "dtype", "device")
@@ -246,9 +254,11 @@ def latest_off_line(
         d = sum(tail) / k - level
         same_way = all((x - level) * d > 0 for x in tail)
         if se > 0 and abs(d) / se > bound and same_way:
-            return (f"the latest {k} run(s) read {math.exp(d):.3f}x the line before them "
-                    f"({abs(d) / se:.1f} standard errors): a step there is called once {MIN_SIDE} runs "
-                    "follow it; run again")  # fmt: skip
+            return (
+                f"the latest {k} run(s) read {math.exp(d):.3f}x the line before them "
+                f"({abs(d) / se:.1f} standard errors): a step there is called once {MIN_SIDE} runs "
+                "follow it; run again"
+            )
     return None
 
 
@@ -262,8 +272,13 @@ def missing_commits(points: list[Point], repo: str | None) -> set[str]:
         return set()
     asked = sorted(commits)
     try:  # one git process for all of them: each answered "<sha> commit <size>" or "<name> missing"
-        out = subprocess.run(["git", "-C", repo, "cat-file", "--batch-check"], capture_output=True, text=True,
-                             input="".join(f"{c}^{{commit}}\n" for c in asked), timeout=60)  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", repo, "cat-file", "--batch-check"],
+            capture_output=True,
+            text=True,
+            input="".join(f"{c}^{{commit}}\n" for c in asked),
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return set()
     answers = out.stdout.splitlines() if out.returncode == 0 else []
@@ -308,9 +323,15 @@ def trends(store, key_filter: str = "", repo: str | None = None) -> list[Trend]:
             )
             continue
         env = row.get("env") or {}
-        point = Point(row["run_id"], row["created"], env.get("git") or "", row["median_ms"],
-                      (row.get("ci_lo_ms") or 0.0, row.get("ci_hi_ms") or 0.0), _contended(row),
-                      _reference_ms(row, stored_refs))  # fmt: skip
+        point = Point(
+            row["run_id"],
+            row["created"],
+            env.get("git") or "",
+            row["median_ms"],
+            (row.get("ci_lo_ms") or 0.0, row.get("ci_hi_ms") or 0.0),
+            _contended(row),
+            _reference_ms(row, stored_refs),
+        )
         by_key.setdefault(k, []).append(point)
     return [_trend(k, points, repo) for k, points in sorted(by_key.items())]
 
@@ -320,11 +341,15 @@ def _trend(key: tuple, points: list[Point], repo: str | None) -> Trend:
     line = fitted_line(points)
     t.left_out, t.divided = line.left_out, line.divided
     if t.left_out:
-        t.notes.append(f"{len(t.left_out)} of {len(points)} run(s) left out of the fit: contended (other "
-                       "processes took CPU while they were timed)")  # fmt: skip
+        t.notes.append(
+            f"{len(t.left_out)} of {len(points)} run(s) left out of the fit: contended (other "
+            "processes took CPU while they were timed)"
+        )
     elif any(p.contended for p in points):
-        t.notes.append(f"{sum(p.contended for p in points)} run(s) contended, kept: too few quiet runs to "
-                       "fit without them; medians weigh them down")  # fmt: skip
+        t.notes.append(
+            f"{sum(p.contended for p in points)} run(s) contended, kept: too few quiet runs to "
+            "fit without them; medians weigh them down"
+        )
     if len(line.index) < 2 * MIN_SIDE:
         t.notes.append(f"{len(line.index)} run(s) fitted: a change point needs {2 * MIN_SIDE} or more")
     else:
@@ -333,12 +358,16 @@ def _trend(key: tuple, points: list[Point], repo: str | None) -> Trend:
         if edge:
             t.notes.append(edge)
     if t.divided:
-        t.notes.append("fitted on times divided by each run's reference workload (it followed the "
-                       "machine's drift): steps are the code's")  # fmt: skip
+        t.notes.append(
+            "fitted on times divided by each run's reference workload (it followed the "
+            "machine's drift): steps are the code's"
+        )
     t.gone = missing_commits(points, repo)
     if t.gone:
-        t.notes.append(f"{len(t.gone)} commit(s) of these runs are not in {repo} (rebased away, or another "
-                       "clone): bisect cannot check them out")  # fmt: skip
+        t.notes.append(
+            f"{len(t.gone)} commit(s) of these runs are not in {repo} (rebased away, or another "
+            "clone): bisect cannot check them out"
+        )
     unknown = sum(1 for p in points if not p.commit)
     if unknown:
         t.notes.append(f"{unknown} run(s) recorded no commit (not in a git working tree)")

@@ -59,10 +59,17 @@ class Bisection:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"good": self.good, "bad": self.bad, "command": self.command, "candidates": self.candidates,
-                "threshold": self.threshold, "culprit": self.culprit.__dict__ if self.culprit else None,
-                "timed": [t.__dict__ for t in self.timed], "timed_commits": len(self.timed) + 1,
-                "notes": self.notes}  # fmt: skip
+        return {
+            "good": self.good,
+            "bad": self.bad,
+            "command": self.command,
+            "candidates": self.candidates,
+            "threshold": self.threshold,
+            "culprit": self.culprit.__dict__ if self.culprit else None,
+            "timed": [t.__dict__ for t in self.timed],
+            "timed_commits": len(self.timed) + 1,
+            "notes": self.notes,
+        }
 
 
 def _git(repo: Path, *args: str, check: bool = True) -> str:
@@ -74,21 +81,30 @@ def _git(repo: Path, *args: str, check: bool = True) -> str:
 
 def _resolve(repo: Path, name: str, what: str) -> str:
     rev = name.removesuffix("-dirty")
-    out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if out.returncode != 0 or not rev:
-        raise BisectError(f"{what}: {name!r} is not a commit of {repo} (a stored run's commit that was "
-                          "rebased away or never pushed here?); give one `git log` shows")  # fmt: skip
+        raise BisectError(
+            f"{what}: {name!r} is not a commit of {repo} (a stored run's commit that was "
+            "rebased away or never pushed here?); give one `git log` shows"
+        )
     return out.stdout.strip()
 
 
 def _repo(folder: str | Path) -> Path:
     here = Path(folder).resolve()
-    out = subprocess.run(["git", "-C", str(here), "rev-parse", "--show-toplevel"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        ["git", "-C", str(here), "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=60
+    )
     if out.returncode != 0:
-        raise BisectError(f"repo: {here} is not in a git repository; run bisect inside the repository "
-                          "whose commits made the step")  # fmt: skip
+        raise BisectError(
+            f"repo: {here} is not in a git repository; run bisect inside the repository "
+            "whose commits made the step"
+        )
     return Path(out.stdout.strip())
 
 
@@ -112,20 +128,27 @@ class _Runner:
     def once(self, commit: str) -> float:
         where = self.tree(commit) / self.subdir
         if not where.is_dir():
-            raise BisectError(f"command: {self.subdir} (where bisect was started) is not in {commit[:12]}; "
-                              "start it from a folder every commit in the range has")  # fmt: skip
+            raise BisectError(
+                f"command: {self.subdir} (where bisect was started) is not in {commit[:12]}; "
+                "start it from a folder every commit in the range has"
+            )
         t0 = time.perf_counter()
         try:
-            out = subprocess.run(self.command, shell=True, cwd=where, capture_output=True, text=True,
-                                 timeout=self.timeout_s)  # fmt: skip
+            out = subprocess.run(
+                self.command, shell=True, cwd=where, capture_output=True, text=True, timeout=self.timeout_s
+            )
         except subprocess.TimeoutExpired:
-            raise BisectError(f"command: ran past {self.timeout_s:g} s at {commit[:12]}; raise --timeout or "
-                              "time a shorter command") from None  # fmt: skip
+            raise BisectError(
+                f"command: ran past {self.timeout_s:g} s at {commit[:12]}; raise --timeout or "
+                "time a shorter command"
+            ) from None
         wall_ms = (time.perf_counter() - t0) * 1e3
         if out.returncode != 0:
             tail = (out.stderr.strip() or out.stdout.strip()).splitlines()[-3:]
-            raise BisectError(f"command: exited {out.returncode} at {commit[:12]}: {' | '.join(tail)}; "
-                              "a command that fails at some commits cannot time them")  # fmt: skip
+            raise BisectError(
+                f"command: exited {out.returncode} at {commit[:12]}: {' | '.join(tail)}; "
+                "a command that fails at some commits cannot time them"
+            )
         if self.metric == "wall":
             return wall_ms
         lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
@@ -135,9 +158,11 @@ class _Runner:
         except ValueError:
             value = math.nan
         if not (math.isfinite(value) and value > 0):
-            raise BisectError(f"--metric stdout: the command's last line at {commit[:12]} was "
-                              f"{last[:60]!r}, not a time in ms > 0; print one, or time the whole "
-                              "command (--metric wall)")  # fmt: skip
+            raise BisectError(
+                f"--metric stdout: the command's last line at {commit[:12]} was "
+                f"{last[:60]!r}, not a time in ms > 0; print one, or time the whole "
+                "command (--metric wall)"
+            )
         return value
 
     def close(self) -> None:
@@ -150,8 +175,9 @@ class _Runner:
         _git(self.repo, "worktree", "prune", check=False)
 
 
-def _sample(run: _Runner, good: str, commit: str, rng: random.Random, decided, most: int
-            ) -> tuple[float, tuple[float, float], float, int]:  # fmt: skip
+def _sample(
+    run: _Runner, good: str, commit: str, rng: random.Random, decided, most: int
+) -> tuple[float, tuple[float, float], float, int]:
     """`commit` against `good`, interleaved round by round in a fresh order: MIN_ROUNDS rounds,
     then more until `decided(ci)` or `most` rounds; (ratio, its 95% CI, p, rounds)."""
     base, cand = [], []
@@ -167,8 +193,9 @@ def _sample(run: _Runner, good: str, commit: str, rng: random.Random, decided, m
             return ratio, ci, s["p_value"], len(base)
 
 
-def _time(run: _Runner, good: str, commit: str, threshold: float | None, rng: random.Random,
-          slower: bool = True) -> Timed:  # fmt: skip
+def _time(
+    run: _Runner, good: str, commit: str, threshold: float | None, rng: random.Random, slower: bool = True
+) -> Timed:
     """`commit` against `good`: more rounds (to MAX_ROUNDS) while the CI straddles the
     threshold; slow when past it the way the step goes (`slower`)."""
     decided = lambda ci: threshold is None or not ci[0] <= threshold <= ci[1]  # noqa: E731
@@ -201,33 +228,52 @@ def _check_end(end: Timed, good: str, expect: float | None) -> float:
         if not end.ci[0] <= 1.0 <= end.ci[1]:
             return end.ratio
         if end.ci[0] >= 1 - NO_STEP and end.ci[1] <= 1 + NO_STEP:
-            raise BisectError(f"command: it sees no step between {g} and {b} ({span}); nothing to bisect: "
-                              "time what the change point measured")  # fmt: skip
-        raise BisectError(f"command: cannot tell whether it sees a step between {g} and {b} ({span}): its "
-                          "noise is wider than a step; time a steadier command (--metric stdout with a "
-                          "number it prints), or give --expect")  # fmt: skip
+            raise BisectError(
+                f"command: it sees no step between {g} and {b} ({span}); nothing to bisect: "
+                "time what the change point measured"
+            )
+        raise BisectError(
+            f"command: cannot tell whether it sees a step between {g} and {b} ({span}): its "
+            "noise is wider than a step; time a steadier command (--metric stdout with a "
+            "number it prints), or give --expect"
+        )
     middle = math.sqrt(expect)
     if end.ci[0] <= middle <= end.ci[1]:
-        raise BisectError(f"command: cannot tell whether bad ({b}) is slow under this command ({span}, the "
-                          f"step is {expect:.3f}x): its noise is wider than the step; time a steadier "
-                          "command")  # fmt: skip
+        raise BisectError(
+            f"command: cannot tell whether bad ({b}) is slow under this command ({span}, the "
+            f"step is {expect:.3f}x): its noise is wider than the step; time a steadier "
+            "command"
+        )
     if (end.ratio > middle) != (expect > 1):
-        raise BisectError(f"command: bad ({b}) is not {'slow' if expect > 1 else 'fast'} under this command "
-                          f"({span} against good {g}, where the step is {expect:.3f}x): this command does "
-                          "not time what the change point measured; nothing to bisect")  # fmt: skip
+        raise BisectError(
+            f"command: bad ({b}) is not {'slow' if expect > 1 else 'fast'} under this command "
+            f"({span} against good {g}, where the step is {expect:.3f}x): this command does "
+            "not time what the change point measured; nothing to bisect"
+        )
     return expect
 
 
-def bisect(good: str, bad: str, command: str | list[str], *, repo: str | Path = ".", metric: str = "wall",
-           expect: float | None = None, timeout_s: float = 600.0, seed: int = 0) -> Bisection:  # fmt: skip
+def bisect(
+    good: str,
+    bad: str,
+    command: str | list[str],
+    *,
+    repo: str | Path = ".",
+    metric: str = "wall",
+    expect: float | None = None,
+    timeout_s: float = 600.0,
+    seed: int = 0,
+) -> Bisection:
     """The first commit after `good`, up to `bad`, whose time under `command` is slow.
 
     >>> b = bisect("v1.0", "HEAD", "python bench.py", metric="stdout", expect=1.3)  # doctest: +SKIP
     >>> b.culprit.commit, b.culprit.ratio  # doctest: +SKIP
     """
     if metric not in ("wall", "stdout"):
-        raise BisectError(f"metric: 'wall' (the command's wall time) or 'stdout' (the number in ms it prints "
-                          f"last), got {metric!r}")  # fmt: skip
+        raise BisectError(
+            f"metric: 'wall' (the command's wall time) or 'stdout' (the number in ms it prints "
+            f"last), got {metric!r}"
+        )
     if expect is not None and not (math.isfinite(expect) and expect > 0 and abs(math.log(expect)) > 0.01):
         raise BisectError(
             f"expect: the step's ratio (slow/fast, e.g. 1.3), at least 1% away from 1; got {expect}"
@@ -240,9 +286,11 @@ def bisect(good: str, bad: str, command: str | list[str], *, repo: str | Path = 
     where = _repo(repo)
     subdir = Path(repo).resolve().relative_to(where.resolve())
     if _git(where, "status", "--porcelain", "--untracked-files=no"):
-        raise BisectError(f"{where} has uncommitted changes: commit or stash them first (bisect "
-                          "times commits, and changes in no commit cannot be among them); nothing was "
-                          "changed")  # fmt: skip
+        raise BisectError(
+            f"{where} has uncommitted changes: commit or stash them first (bisect "
+            "times commits, and changes in no commit cannot be among them); nothing was "
+            "changed"
+        )
     g, b = _resolve(where, good, "good"), _resolve(where, bad, "bad")
     if g == b:
         raise BisectError(f"good and bad: both are {g[:12]}; give the commits either side of the step")
@@ -278,8 +326,9 @@ def _terminated_as_interrupt():
         signal.signal(signal.SIGTERM, before)
 
 
-def _search(run: _Runner, out: Bisection, g: str, candidates: list[str], expect: float | None,
-            rng: random.Random) -> None:  # fmt: skip
+def _search(
+    run: _Runner, out: Bisection, g: str, candidates: list[str], expect: float | None, rng: random.Random
+) -> None:
     """The slow end timed first (is there a step, and how large), then binary search."""
     end = _time_end(run, g, out.bad, expect, rng)
     out.timed.append(end)
@@ -299,5 +348,7 @@ def _search(run: _Runner, out: Bisection, g: str, candidates: list[str], expect:
         out.timed.append(culprit)
     out.culprit = culprit
     if culprit.ci[0] <= 1.0 <= culprit.ci[1]:
-        out.notes.append(f"{culprit.commit[:12]}'s ratio CI holds 1: the step may be spread over several "
-                         "commits, or smaller than this command's noise")  # fmt: skip
+        out.notes.append(
+            f"{culprit.commit[:12]}'s ratio CI holds 1: the step may be spread over several "
+            "commits, or smaller than this command's noise"
+        )
