@@ -169,7 +169,7 @@ def test_the_ranking_names_the_call_sites_and_the_patch_pl_patch_would_make(tmp_
 def test_a_chain_whose_code_pl_patch_cannot_see_is_said_so():
     import torch.nn as nn
 
-    from perfloop.analysis.opportunities import _where
+    from perfloop.analysis.patterns import where_called as _where
     from perfloop.nn.patch import plan
 
     class Head(nn.Module):  # the loss is computed by the caller, outside forward
@@ -187,7 +187,7 @@ def test_a_chain_whose_code_pl_patch_cannot_see_is_said_so():
 
 
 def test_an_ops_row_names_every_call_site_of_its_kind():
-    from perfloop.analysis.opportunities import _where_any
+    from perfloop.analysis.patterns import where_any as _where_any
 
     sites = {"a.ln": {"normalization": "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"},
              "b.ln": {"normalization": "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"},

@@ -13,20 +13,29 @@ Where the saving comes from:
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from perfloop.analysis import attribution as attr
 from perfloop.analysis import roofline, timeline
 from perfloop.analysis.bound import Bound
+from perfloop.analysis.patterns import (
+    ADVICE,
+    LAYOUT_OPS,
+    chain_advice,
+    chain_kind,
+    chains,
+    matches,
+    ops_list,
+    where_any,
+    where_called,
+    written_attention_modules,
+)
 from perfloop.harness.measurement import fmt_ms, matmul_ceiling
 
 MIN_SHARE = 0.01  # opportunities saving less of the step are not listed
-CHAIN_MIN = 3
 SHOWN = 10
 FUSE_PASSES = 1.5  # a run that moves at least this many times the bytes it needs fused
-NOT_FUSABLE = {"matmul", "attention", "optimizer", "communication", "memcpy/memset"}
 HOST = {  # timeline's cause -> (what the host was doing, what removes it)
     timeline.SYNC: (
         "synchronizing calls, and the emptied queue after them",
@@ -65,20 +74,6 @@ HOST = {  # timeline's cause -> (what the host was doing, what removes it)
         "move it out of the step (precompute it, or into DataLoader workers), or do it in "
         "torch on the device",
     ),
-}
-ADVICE = {
-    "normalization": "a fused norm kernel (x and dy read once, dx written once, the weight "
-    "gradients reduced in the same pass): pl.patch(model, batch) swaps in perfloop.nn's for "
-    "nn.LayerNorm/RMSNorm modules and F.layer_norm/F.rms_norm calls in forward where it checks "
-    "equal; or torch.compile on the module",
-    "elementwise": "fuse it into its neighbours: torch.compile, or a Triton kernel",
-    "reduction": "fuse the reduction with the ops around it (torch.compile), or a Triton kernel "
-    "that keeps each row in registers",
-    "matmul": "shapes in multiples of 64 (or 128), bf16/fp16 operands, bias and activation fused "
-    "into the matmul's epilogue (torch.compile)",
-    "attention": "F.scaled_dot_product_attention with a flash backend (bf16/fp16, head dim <= 256)",
-    "optimizer": "a fused optimizer: torch.optim.AdamW(..., fused=True)",
-    "other": "look at its kernels (perfloop asm, ncu)",
 }
 
 
@@ -162,185 +157,6 @@ def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def _chains(records, b_items, a_ms: dict) -> list[dict]:
-    """Runs of consecutive memory-bound ops in one module and phase (from the counted call),
-    timed from the timed calls: each (module, phase, op)'s time per call in `a_ms`, shared
-    among the counted ops behind it."""
-    info: dict[int, dict] = {}
-    for it in b_items:
-        for m in it.markers:
-            d = info.setdefault(
-                m,
-                {
-                    "kernels": 0,
-                    "module": it.module,
-                    "phase": it.phase,
-                    "op": it.op,
-                    "layout": (it.outer_op or it.op) in LAYOUT_OPS,
-                },
-            )
-            d["kernels"] += 1
-    per_key: dict = defaultdict(int)
-    for d in info.values():
-        per_key[(d["module"], d["phase"], d["op"])] += 1
-    last_read: dict = {}
-    for r in records:
-        if r is not None:
-            for k, _ in r.reads:
-                last_read[k] = r.index
-    runs, cur = [], []
-
-    def close():
-        if len(cur) >= CHAIN_MIN:
-            runs.append(list(cur))
-        cur.clear()
-
-    for m in sorted(info):
-        r, d = records[m] if m < len(records) else None, info[m]
-        if r is None:  # a view or an allocation: no data moved, the run goes on
-            continue
-        if r.flops or attr.category(r.op) in NOT_FUSABLE or d["phase"] == "optimizer" or d["layout"]:
-            close()  # a layout copy is its own opportunity
-            continue
-        if cur and (info[cur[-1]]["module"], info[cur[-1]]["phase"]) != (d["module"], d["phase"]):
-            close()
-        cur.append(m)
-    close()
-    out = []
-    for run in runs:
-        produced: dict = {}
-        seen: set = set()
-        ext_read = 0.0
-        for m in run:
-            for k, b in records[m].reads:
-                if k not in produced and k not in seen:
-                    seen.add(k)
-                    ext_read += b
-            for k, b in records[m].writes:
-                produced[k] = b
-        last_writes = {k for k, _ in records[run[-1]].writes}
-        ext_write = sum(b for k, b in produced.items() if last_read.get(k, -1) > run[-1] or k in last_writes)
-        keys = [(info[m]["module"], info[m]["phase"], info[m]["op"]) for m in run]
-        out.append(
-            {
-                "module": info[run[0]]["module"],
-                "phase": info[run[0]]["phase"],
-                "ms": sum(a_ms.get(k, 0.0) / per_key[k] for k in keys),
-                "kernels": sum(info[m]["kernels"] for m in run),
-                "bytes": sum(records[m].bytes for m in run),
-                "ideal_bytes": ext_read + ext_write,
-                "ops": [records[m].op.split("::")[-1] for m in run],
-                "keys": set(keys),
-            }
-        )
-    return _merged(out)
-
-
-LAYOUT_OPS = ("aten::contiguous", "aten::clone")
-SOFTMAX_OPS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax")
-
-
-def _written_attention(items) -> dict:
-    """{module pattern: (modules, ms of their ops but the matmuls, distinct such ops)} for the
-    modules that compute attention by hand: in their own forward two or more matmuls and a
-    softmax, and no fused attention kernel."""
-    by_module: dict = defaultdict(list)
-    for i in items:
-        by_module[i.module].append(i)
-    found: dict = {}
-    for module, its in by_module.items():
-        forward = [i for i in its if i.phase == "forward"]
-        matmuls = sum(1 for i in forward if attr.category(i.op or i.kernel) == "matmul")
-        fused = any(attr.category(i.op or i.kernel) == "attention" for i in its)
-        if fused or matmuls < 2 or not any(i.op in SOFTMAX_OPS for i in forward):
-            continue
-        rest = [i for i in its if attr.category(i.op or i.kernel) != "matmul"]
-        pattern = re.sub(r"\.\d+(?=\.|$)", ".*", module)
-        mods, ms, ops = found.get(pattern, (set(), 0.0, set()))
-        ops |= {(i.phase, i.op) for i in rest}
-        found[pattern] = (mods | {module}, ms + sum(i.ms for i in rest), ops)
-    return {k: (mods, ms, len(ops)) for k, (mods, ms, ops) in found.items()}
-
-
-def _matches(pattern: str, modules: set) -> bool:
-    rx = re.compile("^" + re.escape(pattern).replace(r"\.\*", r"\.\d+") + "$")
-    return any(rx.match(m) or m == pattern for m in modules)
-
-
-def _merged(chains: list[dict]) -> list[dict]:
-    """Chains of the same ops in modules that differ only in their layer numbers, as one."""
-    out: dict = {}
-    for c in chains:
-        pattern = re.sub(r"\.\d+(?=\.|$)", ".*", c["module"])
-        k = (pattern, c["phase"], tuple(c["ops"]))
-        if k not in out:
-            out[k] = dict(c, module=pattern, count=1)
-            continue
-        m = out[k]
-        m["count"] += 1
-        m["keys"] = m["keys"] | c["keys"]
-        for f in ("ms", "kernels", "bytes", "ideal_bytes"):
-            m[f] += c[f]
-    return list(out.values())
-
-
-def _chain_advice(ops: list[str]) -> str:
-    kind = _chain_kind(ops)
-    if kind == "cross_entropy":
-        return (
-            "a fused cross-entropy: the loss from one read of the logits, their gradient from "
-            "one more, in the logits' dtype: pl.patch(model, batch) swaps it in for an "
-            "nn.CrossEntropyLoss or an F.cross_entropy call in forward where it checks equal; or "
-            "torch.compile"
-        )
-    if kind == "normalization":
-        return ADVICE["normalization"]
-    return "torch.compile on the module, or one Triton kernel for the run"
-
-
-def _chain_kind(ops: list[str]) -> str | None:
-    if any("nll_loss" in o or "log_softmax" in o for o in ops):
-        return "cross_entropy"
-    if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in ops):
-        return "normalization"
-    return None
-
-
-def _where(pattern: str, kind: str | None, sites: dict | None) -> str:
-    """The call sites of this kind in the modules a chain's pattern names (from nn.patch.plan,
-    run where the model was at hand), or why pl.patch does not reach the chain."""
-    if sites is None or kind is None:
-        return ""
-    rx = re.compile("^" + re.escape(pattern).replace(r"\.\*", r"\.\d+") + "$")
-    found = [sites[m][kind] for m in sites if rx.match(m) and kind in sites[m]]
-    if not found:
-        what = {"cross_entropy": "cross entropy call", "normalization": "norm"}[kind]
-        return (
-            f"no {what} pl.patch can reach in {pattern}: no fusable module there and no F call in its "
-            "forward's own code (computed elsewhere?)"
-        )
-    first = found[0]
-    return first + (f" (x{len(found)} modules)" if len(found) > 1 else "")
-
-
-def _where_any(kind: str | None, sites: dict | None) -> str:
-    """The call sites of this kind anywhere in the model (an op's row spans its modules)."""
-    if sites is None or kind is None:
-        return ""
-    counts: dict = {}
-    for kinds in sites.values():
-        if kind in kinds:
-            counts[kinds[kind]] = counts.get(kinds[kind], 0) + 1
-    if not counts:
-        return _where("the model", kind, {})
-    return "; ".join(w + (f" (x{n} modules)" if n > 1 else "") for w, n in counts.items())
-
-
-def _ops_list(ops: list[str]) -> str:
-    head = ", ".join(ops[:6])
-    return head + (f", ... ({len(ops)} ops)" if len(ops) > 6 else "")
-
-
 @dataclass
 class Step:
     """What every analyzer below reads (one profiled step, times per call) and what it adds to:
@@ -408,7 +224,7 @@ def rank(
         kind,
     )
     attention = written_attention(s)
-    fusable_chains(s, attention)
+    fusablechains(s, attention)
     kept = [i for i in items if (i.module, i.phase, i.op) not in s.covered and i.phase != "optimizer"]
     kept, pageable = pageable_copies(s, kept)
     kept = layout_copies(s, kept)
@@ -431,7 +247,7 @@ def rank(
 
 def written_attention(s: Step) -> dict:
     """Attention computed op by op (its scores through memory); its ops are covered."""
-    attention = _written_attention(s.items)
+    attention = written_attention_modules(s.items)
     for pattern, (mods, ms, n_ops) in attention.items():
         s.add(
             f"attention written out in {pattern}: the scores go through memory",
@@ -446,13 +262,13 @@ def written_attention(s: Step) -> dict:
     return attention
 
 
-def fusable_chains(s: Step, attention: dict) -> None:
+def fusablechains(s: Step, attention: dict) -> None:
     """Runs of memory-bound ops in one module: launch-bound where tiny, else fusable."""
     a_ms: dict = defaultdict(float)
     for i in s.items:
         a_ms[(i.module, i.phase, i.op)] += i.ms / s.calls
-    for c in _chains(s.records or [], s.b_items or [], a_ms):
-        if any(_matches(c["module"], mods) for mods, _, _ in attention.values()):
+    for c in chains(s.records or [], s.b_items or [], a_ms):
+        if any(matches(c["module"], mods) for mods, _, _ in attention.values()):
             continue  # its ops are the written-out attention's
         ideal = s.at_copy_ms(c["ideal_bytes"])
         where = f"{c['module']} ({c['phase']}{', x' + str(c['count']) if c['count'] > 1 else ''})"
@@ -467,7 +283,7 @@ def fusable_chains(s: Step, attention: dict) -> None:
             )
             unit = "kernels" if s.kind == "cuda" else "ops"
             mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
-            evidence = f"{_ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call"
+            evidence = f"{ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call"
             s.add(
                 f"{c['kernels']} tiny {unit} in a row in {where}",
                 c["ms"] - ideal,
@@ -483,12 +299,12 @@ def fusable_chains(s: Step, attention: dict) -> None:
         s.covered |= c["keys"]
         moved, needed = c["bytes"] / 1e6, c["ideal_bytes"] / 1e6
         evidence = (
-            f"{_ops_list(c['ops'])}: {moved:.1f} MB moved where {needed:.1f} MB (its inputs and outputs) "
+            f"{ops_list(c['ops'])}: {moved:.1f} MB moved where {needed:.1f} MB (its inputs and outputs) "
             f"would do, {passes:.1f}x; {fmt_ms(c['ms'])} -> ~{fmt_ms(ideal)} fused"
         )
-        advice, where_called = _chain_advice(c["ops"]), _where(c["module"], _chain_kind(c["ops"]), s.sites)
+        site = where_called(c["module"], chain_kind(c["ops"]), s.sites)
         title = f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them"
-        s.add(title, c["ms"] - ideal, Bound.MEMORY, evidence, advice, where_called)
+        s.add(title, c["ms"] - ideal, Bound.MEMORY, evidence, chain_advice(c["ops"]), site)
 
 
 def pageable_copies(s: Step, kept: list) -> tuple[list, list]:
@@ -634,7 +450,7 @@ def _below_ceiling(s: Step, row, cat: str) -> None:
         row.bound,
         ev,
         ADVICE.get(cat, ADVICE["other"]) if row.bound != Bound.LATENCY else latency,
-        _where_any(_chain_kind([row.name.rsplit(" (", 1)[0]]), s.sites),
+        where_any(chain_kind([row.name.rsplit(" (", 1)[0]]), s.sites),
     )
 
 
