@@ -18,10 +18,8 @@ its main thread end where they would, with the analysis still made.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
-import re
 import runpy
 import sys
 import threading
@@ -36,10 +34,9 @@ from perfloop.analysis import profiling, recording
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.stacks import Sampler
 from perfloop.analysis.work import WorkCounter
+from perfloop.workflows.step_sources import OPTIMIZER_STEP, nvtx_sources, step_sources
 
 AUTO = "auto"  # the step: "step" ranges or optimizer.step() boundaries, whichever occurs first
-OPTIMIZER_STEP = "optimizer.step"
-_NUMBERED = re.compile(r"#\d+$")  # ProfilerStep#12 -> ProfilerStep
 
 
 class _Exit(BaseException):  # noqa: N818 -- os._exit(code) called in the script's main thread
@@ -379,7 +376,8 @@ def profile_script(
             module_ranges(quiet=lambda: w.theirs_ran) as tracker,
             w.sharing_the_profiler(),
             _exit_in_main_thread(),
-            _step_sources(w),
+            step_sources(w),
+            nvtx_sources(w),
         ):
             w.read_sites = lambda: _sites(tracker.roots, w.warnings)
             w.t0 = time.perf_counter()
@@ -430,96 +428,6 @@ def patch_summary(sites: dict) -> list[str]:
 
     counts = Counter(where for kinds in sites.values() for where in kinds.values())
     return [f"{where}" + (f" (x{n} modules)" if n > 1 else "") for where, n in counts.items()]
-
-
-@contextlib.contextmanager
-def _step_sources(w: _Window):
-    """Within: the window is told of the script's steps and ranges -- each optimizer's step()
-    (the first optimizer's are the boundaries), torch.profiler.record_function ranges (and
-    torch.profiler's ProfilerStep#N), NVTX push/pop. perfloop's own annotate tells it itself."""
-    rf_cls = torch.autograd.profiler.record_function
-    rf_enter, rf_exit = rf_cls.__enter__, rf_cls.__exit__
-    nvtx = torch.cuda.nvtx
-    push, pop = nvtx.range_push, nvtx.range_pop
-    names = threading.local()  # per thread: the NVTX ranges open
-    stepping: list = []  # the optimizer whose step() is the boundary
-    pending: list = []  # a boundary reached inside step(): acted on once its range has closed
-
-    def flush() -> None:
-        # the optimizer's hooks run inside its own record_function range ("Optimizer.step#...",
-        # torch's wrapper of every step()): the boundary is acted on once that range has closed
-        if pending:
-            pending.clear()
-            w.boundary(OPTIMIZER_STEP)
-        w.settle()
-
-    def told(rf) -> bool:  # torch's own optimizer ranges are told as optimizer.step boundaries
-        return not profiling.annotating() and not rf.name.startswith("Optimizer.")
-
-    marks = itertools.count()
-    opened = threading.local()  # per thread: the marks of the record_function ranges open
-
-    def begun_since(mark: int) -> bool:
-        return any(m > mark for m in getattr(opened, "marks", ()))
-
-    w.begun_since, w.mark = begun_since, lambda: next(marks)
-
-    def __enter__(rf):  # noqa: N807 -- told first: a window opening here has the range in its trace
-        if told(rf):
-            w.enter(_NUMBERED.sub("", rf.name))
-        out = rf_enter(rf)
-        rf._perfloop_mark = next(marks)
-        opened.__dict__.setdefault("marks", []).append(rf._perfloop_mark)
-        return out
-
-    def __exit__(rf, *exc):  # noqa: N807
-        try:
-            return rf_exit(rf, *exc)
-        finally:
-            mark = rf.__dict__.get("_perfloop_mark")
-            if mark is not None and mark in getattr(opened, "marks", ()):
-                opened.marks.remove(mark)
-            if told(rf):
-                w.exit(_NUMBERED.sub("", rf.name))
-            elif rf.name.startswith("Optimizer.step#"):
-                flush()
-            w.settle()
-
-    def range_push(msg):
-        if not profiling.annotating():
-            names.__dict__.setdefault("open", []).append(msg)
-            w.enter(msg)
-        return push(msg)
-
-    def range_pop():
-        out = pop()
-        stack = names.__dict__.get("open")
-        if stack and not profiling.annotating():
-            w.exit(stack.pop())
-        return out
-
-    def stepped(opt, args, kwargs):
-        if not stepping:
-            stepping.append(opt)
-        elif stepping[0] is not opt:
-            if len(stepping) == 1:
-                stepping.append(opt)
-                first = type(stepping[0]).__name__
-                w.warnings.append(f"several optimizers step ({first} first): a step ends at {first}.step()")
-            return
-        pending.append(True)
-
-    import torch.optim.optimizer as optim_module
-
-    hook = optim_module.register_optimizer_step_post_hook(stepped)
-    rf_cls.__enter__, rf_cls.__exit__ = __enter__, __exit__
-    nvtx.range_push, nvtx.range_pop = range_push, range_pop
-    try:
-        yield
-    finally:
-        hook.remove()
-        rf_cls.__enter__, rf_cls.__exit__ = rf_enter, rf_exit
-        nvtx.range_push, nvtx.range_pop = push, pop
 
 
 @contextlib.contextmanager
