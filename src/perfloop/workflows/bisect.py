@@ -198,7 +198,7 @@ def _time(
 ) -> Timed:
     """`commit` against `good`: more rounds (to MAX_ROUNDS) while the CI straddles the
     threshold; slow when past it the way the step goes (`slower`)."""
-    decided = lambda ci: threshold is None or not ci[0] <= threshold <= ci[1]  # noqa: E731
+    decided = lambda ci: threshold is None or not ci[0] <= threshold <= ci[1]
     ratio, ci, p, rounds = _sample(run, good, commit, rng, decided, MAX_ROUNDS)
     subject = _git(run.repo, "log", "-1", "--format=%s", commit)
     slow = threshold is not None and (ratio > threshold) == slower

@@ -47,7 +47,7 @@ def step_sources(w):
 
     w.begun_since, w.mark = begun_since, lambda: next(marks)
 
-    def __enter__(rf):  # noqa: N807 -- told first: a window opening here has the range in its trace
+    def __enter__(rf):  # told first: a window opening here has the range in its trace
         if told(rf):
             w.enter(NUMBERED.sub("", rf.name))
         out = rf_enter(rf)
@@ -55,7 +55,7 @@ def step_sources(w):
         opened.__dict__.setdefault("marks", []).append(rf._perfloop_mark)
         return out
 
-    def __exit__(rf, *exc):  # noqa: N807
+    def __exit__(rf, *exc):
         try:
             return rf_exit(rf, *exc)
         finally:
