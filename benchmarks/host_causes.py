@@ -79,6 +79,8 @@ class ChannelsFirst(nn.Module):
         return x
 
 
+TABLE_ROWS = 1_000_000  # NumPy sorts this many a step in the mid-forward case (~60 ms on a CPU core)
+
 # cases whose opportunity is estimated from the counted bytes of the ops (profiled with Work)
 COUNTED = ("attention written out", "layout copies")
 
@@ -219,6 +221,54 @@ def cases(small: bool, dev: str) -> dict:
         False,
     )
 
+    # issue 38's two cases where causes meet. Only the real tokens through each layer, picked with
+    # a boolean mask (`h[keep]`: a nonzero, so the host waits for the device every layer); the fix
+    # keeps the shapes static (every token through the layer, the padding kept by torch.where)
+    torch.manual_seed(0)
+    keep = torch.rand(batch, device=dev) > 0.1  # the non-padding rows
+
+    def masked_problem():
+        h = x
+        for layer in model:
+            out = h.clone()
+            out[keep] = torch.relu(layer(h[keep]))
+            h = out
+        h.sum().backward()
+
+    def masked_fixed():
+        h = x
+        for layer in model:
+            h = torch.where(keep[:, None], torch.relu(layer(h)), h)
+        h.sum().backward()
+
+    out["boolean-mask indexing per layer"] = ("data-dependent", masked_problem, masked_fixed, False)
+
+    # NumPy in forward whose result is copied to the device (a blocking copy: a sync after it)
+    table = TABLE_ROWS if not small else 20_000
+
+    def numpy_copy_problem():
+        h = x
+        for i, layer in enumerate(model):
+            h = torch.relu(layer(h))
+            if i == len(model) // 2:  # a feature table built on the host, mid-forward
+                feats = np.sort(rng.standard_normal(table)).astype(np.float32)[: batch * w]
+                h = h + torch.from_numpy(feats.reshape(batch, w)).to(dev)
+        h.sum().backward()
+
+    fixed_feats = torch.from_numpy(np.sort(rng.standard_normal(table)).astype(np.float32)[: batch * w])
+    fixed_feats = fixed_feats.reshape(batch, w).to(dev)
+
+    def numpy_copy_fixed():
+        h = x
+        for i, layer in enumerate(model):
+            h = torch.relu(layer(h))
+            if i == len(model) // 2:
+                h = h + fixed_feats
+        h.sum().backward()
+
+    out["NumPy mid-forward, copied to the device"] = ("host work outside torch", numpy_copy_problem,
+                                                      numpy_copy_fixed, False)  # fmt: skip
+
     out["control: empty_cache per layer, nothing freed"] = ("", layers(xb, empty, torch.relu_),
                                                             layers(xb, relu=torch.relu_), True)  # fmt: skip
     return out
@@ -294,6 +344,7 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--only", help="the cases whose name holds this text (default: all)")
+    ap.add_argument("--traces", action="store_true", help="write each case's profile as a trace in --out")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
@@ -303,6 +354,9 @@ def main() -> None:
         t0 = time.perf_counter()
         p = pl.profile(problem, calls=3, count_work=want in COUNTED)
         d = p.diagnose()
+        if a.traces:
+            os.makedirs(a.out, exist_ok=True)
+            p.export_trace(os.path.join(a.out, name.split(" ")[0].strip(".:") + ".json"))
         opps = d.opportunities
         hit = next((i for i, o in enumerate(opps) if want and want in o.title), None)
         c = compare(

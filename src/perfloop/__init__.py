@@ -22,7 +22,8 @@ __version__ = "0.1.0"
 _WHERE = {
     "BenchError": "perfloop.harness.timing",
     "Comparison": "perfloop.harness.measurement",
-    "Diagnosis": "perfloop.analysis.diagnose",
+    "Diagnosis": "perfloop.analysis.findings",
+    "Finding": "perfloop.analysis.findings",
     "Profile": "perfloop.analysis.profiling",
     "annotate": "perfloop.analysis.profiling",
     "diff": "perfloop.analysis.compare_profiles",
@@ -44,6 +45,7 @@ __all__ = [
     "BenchError",
     "Comparison",
     "Diagnosis",
+    "Finding",
     "Measurement",
     "Profile",
     "Sweep",
@@ -65,7 +67,7 @@ __all__ = [
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from perfloop import ops
     from perfloop.analysis.compare_profiles import diff
-    from perfloop.analysis.diagnose import Diagnosis
+    from perfloop.analysis.findings import Diagnosis, Finding
     from perfloop.analysis.profiling import Profile, annotate, profile
     from perfloop.device import device_info, env_fingerprint
     from perfloop.harness.ceilings import ceilings

@@ -85,3 +85,27 @@ def test_one_bound_vocabulary_prints_compares_and_serializes_as_its_word():
     step = StepDiagnosis([], 1.0, 1.0, 1.0)
     assert step.bound is Bound.NONE and json.loads(json.dumps(step.to_dict()))["bound"] == "none"
     assert {b.value for b in Bound} >= {"launch", "memory", "compute", "latency", "host", "precision"}
+
+
+def test_diagnose_is_one_type_with_or_without_work_and_its_findings_serialize():
+    """One op with its Work is a one-finding diagnosis of the same type a step gets; each
+    finding carries its kind, bound, saving, structured evidence and site, through JSON."""
+    import json
+
+    import torch
+
+    from perfloop.analysis.findings import Diagnosis, Finding
+
+    n = 256
+    x = torch.randn(n, n)
+    work = pl.Work(bytes=2 * n * n * 4, flops=n * n, dtype="fp32")
+    one = pl.profile(lambda: torch.relu(x), calls=3, work=work).diagnose(ceilings=CEIL)
+    step = pl.profile(lambda: torch.relu(x @ x), calls=3).diagnose(ceilings=CEIL)
+    assert type(one) is Diagnosis and type(step) is Diagnosis
+    [f] = one.findings
+    assert isinstance(f, Finding) and f.bound == one.bound and f.kind in ("launch", "roofline")
+    assert f.saves_ms >= 0 and f.evidence.values["kernels"] == one.evidence["kernels"]
+    assert str(one).startswith(f"{one.bound}-bound\n  evidence: ")  # said as one op's verdict
+    back = json.loads(json.dumps(one.to_dict()))
+    assert back["opportunities"][0]["kind"] == f.kind and back["opportunities"][0]["values"]["kernels"] >= 1
+    assert set(back["opportunities"][0]["site"]) == {"module", "line"}

@@ -166,7 +166,10 @@ GPU_CASES = ["numpy in the step", "AdamW foreach=False, 400 params", "pageable h
              ".item() per layer", "torch.cuda.synchronize() per layer", "DataLoader with slow collation",
              "attention written out (nanoGPT without flash)",
              "layout copies (.contiguous() around each layer)",
+             "boolean-mask indexing per layer", "NumPy mid-forward, copied to the device",
              "control: one large matmul"]  # fmt: skip
+# their line is checked too
+AT_LINE = ("boolean-mask indexing per layer", "NumPy mid-forward, copied to the device")
 # the benchmark's empty_cache control (nothing freed between layers) is not in this list: removing
 # its empty_cache saved 5.2-5.4% of the step on the H200, and its allocator read 4.6% and 5.6%
 
@@ -182,3 +185,5 @@ def test_on_the_gpu_each_planted_host_problem_ranks_first_and_the_controls_rank_
         return
     assert d.opportunities and want in d.opportunities[0].title, str(d)
     assert d.opportunities[0].advice and d.opportunities[0].saves_ms > 0
+    if case in AT_LINE:  # charged to the planted function's line: the indexing, the NumPy work
+        assert f"({problem.__name__})" in d.opportunities[0].site.line, str(d)

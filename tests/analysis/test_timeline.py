@@ -30,13 +30,15 @@ def test_each_gap_is_charged_to_its_cause():
     kernels = [(100, 300), (300, 400), (500, 600), (640, 1000)]
     r = idle(events, kernels, sites={"aten::_local_scalar_dense": {"train.py:88"}})
     assert r.by_cause["host work outside torch"] == pytest.approx(0.1)  # 0 -> 100 us: no op running
-    assert r.by_cause["synchronizing calls"] == pytest.approx(0.1)  # 400 -> 500: waited, then launched
-    assert r.by_cause["host launch overhead"] == pytest.approx(0.04)  # 600 -> 640
+    # 400 -> 500: waited, then launched; and the .item()'s 15 us of host time outside its wait
+    # (300 -> 310, 405 -> 410), which the host would spend launching ahead without it
+    assert r.by_cause["synchronizing calls"] == pytest.approx(0.1 + 0.015)
+    assert r.by_cause["host launch overhead"] == pytest.approx(0.04 - 0.015)  # 600 -> 640, less that
     assert r.wall_ms == pytest.approx(1.0) and r.busy_ms == pytest.approx(0.76)
     assert r.idle_share == pytest.approx(0.24)
     [(op, calls, ms, sites)] = r.syncs
     assert (op, calls, sites) == ("aten::_local_scalar_dense", 1, ["train.py:88"]) and ms == pytest.approx(
-        0.1
+        0.115
     )
 
 
@@ -92,10 +94,11 @@ def test_the_stretches_after_a_sync_while_the_host_is_behind_belong_to_the_sync(
     kernels = [(0, 200), (250, 260), (340, 350), (440, 450), (560, 700), (700, 800), (900, 950)]
     launched = [0, 240, 330, 430, 510, 530, 850]
     r = idle([step, item, sync, *later], kernels, launched_at=launched)
-    assert r.by_cause["synchronizing calls"] == pytest.approx((50 + 80 + 90 + 110) / 1e3)
-    assert r.by_cause["host launch overhead"] == pytest.approx(0.1)  # 800 -> 900: the host was ahead
+    # and the .item()'s 12 us outside its wait (90 -> 95, 203 -> 210): every launch after it later
+    assert r.by_cause["synchronizing calls"] == pytest.approx((50 + 80 + 90 + 110 + 12) / 1e3)
+    assert r.by_cause["host launch overhead"] == pytest.approx(0.1 - 0.012)  # 800 -> 900: the host was ahead
     [(op, calls, ms, _)] = r.syncs
-    assert op == "aten::_local_scalar_dense" and ms == pytest.approx(0.33)
+    assert op == "aten::_local_scalar_dense" and ms == pytest.approx(0.342)
 
 
 def test_host_work_outside_torch_is_charged_to_the_sampled_line():
@@ -217,3 +220,55 @@ def test_the_saving_of_removing_the_syncs_is_the_timeline_replayed_without_their
     # without the waits the launches come early and the kernels run back to back: 30 + 400 us
     assert without(kernels, launched, waits, host_end=520) == pytest.approx(90)
     assert without(kernels, launched, [], host_end=520) == 0
+
+
+def test_host_work_before_a_copy_is_its_own_lines_not_the_copys_sync():
+    """NumPy builds a table mid-step while the device drains, then a blocking copy moves it: the
+    hole up to the copy is the host's NumPy work at its line; the sync has only what follows."""
+    from perfloop.analysis.stacks import Sample
+
+    step = ev("step", 0, 5000)
+    copy = ev("aten::copy_", 4000, 4060, step)
+    sync = ev("cudaStreamSynchronize", 4040, 4055, copy)
+    kernels = [(0, 500), (4070, 4200)]  # the device drained at 500
+    samples = [Sample(t, "model.py:31 (forward)", frozenset({"numpy"})) for t in range(600, 4000, 100)]
+    samples.append(Sample(4050, "model.py:32 (forward)", frozenset({"torch"})))
+    r = idle([step, copy, sync], kernels, samples=samples, launched_at=[0, 4060])
+    assert r.by_cause["host work outside torch"] == pytest.approx(3.54)  # 500 -> 4040
+    assert r.by_cause["synchronizing calls"] < 0.05  # 4040 -> 4070, and the copy's own 25 us
+    assert r.places[0] == ("host work outside torch", "model.py:31 (forward) (in NumPy)", pytest.approx(3.54))
+
+
+def test_a_boolean_mask_index_is_a_data_dependent_sync_and_takes_the_launch_gaps_its_ops_cost():
+    """Each layer indexes with a boolean mask: aten::index runs nonzero, whose copy of the count
+    waits for the device; the index's own host work (40 us a layer) keeps the host behind the
+    emptied queue. Without it the host is ahead (its 40 us of launches against 80 us of
+    kernels): the launch gaps are the sync's, charged to the line that indexed."""
+    from perfloop.analysis.stacks import Sample
+
+    step = ev("step", 0, 1200)
+    evs, kernels, launched, samples = [step], [], [], []
+    for t in range(0, 1200, 200):  # a layer: 80 us of kernels, then the index
+        index = ev("aten::index", t + 20, t + 100, step)
+        nz = ev("aten::nonzero", t + 25, t + 95, index)
+        evs += [index, nz, ev("cudaStreamSynchronize", t + 30, t + 82, nz)]
+        evs += [ev("aten::mm", a, a + 3, step) for a in (t + 102, t + 112, t + 157, t + 177)]
+        # after it, one kernel queued behind another (the host ahead for a moment), then two
+        # launched late: launch gaps by the rule of the emptied queue
+        kernels += [(t + 2, t + 80), (t + 108, t + 138), (t + 138, t + 143), (t + 162, t + 167),
+                    (t + 182, t + 187)]  # fmt: skip
+        launched += [t, t + 105, t + 115, t + 160, t + 180]
+        samples.append(Sample(t + 50, "model.py:12 (forward)", frozenset({"torch"})))
+        samples += [Sample(t + a, "model.py:13 (forward)", frozenset({"torch"})) for a in (150, 170, 190)]
+    r = idle(evs, kernels, samples=samples, launched_at=launched)
+    assert r.data_dependent() == [("aten::nonzero", "aten::index")]
+    assert r.sync_host_ms == pytest.approx(6 * 0.08)
+    # before: 80 -> 108 a layer the sync's (it ends there); 143 -> 162, 167 -> 182 and 187 -> 202
+    # (but after the last layer) launch gaps: the block before each had a queued kernel
+    assert r.raw.by_cause["synchronizing calls"] == pytest.approx(6 * 0.028)
+    assert r.raw.by_cause["host launch overhead"] == pytest.approx(6 * 0.034 + 5 * 0.015)
+    # the index's host time outside its wait (28 us a layer) taken from the launch gaps
+    assert r.by_cause["synchronizing calls"] == pytest.approx(6 * 0.056)
+    assert r.by_cause["host launch overhead"] == pytest.approx(6 * 0.034 + 5 * 0.015 - 6 * 0.028)
+    top = max((p for p in r.places if p[0] == "synchronizing calls"), key=lambda p: p[2])
+    assert top[1] == "model.py:12 (forward)"  # the indexing line, not the line the host went on to

@@ -9,9 +9,8 @@ precision; hardware-specific tricks -> CUDA C++.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from perfloop.analysis.bound import Bound
+from perfloop.analysis.findings import Diagnosis, Evidence, Finding
 from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms, matmul_ceiling
 
@@ -22,24 +21,8 @@ COMPUTE_NEAR = 0.5
 RIDGE_MARGIN = 2.0  # compute's side of the roofline: intensity past the ridge by this factor
 
 
-@dataclass(frozen=True)
-class Diagnosis:
-    bound: Bound  # LAUNCH, MEMORY, COMPUTE or UNCLEAR
-    evidence: dict
-    advice: str
-
-    def to_dict(self) -> dict:
-        return {"bound": self.bound, "evidence": self.evidence, "advice": self.advice}
-
-    def __str__(self) -> str:
-        ev = ", ".join(f"{k}={_fmt(v)}" for k, v in self.evidence.items())
-        return f"{self.bound}-bound\n  evidence: {ev}\n  next: {self.advice}"
-
-
-def _fmt(v):
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
+def _verdict(bound: Bound, ev: dict, advice: str, saves_ms: float = 0.0) -> tuple:
+    return bound, ev, advice, saves_ms
 
 
 def classify(
@@ -65,39 +48,53 @@ def classify(
         "mean_kernel": fmt_ms(mean_kernel_us / 1e3),
     }
     if busy_fraction < LAUNCH_BUSY and mean_kernel_us < SHORT_KERNEL_US:
-        return _launch_bound(ev, device_ms, wall_ms, busy_fraction, launches, mean_kernel_us, kind)
-    if work is None or not (ceilings and ceilings.get("copy_gbps")):
-        return Diagnosis(
+        verdict = _launch_bound(ev, device_ms, wall_ms, busy_fraction, launches, mean_kernel_us, kind)
+    elif work is None or not (ceilings and ceilings.get("copy_gbps")):
+        verdict = _verdict(
             Bound.UNCLEAR,
             ev,
             "give the work (bytes, flops) and measured ceilings to tell memory from compute.",
         )
-    return _on_the_roofline(ev, device_ms, distinct_kernels, launches, work, ceilings)
+    else:
+        verdict = _on_the_roofline(ev, device_ms, distinct_kernels, launches, work, ceilings)
+    bound, ev, advice, saves = verdict
+    text = ", ".join(f"{k}={x:.3g}" if isinstance(x, float) else f"{k}={x}" for k, x in ev.items())
+    one = Finding(
+        f"{bound}-bound",
+        saves,
+        saves / (max(wall_ms, device_ms) or 1e-12),
+        bound,
+        Evidence(text, dict(ev)),
+        advice,
+        kind="launch" if bound == Bound.LAUNCH else "roofline",
+    )
+    return Diagnosis([one], wall_ms, device_ms, busy_fraction, single=True, values=ev)
 
 
-def _launch_bound(ev: dict, device_ms, wall_ms, busy_fraction, launches, mean_kernel_us, kind) -> Diagnosis:
+def _launch_bound(ev: dict, device_ms, wall_ms, busy_fraction, launches, mean_kernel_us, kind) -> tuple:
     gain = wall_ms / device_ms if device_ms else float("inf")
+    saves = max(0.0, wall_ms - device_ms)
     if kind != "cuda":
-        return Diagnosis(
+        return _verdict(
             Bound.LAUNCH,
             ev,
             f"dispatch-bound: torch's ops run {busy_fraction:.0%} of the time, {launches:g} ops of "
             f"~{mean_kernel_us:.1f} us each, Python and dispatch between them. Fewer, larger ops: "
             f"fuse them (torch.compile): up to ~{gain:.0f}x if only the ops' time remained.",
+            saves,
         )
-    return Diagnosis(
+    return _verdict(
         Bound.LAUNCH,
         ev,
         f"launch-bound: the GPU is busy {busy_fraction:.0%} of the time, {launches:g} launches "
         f"of ~{mean_kernel_us:.1f} us each. Fuse the ops (torch.compile), or capture a CUDA "
         f"graph (bench(graph=True), torch.compile(mode='reduce-overhead')): up to ~{gain:.0f}x "
         "if only device time remained.",
+        saves,
     )
 
 
-def _on_the_roofline(
-    ev: dict, device_ms, distinct_kernels, launches, work: Work, ceilings: dict
-) -> Diagnosis:
+def _on_the_roofline(ev: dict, device_ms, distinct_kernels, launches, work: Work, ceilings: dict) -> tuple:
     """Compute- or memory-bound, from the achieved rates against the measured ceilings."""
     copy = ceilings["copy_gbps"]
     peak = matmul_ceiling(ceilings, work.dtype)
@@ -115,28 +112,32 @@ def _on_the_roofline(
     # within a factor of the ridge, measured ceilings (a busy CPU's moved it 4x) cannot tell the
     # roofs apart: compute-bound there only when the kernels are near the matmul ceiling
     compute_side = (work.intensity or 0) > RIDGE_MARGIN * ridge if ridge else False
+    at_ceiling = max(work.bytes / (copy * 1e9), (work.flops or 0) / (peak * 1e12) if peak else 0.0) * 1e3
+    saves = max(0.0, device_ms - at_ceiling)
     if peak and tflops and (tflops / peak >= COMPUTE_NEAR or compute_side):
-        return Diagnosis(
+        return _verdict(
             Bound.COMPUTE,
             ev,
             f"compute-bound at {tflops / peak:.0%} of the measured matmul ceiling "
             f"(intensity {work.intensity:.0f} flop/B > ridge {ridge:.0f}). Keep it on tensor cores "
             "(bf16/fp16, or TF32 for fp32), fuse epilogues (bias, activation) so the output is "
             "written once; past ~80% only lower precision (fp8) buys much.",
+            saves,
         )
     ideal_ms = work.bytes / (copy * 1e9) * 1e3
     passes = device_ms / ideal_ms if ideal_ms else 0
     if gbps / copy >= MEMORY_NEAR:
-        return Diagnosis(
+        return _verdict(
             Bound.MEMORY,
             ev,
             f"memory-bound at {gbps / copy:.0%} of the copy ceiling, in {distinct_kernels} "
             f"kernel(s): near the limit. Only moving fewer bytes helps: a narrower dtype "
             "(bf16/fp8), or fusing this op into its neighbours.",
+            saves,
         )
     ev["hbm_passes"] = passes
     if launches > 1.5:
-        return Diagnosis(
+        return _verdict(
             Bound.MEMORY,
             ev,
             f"memory-bound: {distinct_kernels} kernels, {launches:g} launches, "
@@ -146,17 +147,19 @@ def _on_the_roofline(
             "arithmetic that does not hide behind the loads, as tanh on a CPU, keeps it slower). "
             "torch.compile does this for standard ops; write Triton when the access "
             "pattern is new.",
+            saves,
         )
     if not compute_side:
-        return Diagnosis(
+        return _verdict(
             Bound.MEMORY,
             ev,
             f"memory-bound (intensity under the ridge) but one kernel reaches only "
             f"{gbps / copy:.0%} of the copy ceiling: ~{passes:.1f}x from the limit. Look at its "
             "accesses (`perfloop asm`): 16-byte vector loads, several loads in flight per "
             "thread, enough blocks to fill every SM, no re-reads.",
+            saves,
         )
-    return Diagnosis(Bound.UNCLEAR, ev, "neither near the copy nor the matmul ceiling; look at the kernels.")
+    return _verdict(Bound.UNCLEAR, ev, "neither near the copy nor the matmul ceiling; look at the kernels.")
 
 
 def diagnose(profile, ceilings: dict | None = None) -> Diagnosis:

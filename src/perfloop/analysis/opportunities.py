@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from perfloop.analysis import attribution as attr
 from perfloop.analysis import roofline, timeline
 from perfloop.analysis.bound import Bound
+from perfloop.analysis.findings import Diagnosis, Evidence, Finding, Site
 from perfloop.analysis.patterns import (
     ADVICE,
     LAYOUT_OPS,
@@ -34,7 +35,6 @@ from perfloop.analysis.patterns import (
 from perfloop.harness.measurement import fmt_ms, matmul_ceiling
 
 MIN_SHARE = 0.01  # opportunities saving less of the step are not listed
-SHOWN = 10
 FUSE_PASSES = 1.5  # a run that moves at least this many times the bytes it needs fused
 HOST = {  # timeline's cause -> (what the host was doing, what removes it)
     timeline.SYNC: (
@@ -77,84 +77,8 @@ HOST = {  # timeline's cause -> (what the host was doing, what removes it)
 }
 
 
-@dataclass(frozen=True)
-class Opportunity:
-    title: str
-    saves_ms: float  # per call
-    share: float  # of the step's wall time
-    bound: Bound
-    evidence: str
-    advice: str
-    where: str = ""  # the call site in the user's code, and whether pl.patch reaches it
-
-    def __str__(self) -> str:
-        saves = f"saves up to {fmt_ms(self.saves_ms)} per call ({self.share:.0%} of the step)"
-        where = [f"where: {self.where}"] if self.where else []
-        lines = [self.title, f"{saves}, {self.bound}-bound", f"evidence: {self.evidence}", *where]
-        return "\n    ".join([*lines, f"next: {self.advice}"])
-
-
-@dataclass
-class StepDiagnosis:
-    opportunities: list[Opportunity]
-    wall_ms: float  # per call
-    device_ms: float
-    busy_share: float
-
-    at_ceiling: str = ""  # with nothing to gain: the op that takes the step, at its ceiling
-    ceiling_bound: Bound | None = None  # and which ceiling (COMPUTE, MEMORY)
-    note: str = ""  # why there is nothing to rank, where that is not "nothing above 1%"
-
-    @property
-    def bound(self) -> Bound:
-        if self.opportunities:
-            return self.opportunities[0].bound
-        return self.ceiling_bound or Bound.NONE
-
-    @property
-    def advice(self) -> str:
-        if self.opportunities:
-            return self.opportunities[0].advice
-        if self.at_ceiling:
-            return (
-                f"{self.at_ceiling}: nothing to gain in this code; only less work (a lower precision) helps"
-            )
-        return self.note or "nothing ranks above 1% of the step"
-
-    @property
-    def evidence(self) -> dict:
-        return {
-            "wall_time": fmt_ms(self.wall_ms),
-            "device_time": fmt_ms(self.device_ms),
-            "busy": f"{self.busy_share:.0%}",
-            "opportunities": len(self.opportunities),
-        }
-
-    def __str__(self) -> str:
-        head = (
-            f"step: wall {fmt_ms(self.wall_ms)}, device {fmt_ms(self.device_ms)}, busy "
-            f"{self.busy_share:.0%}; {_count(len(self.opportunities), 'opportunity', 'opportunities')}"
-            + (", largest first" if len(self.opportunities) > 1 else "")
-        )
-        lines = [head] + [f"{i}. {o}" for i, o in enumerate(self.opportunities[:SHOWN], 1)]
-        if len(self.opportunities) > SHOWN:
-            lines.append(f"... and {len(self.opportunities) - SHOWN} smaller ones (.opportunities)")
-        if not self.opportunities:
-            lines.append(f"{self.bound}-bound: {self.advice}" if self.at_ceiling else self.advice)
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        return {
-            "bound": self.bound,
-            "wall_ms": self.wall_ms,
-            "device_ms": self.device_ms,
-            "advice": self.advice,
-            "opportunities": [o.__dict__ for o in self.opportunities],
-        }
-
-
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
+Opportunity = Finding  # the names before one Finding type served every analysis
+StepDiagnosis = Diagnosis
 
 
 @dataclass
@@ -173,7 +97,7 @@ class Step:
     l2_bytes: int
     sites: dict | None
     kind: str
-    found: list[Opportunity] = field(default_factory=list)
+    found: list[Finding] = field(default_factory=list)
     covered: set = field(default_factory=set)
 
     @property
@@ -183,11 +107,14 @@ class Step:
     def at_copy_ms(self, nbytes: float) -> float:
         return nbytes / (self.copy * 1e9) * 1e3 if self.copy else 0.0
 
-    def add(
-        self, title: str, saves: float, bound: Bound, evidence: str, advice: str, where: str = ""
-    ) -> None:
+    def add(self, kind: str, title: str, saves: float, bound: Bound, evidence: str, advice: str,
+            where: str = "", site: Site | None = None, **values) -> None:  # fmt: skip
+        """A finding of analyzer `kind`, kept where it saves MIN_SHARE of the step or more;
+        `values`: the numbers its evidence says."""
         if saves / self.step_ms >= MIN_SHARE:
-            self.found.append(Opportunity(title, saves, saves / self.step_ms, bound, evidence, advice, where))
+            ev = Evidence(evidence, values)
+            share = saves / self.step_ms
+            self.found.append(Finding(title, saves, share, bound, ev, advice, where, kind, site or Site()))
 
 
 def rank(
@@ -202,7 +129,7 @@ def rank(
     l2_bytes: int = 0,
     sites: dict | None = None,
     kind: str = "cuda",
-) -> StepDiagnosis:
+) -> Diagnosis:
     """The ranked opportunities of a profile: `items` and `work` from the timed calls (`calls`
     of them), `records` and `b_items` from the counted call, `idle` from timeline.idle; times
     per call. `sites` (nn.patch.plan's, by module name) names the call site of each fusable
@@ -235,7 +162,7 @@ def rank(
     busy = (
         idle.busy_ms / idle.wall_ms if idle is not None and idle.wall_ms else min(1.0, device_ms / s.step_ms)
     )
-    out = StepDiagnosis(s.found, s.step_ms, device_ms, busy)
+    out = Diagnosis(s.found, s.step_ms, device_ms, busy)
     if not s.found and top_row is not None and top_row.bound in (Bound.COMPUTE, Bound.MEMORY):
         of = top_row.of_matmul if top_row.bound == Bound.COMPUTE else top_row.of_copy
         if of is not None:
@@ -245,11 +172,16 @@ def rank(
     return out
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def written_attention(s: Step) -> dict:
     """Attention computed op by op (its scores through memory); its ops are covered."""
     attention = written_attention_modules(s.items)
     for pattern, (mods, ms, n_ops) in attention.items():
         s.add(
+            "attention",
             f"attention written out in {pattern}: the scores go through memory",
             ms / s.calls,
             Bound.MEMORY,
@@ -257,6 +189,9 @@ def written_attention(s: Step) -> dict:
             f"{fmt_ms(ms / s.calls)} per call" + (f" in {len(mods)} modules" if len(mods) > 1 else ""),
             ADVICE["attention"] + ": one kernel, the scores never written (is_causal=True for a causal "
             "mask, attn_mask= for another; dropout_p= for attention dropout)",
+            site=Site(pattern),
+            ops=n_ops,
+            modules=len(mods),
         )
         s.covered |= {(i.module, i.phase, i.op) for i in s.items if i.module in mods}
     return attention
@@ -285,11 +220,15 @@ def fusablechains(s: Step, attention: dict) -> None:
             mean_us = c["ms"] * 1e3 / max(c["kernels"], 1)
             evidence = f"{ops_list(c['ops'])}; mean {mean_us:.1f} us each, {fmt_ms(c['ms'])} per call"
             s.add(
+                "tiny ops",
                 f"{c['kernels']} tiny {unit} in a row in {where}",
                 c["ms"] - ideal,
                 Bound.LAUNCH,
                 evidence,
                 fix,
+                site=Site(c["module"]),
+                kernels=c["kernels"],
+                mean_us=mean_us,
             )
             s.covered |= c["keys"]
             continue
@@ -304,7 +243,8 @@ def fusablechains(s: Step, attention: dict) -> None:
         )
         site = where_called(c["module"], chain_kind(c["ops"]), s.sites)
         title = f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them"
-        s.add(title, c["ms"] - ideal, Bound.MEMORY, evidence, chain_advice(c["ops"]), site)
+        s.add("fusion", title, c["ms"] - ideal, Bound.MEMORY, evidence, chain_advice(c["ops"]), site,
+              Site(c["module"]), bytes=c["bytes"], ideal_bytes=c["ideal_bytes"], passes=passes)  # fmt: skip
 
 
 def pageable_copies(s: Step, kept: list) -> tuple[list, list]:
@@ -317,6 +257,7 @@ def pageable_copies(s: Step, kept: list) -> tuple[list, list]:
     n = len(pageable) // s.calls
     copies = "1 host-to-device copy" if n == 1 else f"{n} host-to-device copies"
     s.add(
+        "pageable copy",
         f"{copies} from pageable memory per call",
         dev_ms + staging,
         Bound.HOST,
@@ -324,6 +265,8 @@ def pageable_copies(s: Step, kept: list) -> tuple[list, list]:
         f"fraction of the link's speed)"
         + (f"; the GPU idle {fmt_ms(staging)} while the host staged it" if staging else ""),
         HOST[timeline.PAGEABLE][1],
+        device_ms=dev_ms,
+        staging_ms=staging,
     )
     return [i for i in kept if "Pageable" not in i.kernel], pageable
 
@@ -340,6 +283,7 @@ def layout_copies(s: Step, kept: list) -> list:
     ops = sorted({(i.outer_op or i.op).split("::")[-1] for i in layout})
     top = sorted(by_module.items(), key=lambda kv: -kv[1])[:3]
     s.add(
+        "layout copy",
         f"layout copies: {len(layout) // s.calls} per call ({', '.join(ops)})",
         ms,
         Bound.MEMORY,
@@ -348,6 +292,8 @@ def layout_copies(s: Step, kept: list) -> list:
         "keep the layout the next op takes: matmul and scaled_dot_product_attention read transposed "
         "operands (drop the .contiguous()), transpose after the op rather than before, or "
         "torch.compile, which folds the copy into the op that reads it",
+        site=Site(top[0][0].rsplit(" (", 1)[0]),
+        by_module=dict(top),
     )
     return [i for i in kept if (i.outer_op or i.op) not in LAYOUT_OPS]
 
@@ -366,6 +312,7 @@ def optimizer_step(s: Step) -> float:
     loop = f"; {waits} idle {fmt_ms(loop_ms)} per call in its host loop between them" if loop_ms else ""
     unit = "kernels" if idle is None or idle.device == "GPU" else "ops"
     s.add(
+        "optimizer",
         f"optimizer: {len(opt) // s.calls} {unit} per step",
         opt_ms - ideal + loop_ms,
         Bound.HOST if loop_ms > opt_ms - ideal else Bound.MEMORY,
@@ -378,6 +325,10 @@ def optimizer_step(s: Step) -> float:
         )
         + loop,
         ADVICE["optimizer"] + " (one pass over the parameters, its state and gradients)",
+        site=Site("optimizer"),
+        kernels_ms=opt_ms,
+        bytes=nbytes,
+        loop_ms=loop_ms,
     )
     return loop_ms
 
@@ -397,6 +348,7 @@ def op_rows(s: Step, kept: list):
     if casts:
         n = sum(1 for i in kept if attr.category(i.op or i.kernel) == "dtype cast/copy") // s.calls
         s.add(
+            "dtype cast",
             f"dtype casts and copies: {n} per call",
             casts,
             Bound.MEMORY,
@@ -417,6 +369,7 @@ def _tf32_off(s: Step, row, cat: str) -> bool:
         return False
     at = max(s.at_copy_ms(row.bytes), row.flops / (faster * 1e12) * 1e3) / s.calls
     s.add(
+        "precision",
         f"{row.name}: fp32 matmuls with TF32 off",
         row.device_ms / s.calls - at,
         Bound.PRECISION,
@@ -424,6 +377,8 @@ def _tf32_off(s: Step, row, cat: str) -> bool:
         f"is {faster:.0f}",
         "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
         "or bf16 autocast",
+        tflops=row.tflops,
+        tf32_ceiling_tflops=faster,
     )
     return True
 
@@ -445,6 +400,7 @@ def _below_ceiling(s: Step, row, cat: str) -> None:
         else "fewer, larger ops: fuse (torch.compile) or batch them"
     )
     s.add(
+        "roofline",
         f"{row.name} below its ceiling",
         row.headroom_ms / s.calls,
         row.bound,
@@ -477,14 +433,50 @@ def idle_causes(s: Step, loop_ms: float, pageable: bool) -> None:
         evidence = f"idle {fmt_ms(ms)} per call" + (
             f"; busy {idle.busy_ms / idle.wall_ms:.0%}" if cause == timeline.LAUNCH else ""
         )
-        if cause == timeline.SYNC and idle.syncs:
-            evidence += " after " + "; ".join(
-                f"{op.split('::')[-1]} x{n // s.calls}" + (f" at {', '.join(sites[:3])}" if sites else "")
-                for op, n, _, sites in idle.syncs[:3]
-            )
+        kind = "launch" if cause == timeline.LAUNCH else "host"
+        if cause == timeline.SYNC:
+            kind, title, advice, evidence = _syncs(s, idle, title, advice, evidence)
         places = [(p, v / s.calls) for c, p, v in idle.places if c == cause and p][:3]
         waits = "the GPU waits" if idle.device == "GPU" else "between the step's ops"
         bound = Bound.LAUNCH if cause == timeline.LAUNCH else Bound.HOST
-        s.add(
-            f"{waits}: {title}", ms, bound, evidence, advice, "; ".join(f"{p} {fmt_ms(v)}" for p, v in places)
+        where = "; ".join(f"{p} {fmt_ms(v)}" for p, v in places)
+        site = Site(line=places[0][0]) if places else None
+        s.add(kind, f"{waits}: {title}", ms, bound, evidence, advice, where, site, cause=cause, idle_ms=ms)
+
+
+DATA_DEPENDENT_USE = {  # the user's op around a data-dependent sync -> how the code says it
+    "aten::index": "boolean-mask indexing (x[mask])",
+    "aten::index_put_": "boolean-mask assignment (x[mask] = y)",
+    "aten::index_put": "boolean-mask assignment (x[mask] = y)",
+    "aten::_index_put_impl_": "boolean-mask assignment (x[mask] = y)",
+    "aten::masked_select": "masked_select",
+    "aten::nonzero": "nonzero (or torch.where with one argument)",
+    "aten::repeat_interleave": "repeat_interleave with tensor repeats",
+}
+
+
+def _syncs(s: Step, idle, title: str, advice: str, evidence: str) -> tuple[str, str, str, str]:
+    """(kind, title, advice, evidence) of the synchronizing calls' finding: data-dependent
+    shapes named as such, with the device-side rewrite."""
+    if idle.syncs:
+        evidence += " after " + "; ".join(
+            f"{op.split('::')[-1]} x{n // s.calls}" + (f" at {', '.join(sites[:3])}" if sites else "")
+            for op, n, _, sites in idle.syncs[:3]
         )
+    own = idle.sync_host_ms - idle.waited_ms
+    if own > 0:
+        evidence += f"; their ops' own host time {fmt_ms(own / s.calls)} per call, the queue empty after it"
+    dependent = idle.data_dependent()
+    if not dependent or dependent[0][0] != idle.syncs[0][0]:
+        return "sync", title, advice, evidence
+    uses = sorted({DATA_DEPENDENT_USE.get(outer, outer.split("::")[-1]) for _, outer in dependent})
+    return (
+        "data-dependent",
+        f"data-dependent shapes ({', '.join(uses)}): the host waits for the device to count each "
+        "output, and the emptied queue after it",
+        "keep the shapes static: compute every row and select with torch.where(mask[..., None], new, old) "
+        "(or multiply by the mask) instead of x[mask]; masked_fill for x[mask] = value; where rows must "
+        "be gathered (routing), gather once a step and reuse the indices, or give the size "
+        "(torch.nonzero_static, repeat_interleave(output_size=))",
+        evidence,
+    )

@@ -33,8 +33,7 @@ from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms
 
 if TYPE_CHECKING:
-    from perfloop.analysis.diagnose import Diagnosis
-    from perfloop.analysis.opportunities import StepDiagnosis
+    from perfloop.analysis.findings import Diagnosis
     from perfloop.analysis.timeline import Idle
 
 # --------------------------------------------------------------------- annotate
@@ -313,17 +312,17 @@ class Profile:
         self._prof.export_chrome_trace(str(p))
         return p
 
-    def diagnose(self, ceilings: dict | None = None) -> Diagnosis | StepDiagnosis:
-        """With `work` given: what kind of bound this one op is (Diagnosis). Without: the
-        step's opportunities, largest time saved first (StepDiagnosis)."""
+    def diagnose(self, ceilings: dict | None = None) -> Diagnosis:
+        """The findings, largest time saved first. With `work` given: what kind of bound this
+        one op is, as a one-finding diagnosis."""
         from perfloop.analysis.diagnose import diagnose
         from perfloop.analysis.opportunities import rank
         from perfloop.analysis.timeline import FIRST
 
         if not self.items():
-            from perfloop.analysis.opportunities import StepDiagnosis
+            from perfloop.analysis.findings import Diagnosis
 
-            return StepDiagnosis([], self.wall_ms_per_call, 0.0, 0.0, note=(
+            return Diagnosis([], self.wall_ms_per_call, 0.0, 0.0, note=(
                 f"the calls ran no torch op the profiler recorded ({fmt_ms(self.wall_ms_per_call)} of wall "
                 "time a call): their work ran on another thread (the profiler records the threads it runs "
                 "on: profile inside that thread), or they did no torch work"))  # fmt: skip

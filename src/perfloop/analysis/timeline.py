@@ -10,7 +10,12 @@ logging); before the first kernel; the stretches after a synchronizing call whil
 the emptied queue, launches each kernel only after the last one ended (charged to that call;
 and every launch gap, where the host's own time is less than the device's: without the syncs it
 would run ahead); and host launch overhead (the host issuing ops slower than the device runs
-them). On a CPU the same question is asked of the time between the step's ops.
+them). A stretch that a synchronizing call ends is the call's only from when the call began:
+before it the host was doing other work (the NumPy whose result the copy moves), judged by the
+rules above. A synchronizing op's own host time (a boolean-mask index's nonzero, its allocation
+and copy) is the sync's as well, up to the idle time: the launch gaps behind the emptied queue
+that removing the op would close. On a CPU the same question is asked of the time between the
+step's ops.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ CAUSES = (SYNC, LAUNCH, FIRST, PAGEABLE, ALLOCATOR, DATA, OPTIMIZER, OUTSIDE)
 ALLOC_APIS = ("cudaMalloc", "cudaFree", "cuMemAlloc", "cuMemFree", "cudaHostAlloc", "cuMemCreate",
               "cuMemMap", "cuMemUnmap", "cuMemRelease", "cuMemAddressReserve")  # fmt: skip
 OUTSIDE_US = 100.0  # a stretch this long with no torch op running is host work, not launch overhead
+# ops whose output's size is data: the host waits for the device to know it
+DATA_DEPENDENT = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
+                  "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave")  # fmt: skip
 RANGES = {"enumerate(DataLoader)": DATA, "Optimizer.step#": OPTIMIZER, "Optimizer.zero_grad#": OPTIMIZER}
 
 
@@ -54,6 +62,43 @@ class Idle:
     waited_ms: float = 0.0  # the host's time inside synchronizing calls
     sync_saving_ms: float = 0.0  # how much sooner the work would end without the waits (timeline.without)
     scale: float = 1.0  # the unprofiled idle over the profiled (scaled_to's factor; 1: not scaled)
+    sync_host_ms: float = 0.0  # the host's time in the torch ops that synchronized, their waits included
+    outer: dict = field(default_factory=dict)  # synchronizing op -> the user's ops around it (aten::index)
+    sync_places: dict = field(default_factory=dict)  # synchronizing op -> the line most samples in it held
+
+    raw: Idle | None = field(default=None, repr=False)  # before the syncs took any launch gap
+
+    def charged(self, host_pace: float = 1.0) -> Idle:
+        """A copy with the launch gaps the syncs caused charged to them (both rules below)."""
+        out = replace(self, by_cause=dict(self.by_cause), syncs=list(self.syncs), places=list(self.places),
+                      raw=self)  # fmt: skip
+        return out.syncs_take_launch_gaps().syncs_take_their_ops(host_pace)
+
+    def syncs_take_their_ops(self, host_pace: float = 1.0) -> Idle:
+        """Removing the synchronizing ops gives back their host time outside their waits
+        (`host_pace`: this wall's host speed against the profiled one's), at most the idle that
+        is not the wait for the first kernel: the launch gaps behind the emptied queue up to
+        that are the syncs'."""
+        own = max(0.0, self.sync_host_ms - self.waited_ms) * host_pace  # the ops' host time, not waiting
+        target = min(self.idle_ms - self.by_cause[FIRST], self.by_cause[SYNC] + own)
+        total = sum(ms for _, _, ms, _ in self.syncs)
+        moved = min(max(0.0, target - self.by_cause[SYNC]), self.by_cause[LAUNCH])
+        if moved <= 0 or not total:
+            return self
+        launch = self.by_cause[LAUNCH]
+        self.by_cause[SYNC] += moved
+        self.by_cause[LAUNCH] -= moved
+        self.syncs = [(op, n, ms + moved * ms / total, s) for op, n, ms, s in self.syncs]
+        places: Counter = Counter()
+        for c, p, ms in self.places:
+            if c == LAUNCH:
+                places[(c, p)] += ms * (1 - moved / launch)
+            else:
+                places[(c, p)] += ms
+        for op, _, ms, _ in self.syncs:
+            places[(SYNC, self.sync_places.get(op, ""))] += moved * ms / self.by_cause[SYNC]
+        self.places = [(c, p, ms) for (c, p), ms in places.most_common() if ms > 0]
+        return self
 
     def syncs_take_launch_gaps(self) -> Idle:
         """Where the host's own time (all but its waits) is less than the device's, without the
@@ -78,19 +123,32 @@ class Idle:
                        places=[(c, p, ms * k) for c, p, ms in self.places],
                        sync_saving_ms=self.sync_saving_ms * k, **fields)  # fmt: skip
 
+    def data_dependent(self) -> list[tuple[str, str]]:
+        """(op, a user's op around it) of the synchronizing calls whose output size is data."""
+        return [(op, outer) for op, *_ in self.syncs if op.startswith(DATA_DEPENDENT)
+                for outer in sorted(self.outer.get(op) or {op})]  # fmt: skip
+
     def scaled_to(self, wall_ms: float) -> Idle:
         """The same breakdown for the calls' wall time without the profiler (whose per-op cost
         slows the host and so lengthens the gaps): the idle is that wall minus the busy time,
         shared among the causes as the profiled gaps were."""
-        idle_ms = max(0.0, wall_ms - self.busy_ms)
-        k = idle_ms / self.idle_ms if self.idle_ms else 0.0
-        out = self._idle_times(k, wall_ms=max(wall_ms, self.busy_ms), scaled=True, scale=k)
-        return out.syncs_take_launch_gaps()
+        base = self.raw or self
+        idle_ms = max(0.0, wall_ms - base.busy_ms)
+        k = idle_ms / base.idle_ms if base.idle_ms else 0.0
+        out = base._idle_times(k, wall_ms=max(wall_ms, base.busy_ms), scaled=True, scale=k)
+        return out.charged(wall_ms / base.wall_ms if base.wall_ms else 1.0)
 
     def times(self, k: int) -> Idle:
         """One call's breakdown as k calls' (the counts of synchronizing calls and the time
         spent in them are the profile's already)."""
-        return self._idle_times(k, wall_ms=self.wall_ms * k, busy_ms=self.busy_ms * k)
+        base = self.raw or self
+        return base._idle_times(
+            k,
+            wall_ms=base.wall_ms * k,
+            busy_ms=base.busy_ms * k,
+            sync_host_ms=base.sync_host_ms * k,
+            waited_ms=base.waited_ms * k,
+        ).charged()
 
     @property
     def idle_ms(self) -> float:
@@ -101,8 +159,9 @@ class Idle:
         return self.idle_ms / self.wall_ms if self.wall_ms else 0.0
 
 
-def _sync_calls(events) -> list[tuple[float, float, str]]:
-    """(start, end, op) of each runtime call that blocks the host until the device drains."""
+def _sync_calls(events) -> list[tuple[float, float, str, object]]:
+    """(start, end, op, the outermost torch op around it or None) of each runtime call that
+    blocks the host until the device drains."""
     out = []
     for e in events:
         if e.device_type != DeviceType.CPU or not e.name.startswith(SYNC_APIS):
@@ -112,8 +171,48 @@ def _sync_calls(events) -> list[tuple[float, float, str]]:
         op = e
         while op is not None and "::" not in op.name:
             op = op.cpu_parent
-        out.append((e.time_range.start, e.time_range.end, op.name if op else e.name))
+        top = op
+        while top is not None and top.cpu_parent is not None and "::" in top.cpu_parent.name:
+            top = top.cpu_parent
+        out.append((e.time_range.start, e.time_range.end, op.name if op else e.name, top))
     return out
+
+
+def _split_at_syncs(holes, sync_index) -> list[tuple[float, float]]:
+    """Each hole cut where a synchronizing call inside it began: before that, the host was not
+    waiting."""
+    out = []
+    for s, e in holes:
+        for cs, *_ in sync_index.meeting(s, e):
+            if s < cs < e:
+                out.append((s, cs))
+                s = cs
+        out.append((s, e))
+    return out
+
+
+def _sync_ops(syncs, samples, spans) -> tuple[float, dict, dict]:
+    """(host ms in the outermost torch ops that synchronized, op -> that op's name, op -> the
+    line most samples inside those ops held)."""
+    inside = Intervals(spans) if spans else None
+    tops: dict = {}
+    outer: dict = {}
+    votes: dict = {}
+    for *_, op, top in syncs:
+        if top is None:
+            continue
+        a, b = top.time_range.start, top.time_range.end
+        if inside is not None:
+            b = a + sum(min(b, y) - max(a, x) for x, y, *_ in inside.meeting(a, b))
+        tops[id(top)] = max(0.0, b - a)
+        outer.setdefault(op, set()).add(top.name)
+        if id(top) not in votes:
+            votes[id(top)] = (op, Counter(x.place for x in samples.within(a, b) if x.place))
+    places: dict = {}
+    for op, c in votes.values():
+        places.setdefault(op, Counter()).update(c)
+    best = {op: c.most_common(1)[0][0] for op, c in places.items() if c}
+    return sum(tops.values()) / 1e3, outer, best
 
 
 def gaps(intervals: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
@@ -226,6 +325,16 @@ def _before_first(device_intervals, spans):
     return lambda s, e: e <= first or any(a <= s and e <= f for a, f in waits.meeting(s, e))
 
 
+def _sync_saving(syncs, spans, device_intervals, launched_at, end) -> float:
+    """How much sooner the work would end (ms) without the synchronizing calls' waits."""
+    waits = [(cs, ce) for cs, ce, *_ in syncs]
+    if spans:
+        waits = _clip(waits, spans)
+    if not waits or launched_at is None:
+        return 0.0
+    return without(device_intervals, launched_at, waits, end) / 1e3
+
+
 def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None,
          spans: list[tuple[float, float]] | None = None, *, launched_at: list[float] | None = None,
          pageable: list[tuple[float, float]] | None = None, samples=None) -> Idle | None:  # fmt: skip
@@ -247,6 +356,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     before_first = _before_first(device_intervals, spans)
     syncs = _sync_calls(events)
     sync_index = Intervals(syncs)
+    holes = _split_at_syncs(holes, sync_index)
     allocs = Intervals(_runtime(cpu, ALLOC_APIS))
     copies = Intervals(_runtime(cpu, ("cudaMemcpy",)) if pageable else [])
     ranges = Intervals(_ranges(cpu))
@@ -255,17 +365,16 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     samples = Points(samples or [])
     by_cause = dict.fromkeys(CAUSES, 0.0)
     after: Counter = Counter()
-    calls: Counter = Counter()
+    calls = Counter(op for _, _, op, _ in syncs)
     places: Counter = Counter()
-    for *_, op in syncs:
-        calls[op] += 1
     ended = {round(be, 3): behind for _, be, behind in blocks}
+    sync_host, outer, sync_places = _sync_ops(syncs, samples, spans)
     last_sync = None  # the synchronizing op whose emptied queue the host is still behind
     for s, e in holes:
         ms = (e - s) / 1e3
         if last_sync is not None and not ended.get(round(s, 3), True):
             last_sync = None  # the block before this hole had queued work: the host caught up
-        blocking = [op for _, _, op in sync_index.meeting(s, e)]
+        blocking = [op for _, _, op, _ in sync_index.meeting(s, e)]
         half = (e - s) / 2
         inside = [(c, a, b) for a, b, c in ranges.meeting(s, e) if min(e, b) - max(s, a) > half]
         if blocking:
@@ -287,17 +396,17 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         by_cause[cause] += ms
         # a named range's stretches: where its samples were, all along the range
         at = (inside[-1][1], inside[-1][2]) if inside and cause == inside[-1][0] else (s, e)
-        places[(cause, _place(*at, samples))] += ms
+        place = _place(*at, samples)
+        if cause == SYNC:  # the line that synchronized, not the one the host went on to
+            place = sync_places.get(blocking[-1] if blocking else last_sync, place)
+        places[(cause, place)] += ms
     wall = sum(e - s for s, e in spans) / 1e3 if spans else (end - start) / 1e3
     busy = wall - sum((e - s) / 1e3 for s, e in holes)
-    waited = sum(ce - cs for cs, ce, _ in syncs) / 1e3
-    waits = [(cs, ce) for cs, ce, _ in syncs]
-    if spans:
-        waits = _clip(waits, spans)
-    sync_saving = (without(device_intervals, launched_at, waits, end) / 1e3
-                   if waits and launched_at is not None else 0.0)  # fmt: skip
+    waited = sum(ce - cs for cs, ce, *_ in syncs) / 1e3
+    sync_saving = _sync_saving(syncs, spans, device_intervals, launched_at, end)
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
     ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
     out = Idle(wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows, places=ranked,
-               sampled=bool(samples), waited_ms=waited, sync_saving_ms=sync_saving)  # fmt: skip
-    return out.syncs_take_launch_gaps()
+               sampled=bool(samples.samples), waited_ms=waited, sync_saving_ms=sync_saving,
+               sync_host_ms=sync_host, outer=outer, sync_places=sync_places)  # fmt: skip
+    return out.charged()

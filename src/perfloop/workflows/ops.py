@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from perfloop.analysis.diagnose import Diagnosis
+from perfloop.analysis.findings import Diagnosis
 from perfloop.analysis.profiling import Profile, profile
 from perfloop.device import default_device
 from perfloop.harness import gate
