@@ -24,6 +24,7 @@ import runpy
 import sys
 import threading
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -186,6 +187,8 @@ class _Window:
 
     # ---- a time window, checked at each module call
     def tick(self, *_args) -> None:
+        if torch.compiler.is_compiling():  # traced into a graph, its state read would be a guard
+            return
         if self.range_name is not None or self.window is None or self.forked():
             return
         with self.lock:
@@ -373,6 +376,7 @@ def profile_script(
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
     try:
         with (
+            _quiet_about_our_hooks(),
             module_ranges(quiet=lambda: w.theirs_ran) as tracker,
             w.sharing_the_profiler(),
             _exit_in_main_thread(),
@@ -428,6 +432,17 @@ def patch_summary(sites: dict) -> list[str]:
 
     counts = Counter(where for kinds in sites.values() for where in kinds.values())
     return [f"{where}" + (f" (x{n} modules)" if n > 1 else "") for where, n in counts.items()]
+
+
+@contextlib.contextmanager
+def _quiet_about_our_hooks():
+    """Without torch's warning that global module hooks fire once more for a torch.compile'd
+    module's wrapper: the hooks are perfloop's, and its ranges name the wrapper as the model."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks"
+        )
+        yield
 
 
 @contextlib.contextmanager
