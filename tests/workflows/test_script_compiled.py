@@ -69,3 +69,107 @@ def test_a_window_opening_and_closing_on_a_warm_compiled_model_recompiles_nothin
     # torch's warning that global module hooks fire for the compiled wrapper: perfloop's hooks, and
     # perfloop's own ranges handle the wrapper
     assert not [w for w in caught if "global hooks" in str(w.message)]
+
+
+# planted compile problems, each in a model written as people write them; {plant} chooses one
+PLANTED = """
+import sys
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+plant = sys.argv[1]
+
+
+class Block(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.proj = nn.Linear(4 * d, d)
+
+        self.window = None  # a context-length curriculum sets it: attend to the last `window` tokens
+
+    def forward(self, x):
+        if self.window is not None:
+            x = x[:, -self.window :]
+        h = self.fc(self.ln(x))
+        if plant == "branch" and h.mean() > 0:  # a data-dependent branch
+            h = h - h.mean()
+        if plant == "item":
+            scale = h.abs().max().item()  # a value read to the host
+            h = h / scale
+        return x + self.proj(F.gelu(h))
+
+
+torch.manual_seed(0)
+model = nn.Sequential(*[Block() for _ in range(2)]) if plant != "scalar" else Block()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+compiled = torch.compile(model, dynamic=False if plant == "shape" else None)
+for step in range(6):
+    length = 8 + step if plant == "shape" else 8  # a new sequence length every step
+    x = torch.randn(4, length, 64)
+    if plant == "scalar":
+        model.window = 4 + step  # the curriculum: a Python int on the module, new every step
+    y = compiled(x)
+    y.pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def _planted(tmp_path, plant: str, skip=2):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(PLANTED))
+    p = profile_script(path, [plant], skip=skip, steps=1)
+    return p, p.diagnose(ceilings={"copy_gbps": 20.0, "matmul_fp32_tflops": 0.5})
+
+
+def _line_of(tmp_path, text: str) -> str:
+    lines = (tmp_path / "train.py").read_text().splitlines()
+    return f"train.py:{next(i for i, x in enumerate(lines, 1) if text in x)}"
+
+
+def test_a_model_recompiling_every_step_on_a_new_length_is_told_which_dim_and_how_to_fix_it(tmp_path):
+    p, d = _planted(tmp_path, "shape")
+    top = d.findings[0]
+    assert top.kind == "recompile" and "every step" in top.title, str(d)
+    # the input's name is torch.compile's wrapper's (args[0]); the line is the user's call
+    assert "size of dim 1 of `args[0]` changed: 10 -> 11" in top.title, str(d)
+    assert top.site.line == _line_of(tmp_path, "y = compiled(x)"), top
+    assert "mark_dynamic" in top.advice and "torch.compile" not in top.advice.replace("torch.compile(", "")
+    assert not any("use torch.compile" in f.advice or "(torch.compile)" in f.advice for f in d.findings), str(
+        d
+    )
+
+
+def test_a_python_int_that_changes_every_step_is_named_as_the_recompiles_cause(tmp_path):
+    p, d = _planted(tmp_path, "scalar")
+    top = d.findings[0]
+    assert top.kind == "recompile" and "every step" in top.title and "`self.window`" in top.title, str(d)
+    assert "as a tensor" in top.advice
+
+
+def test_a_data_dependent_branch_in_a_compiled_forward_is_a_named_graph_break(tmp_path):
+    p, d = _planted(tmp_path, "branch")
+    breaks = p.graph_breaks()
+    assert breaks and breaks[0].where == _line_of(tmp_path, "h.mean() > 0"), breaks
+    assert breaks[0].kind == "data-dependent branch"
+    found = [f for f in d.findings if f.kind == "graph break"]
+    assert found and found[0].site.line == breaks[0].where and "torch.where" in found[0].advice, str(d)
+
+
+def test_an_item_in_a_compiled_forward_is_a_named_graph_break(tmp_path):
+    p, _ = _planted(tmp_path, "item")
+    kinds = {(b.where, b.kind) for b in p.graph_breaks()}
+    assert (_line_of(tmp_path, ".item()"), "item") in kinds, kinds
+
+
+def test_a_warm_compiled_step_has_no_compile_cause_and_no_advice_to_compile(tmp_path):
+    p, d = _planted(tmp_path, "none", skip=None)  # the default steps: past the ones that compiled
+    assert not p.compiles(), p.compiles()
+    assert p.compiled_regions(), "nothing ran compiled: the control controls nothing"
+    assert not [f for f in d.findings if f.kind in ("compile", "recompile", "graph break")], str(d)
+    assert not any("(torch.compile)" in f.advice or "use torch.compile" in f.advice for f in d.findings), str(
+        d
+    )

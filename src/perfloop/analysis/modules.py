@@ -15,6 +15,8 @@ import weakref
 import torch
 from torch._C._profiler import _RecordFunctionFast
 
+from perfloop.analysis.compilation import eager_hook
+
 PREFIX = "module: "
 
 
@@ -43,9 +45,8 @@ class _Tracker:
             name = self.names[id(module)]
         return name
 
+    @eager_hook  # inside a compiled graph the ranges would break it
     def pre(self, module, args):
-        if torch.compiler.is_compiling():  # inside a compiled graph the ranges would break it
-            return
         if self.quiet is not None and self.quiet():
             self.open.append(None)
             return
@@ -53,8 +54,9 @@ class _Tracker:
         rf.__enter__()
         self.open.append(rf)
 
+    @eager_hook
     def post(self, module, args, output):
-        if self.open and not torch.compiler.is_compiling():
+        if self.open:
             rf = self.open.pop()
             if rf is not None:
                 rf.__exit__(None, None, None)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from perfloop.analysis import attribution as attr
 from perfloop.analysis import roofline, timeline
 from perfloop.analysis.bound import Bound
+from perfloop.analysis.compilation import BREAK_FIX, CompiledCode, recompile_fix, recompile_in_words
 from perfloop.analysis.findings import Diagnosis, Evidence, Finding, Site
 from perfloop.analysis.patterns import (
     ADVICE,
@@ -77,6 +78,22 @@ HOST = {  # timeline's cause -> (what the host was doing, what removes it)
 }
 
 
+COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
+    "launch": "the compiled step waits on its launches: replay it as CUDA graphs, torch.compile(..., "
+    "mode='reduce-overhead'); they need a step without CPU syncs, graph breaks or changing shapes (the "
+    "other findings say which of those this step has)",
+    "tiny ops": "these ops run outside the compiled graphs (eager code around a graph break, or code not "
+    "compiled): bring them into the compiled function, or replay the step as CUDA graphs "
+    "(mode='reduce-overhead')",
+    "fusion": "these ops run outside the compiled graphs (eager code around a graph break, or code not "
+    "compiled): bring them into the compiled function, or a fused op (pl.patch)",
+    "latency": "short kernels: CUDA graphs (mode='reduce-overhead') take their launch cost away; "
+    "mode='max-autotune' tries larger tiles",
+    "layout copy": "keep the layout the next op takes: matmul and scaled_dot_product_attention read "
+    "transposed operands (drop the .contiguous()), transpose after the op rather than before",
+    "dtype cast": "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy)",
+}
+
 Opportunity = Finding  # the names before one Finding type served every analysis
 StepDiagnosis = Diagnosis
 
@@ -97,6 +114,7 @@ class Step:
     l2_bytes: int
     sites: dict | None
     kind: str
+    compiled: CompiledCode | None = None  # what ran compiled: its advice is not "torch.compile"
     found: list[Finding] = field(default_factory=list)
     covered: set = field(default_factory=set)
 
@@ -111,6 +129,8 @@ class Step:
             where: str = "", site: Site | None = None, **values) -> None:  # fmt: skip
         """A finding of analyzer `kind`, kept where it saves MIN_SHARE of the step or more;
         `values`: the numbers its evidence says."""
+        if self.compiled is not None and kind in COMPILED_ADVICE:
+            advice = COMPILED_ADVICE[kind]
         if saves / self.step_ms >= MIN_SHARE:
             ev = Evidence(evidence, values)
             share = saves / self.step_ms
@@ -129,11 +149,13 @@ def rank(
     l2_bytes: int = 0,
     sites: dict | None = None,
     kind: str = "cuda",
+    compiled: CompiledCode | None = None,
 ) -> Diagnosis:
     """The ranked opportunities of a profile: `items` and `work` from the timed calls (`calls`
     of them), `records` and `b_items` from the counted call, `idle` from timeline.idle; times
     per call. `sites` (nn.patch.plan's, by module name) names the call site of each fusable
-    chain; `kind` is the profile's device ("cuda", or "cpu" where the ops are the work). Each
+    chain; `kind` is the profile's device ("cuda", or "cpu" where the ops are the work);
+    `compiled`: what ran compiled (compilation.CompiledCode), or None. Each
     analyzer below answers one question; the order matters only where one explains time that a
     later one would count again (`covered`, `kept`)."""
     device_ms = sum(i.ms for i in items) / calls
@@ -149,7 +171,10 @@ def rank(
         l2_bytes,
         sites,
         kind,
+        compiled,
     )
+    compilation_found(s)
+    graph_breaks_found(s)
     attention = written_attention(s)
     fusablechains(s, attention)
     kept = [i for i in items if (i.module, i.phase, i.op) not in s.covered and i.phase != "optimizer"]
@@ -174,6 +199,58 @@ def rank(
 
 def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
+
+
+def compilation_found(s: Step) -> None:
+    """Compilation inside the profiled calls: a recompile (its failed guard, said plainly, and
+    the fix that fits it), or a first compile (warm-up, not the step's cost)."""
+    made = s.compiled.compiles if s.compiled is not None else []
+    by_function: dict = defaultdict(list)
+    for c in made:
+        by_function[(c.function or c.compile_id.split("/")[0], c.where, c.recompile)].append(c)
+    for (function, where, recompile), cs in by_function.items():
+        ms = sum(c.ms for c in cs) / s.calls
+        at = f"{function} ({where})" if where else function
+        reason = next((c.reason for c in cs if c.reason), "")
+        every = len(cs) >= s.calls
+        if recompile:
+            said = recompile_in_words(reason) if reason else "a guard failed"
+            title = f"recompiles {'every step' if every else 'in the profiled steps'}: {at}: {said}"
+            advice = recompile_fix(reason)
+        else:
+            title = f"compilation inside the profiled steps: {at}"
+            advice = "warm-up, not the step's cost: profile later steps (--skip N)"
+        evidence = f"{len(cs)} compile(s) in {s.calls} call(s), {fmt_ms(ms)} per call" + (
+            f"; Dynamo's guard: {reason.splitlines()[0].strip()}" if reason else ""
+        )
+        kind = "recompile" if recompile else "compile"
+        s.add(kind, title, ms, Bound.HOST, evidence, advice, where, Site(line=where), compiles=len(cs))
+
+
+def graph_breaks_found(s: Step) -> None:
+    """Each graph break of the compiled code that ran: the GPU's idle while the host ran the
+    eager code between the graphs after it, its reason and the fix for that reason."""
+    if s.compiled is None or s.idle is None:
+        return
+    idle = s.idle
+    for b in s.compiled.breaks:
+        ms = sum(v for c, p, v in idle.places if c == timeline.GRAPH_BREAK and p.split("/")[0] in b.frames)
+        ms /= s.calls
+        evidence = (
+            f"the {idle.device} idle {fmt_ms(ms)} per call while the host ran the code between the graphs "
+            f"({b.regions // max(s.calls, 1)} region(s) a call resume after it); Dynamo: {b.reason}"
+        )
+        s.add(
+            "graph break",
+            f"graph break in {b.function} at {b.where}: {b.kind}",
+            ms,
+            Bound.HOST,
+            evidence,
+            BREAK_FIX[b.kind],
+            b.where,
+            Site(line=b.where),
+            reason=b.reason,
+        )
 
 
 def written_attention(s: Step) -> dict:
@@ -399,13 +476,19 @@ def _below_ceiling(s: Step, row, cat: str) -> None:
         if s.kind == "cuda"
         else "fewer, larger ops: fuse (torch.compile) or batch them"
     )
+    advice = ADVICE.get(cat, ADVICE["other"]) if row.bound != Bound.LATENCY else latency
+    if cat == "attention" and "scaled_dot_product" in row.name:  # already the fused kernel
+        advice = (
+            "already scaled_dot_product_attention: only another backend measured faster at this "
+            "shape helps (perfloop bench attention, with torch.nn.attention.sdpa_kernel to pick it)"
+        )
     s.add(
-        "roofline",
+        "latency" if row.bound == Bound.LATENCY else "roofline",
         f"{row.name} below its ceiling",
         row.headroom_ms / s.calls,
         row.bound,
         ev,
-        ADVICE.get(cat, ADVICE["other"]) if row.bound != Bound.LATENCY else latency,
+        advice,
         where_any(chain_kind([row.name.rsplit(" (", 1)[0]]), s.sites),
     )
 
@@ -416,7 +499,9 @@ def idle_causes(s: Step, loop_ms: float, pageable: bool) -> None:
     if idle is None:
         return
     for cause, ms in idle.by_cause.items():
-        if cause == timeline.FIRST or not ms or (cause == timeline.OPTIMIZER and loop_ms):
+        if cause in (timeline.FIRST, timeline.COMPILE, timeline.GRAPH_BREAK) or not ms:
+            continue  # the compiles' and the breaks' idle are theirs (compilation_found, graph_breaks_found)
+        if cause == timeline.OPTIMIZER and loop_ms:
             continue  # the optimizer's loop is in the optimizer's opportunity
         if cause == timeline.PAGEABLE and pageable:
             continue  # in the pageable copies' opportunity

@@ -25,6 +25,7 @@ from torch.autograd import DeviceType
 
 from perfloop import device as _device
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
+from perfloop.analysis.compilation import live_break_reasons, live_metrics
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.recording import peak_memory, plain_wall_ms, start_profiler, stop_profiler, timed_calls
 from perfloop.analysis.spans import Spans
@@ -176,6 +177,58 @@ class Profile:
     _samples: Any = field(default=None, repr=False)  # the launching thread's stack (stacks.Sample)
     _call_spans: Any = field(default=None, repr=False)  # pl.profile's calls on the profiler's timeline
     window_cut_s: float | None = None  # a script's time window: the seconds recorded, where it ended early
+    compile_metrics: list | None = field(default=None, repr=False)  # Dynamo's, in the process that ran it
+    break_reasons: list | None = field(default=None, repr=False)  # the graph-break reasons Dynamo counted
+
+    def _spans(self) -> list | None:
+        return self._windows or self._call_spans
+
+    def compiles(self) -> list:
+        """The compilations (compilation.Compile) inside the profiled calls or steps."""
+        from perfloop.analysis.compilation import compiles
+
+        out = compiles(self.events(), self.compile_metrics)
+        spans = self._spans()
+        if spans:
+            inside = Spans(spans)
+            out = [c for c in out if c.start_us in inside or c.end_us in inside]
+        return out
+
+    def compiled_regions(self) -> list[tuple[float, float, str]]:
+        """(start, end, compile id) of the compiled regions run inside the profiled calls."""
+        from perfloop.analysis.compilation import regions
+
+        ran = regions(self.events())
+        spans = self._spans()
+        if spans:
+            inside = Spans(spans)
+            ran = [r for r in ran if r[0] in inside]
+        return ran
+
+    def graph_breaks(self) -> list:
+        """The graph breaks (compilation.GraphBreak) of the compiled functions that ran."""
+        from perfloop.analysis.compilation import graph_breaks
+
+        ran = self.compiled_regions()
+        found = graph_breaks(self.compile_metrics or [], self.break_reasons or [], ran)
+        return [b for b in found if b.regions]
+
+    def _between_regions(self) -> list[tuple[float, float, str]]:
+        """The host's stretches between two compiled graphs run in one call or step, each with
+        the compile id of the region (the innermost) that runs the next graph."""
+        from perfloop.analysis.compilation import graph_calls
+
+        ran = sorted(self.compiled_regions(), key=lambda r: (r[0], -r[1]))
+        graphs = graph_calls(self.events())
+        spans = self._spans() or [(float("-inf"), float("inf"))]
+        out = []
+        for a, b in spans:
+            inner = [g for g in graphs if a <= g[0] <= b]
+            for x, y in zip(inner, inner[1:], strict=False):
+                around = [r for r in ran if r[0] <= y[0] <= r[1]]
+                if y[0] > x[1] and around:
+                    out.append((x[1], y[0], around[-1][2]))
+        return out
 
     def events(self) -> list:
         """The profiler's events (torch's, or a trace file's read as such)."""
@@ -261,9 +314,10 @@ class Profile:
             each = [r for r in each if r is not None]
             r = min(each, key=lambda x: x.idle_ms).times(len(spans)) if each else None
         else:
+            compiled = ([(c.start_us, c.end_us) for c in self.compiles()], self._between_regions())
             r = idle(events, intervals, sites, spans,
                      launched_at=[i.launch_us for i in its] if self.kind == "cuda" else None,
-                     pageable=pageable, samples=self._samples)  # fmt: skip
+                     pageable=pageable, samples=self._samples, compiled=compiled)  # fmt: skip
         if r is not None:
             r.device = "GPU" if self.kind == "cuda" else "CPU"
             why = _unsampled_launcher(self._prof.events()) if self._samples else None
@@ -340,7 +394,16 @@ class Profile:
             # process's load can slow either: a loaded run read 175 ms unprofiled over 24 of ops)
             wall = min(wall, self.profiled_wall_ms_per_call)
         return rank(self.items(), self._work(), records, counted_items, idle, ceilings, self.calls,
-                    wall, l2, sites=self.sites, kind=self.kind)  # fmt: skip
+                    wall, l2, sites=self.sites, kind=self.kind, compiled=self.compiled_code())  # fmt: skip
+
+    def compiled_code(self):
+        """compilation.CompiledCode of the profiled calls, None where nothing ran compiled."""
+        from perfloop.analysis.compilation import CompiledCode
+
+        ran, made = self.compiled_regions(), self.compiles()
+        if not ran and not made:
+            return None
+        return CompiledCode(made, self.graph_breaks(), len(ran) / self.calls)
 
     def to_dict(self) -> dict:
         return {
@@ -484,7 +547,8 @@ def profile(
         work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
 
     return build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work,
-                         plain_wall_ms=plain_ms, samples=samples, call_spans=spans)  # fmt: skip
+                         plain_wall_ms=plain_ms, samples=samples, call_spans=spans,
+                         compile_metrics=live_metrics(), break_reasons=live_break_reasons())  # fmt: skip
 
 
 def build_profile(
@@ -503,6 +567,8 @@ def build_profile(
     call_spans=None,
     given_work=None,
     window_cut_s: float | None = None,
+    compile_metrics: list | None = None,
+    break_reasons: list | None = None,
 ) -> Profile:
     """A Profile from a stopped profiler that recorded `calls` calls (times over all of them);
     with `range_name`, of the work launched inside that range's occurrences only, and the wall
@@ -544,6 +610,8 @@ def build_profile(
         _call_spans=call_spans,
         _given_work=given_work(events, kind, spans) if given_work is not None else None,
         window_cut_s=window_cut_s,
+        compile_metrics=compile_metrics,
+        break_reasons=break_reasons,
     )
 
 

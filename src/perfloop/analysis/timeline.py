@@ -38,7 +38,9 @@ ALLOCATOR = "the caching allocator"
 DATA = "data loading"
 OPTIMIZER = "the optimizer's host loop"
 OUTSIDE = "host work outside torch"
-CAUSES = (SYNC, LAUNCH, FIRST, PAGEABLE, ALLOCATOR, DATA, OPTIMIZER, OUTSIDE)
+COMPILE = "compilation (Dynamo, Inductor)"
+GRAPH_BREAK = "eager code between compiled graphs"
+CAUSES = (SYNC, LAUNCH, FIRST, PAGEABLE, ALLOCATOR, DATA, OPTIMIZER, OUTSIDE, COMPILE, GRAPH_BREAK)
 ALLOC_APIS = ("cudaMalloc", "cudaFree", "cuMemAlloc", "cuMemFree", "cudaHostAlloc", "cuMemCreate",
               "cuMemMap", "cuMemUnmap", "cuMemRelease", "cuMemAddressReserve")  # fmt: skip
 OUTSIDE_US = 100.0  # a stretch this long with no torch op running is host work, not launch overhead
@@ -337,13 +339,17 @@ def _sync_saving(syncs, spans, device_intervals, launched_at, end) -> float:
 
 def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None,
          spans: list[tuple[float, float]] | None = None, *, launched_at: list[float] | None = None,
-         pageable: list[tuple[float, float]] | None = None, samples=None) -> Idle | None:  # fmt: skip
+         pageable: list[tuple[float, float]] | None = None, samples=None,
+         compiled: tuple[list, list] = ((), ())) -> Idle | None:  # fmt: skip
     """The idle breakdown of a profile (None when nothing ran on the device). `sites`: op ->
     source lines that made that synchronizing call (from the WorkCounter); `spans`: the host
     intervals the profile is limited to (the occurrences of a range), idle counted inside them;
     `launched_at`: when the host launched each interval's work; `pageable`: the device's
     pageable host-to-device copies; `samples`: the launching thread's stack samples
-    (stacks.Sample on this timeline)."""
+    (stacks.Sample on this timeline); `compiled`: (the intervals Dynamo and Inductor compiled in,
+    the host's stretches between two compiled regions of a call as (start, end, the next
+    region's compile id)) -- a stretch there is charged to the compile, or to the graph break
+    (its place: that id)."""
     if not device_intervals:
         return None
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
@@ -361,6 +367,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     copies = Intervals(_runtime(cpu, ("cudaMemcpy",)) if pageable else [])
     ranges = Intervals(_ranges(cpu))
     ops = Intervals([(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name])
+    compiling, between = Intervals([(a, b) for a, b in compiled[0]]), Intervals(compiled[1])
     blocks = _drained(device_intervals, launched_at)
     samples = Points(samples or [])
     by_cause = dict.fromkeys(CAUSES, 0.0)
@@ -377,7 +384,12 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         blocking = [op for _, _, op, _ in sync_index.meeting(s, e)]
         half = (e - s) / 2
         inside = [(c, a, b) for a, b, c in ranges.meeting(s, e) if min(e, b) - max(s, a) > half]
-        if blocking:
+        broken = [(a, b, r) for a, b, r in between.meeting(s, e) if min(e, b) - max(s, a) > half]
+        if compiling.overlap(s, e) > half:
+            cause = COMPILE
+        elif broken:
+            cause = GRAPH_BREAK
+        elif blocking:
             cause, last_sync = SYNC, blocking[-1]
         elif pageable and copies.overlap(s, e) > half:
             cause = PAGEABLE
@@ -399,6 +411,8 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         place = _place(*at, samples)
         if cause == SYNC:  # the line that synchronized, not the one the host went on to
             place = sync_places.get(blocking[-1] if blocking else last_sync, place)
+        elif cause == GRAPH_BREAK:  # the break: named by the compiled region resumed after it
+            place = broken[-1][2]
         places[(cause, place)] += ms
     wall = sum(e - s for s, e in spans) / 1e3 if spans else (end - start) / 1e3
     busy = wall - sum((e - s) / 1e3 for s, e in holes)

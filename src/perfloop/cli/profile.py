@@ -58,9 +58,9 @@ def register(verb) -> None:
     s.add_argument(
         "--skip",
         type=int,
-        default=2,
-        help="occurrences of the range to skip first, the warm-up "
-        "(default 2; their pace is the wall time without the profiler)",
+        default=None,
+        help="occurrences of the range to skip first, the warm-up (default 2, and more while the "
+        "one before compiled under torch.compile; their pace is the wall time without the profiler)",
     )
     s.add_argument("--steps", type=int, default=2, help="occurrences to profile (default 2)")
     s.add_argument("--window", help="START:DURATION in seconds, for a script without ranges")
@@ -349,6 +349,7 @@ def _what_was_profiled(args, p, range_name) -> str:
 
 def _step_payload(args, p, what: str, tables: dict, d, idle) -> dict:
     from perfloop.analysis.attribution import row_dict
+    from perfloop.analysis.compilation import summary
     from perfloop.harness.ceilings import ceilings as measured_ceilings
 
     return p.to_dict() | {
@@ -360,6 +361,7 @@ def _step_payload(args, p, what: str, tables: dict, d, idle) -> dict:
         "idle": idle.__dict__ if idle else None,
         "diagnosis": d.to_dict(),
         "patch_sites": p.sites,
+        "compilation": [c.__dict__ for c in summary(p.compile_metrics or [])],
         "ceilings": measured_ceilings(measure=False),
     }
 
@@ -389,6 +391,10 @@ def _print_step(args, p, what, tables, d, idle, run_id, name, page) -> None:
         causes = ", ".join(f"{c} {v / p.calls:.3f} ms" for c, v in idle.by_cause.items() if v)
         kind = "GPU idle" if idle.device == "GPU" else "no torch op running (the CPU is the device)"
         out.print(f"{kind} {idle.idle_share:.0%} of the window ({causes or 'none'})")
+    from perfloop.analysis.compilation import summary, summary_lines
+
+    for line in summary_lines(summary(p.compile_metrics or [])):
+        out.print(line, markup=False, highlight=False)
     out.print(str(d), markup=False, highlight=False)
     if p.sites:
         from perfloop.workflows.script import patch_summary

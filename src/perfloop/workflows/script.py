@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perfloop import device as _device
-from perfloop.analysis import profiling, recording
+from perfloop.analysis import compilation, profiling, recording
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.stacks import Sampler
 from perfloop.analysis.work import WorkCounter
@@ -64,6 +64,9 @@ class ScriptError(Exception):
             super().__init__(f"the script raised {type(original).__name__}: {original}")
 
 
+MORE_SKIPS = 6  # by default, steps skipped beyond --skip while the one before compiled
+
+
 @dataclass
 class _Window:
     range_name: str | None
@@ -83,6 +86,10 @@ class _Window:
     timed_at: float = 0.0
     wall_ms: float = 0.0
     enters: list = field(default_factory=list)  # when the skipped occurrences began
+    auto_skip: bool = False  # skip more than `skip` while the occurrence before compiled (not user-given)
+    compiling: bool = False  # Dynamo compiled since the current occurrence began
+    compiled: list = field(default_factory=list)  # the occurrences (1-based) in which Dynamo compiled
+    first_timed: int = 0  # the first profiled occurrence
     calls: int = 0
     warnings: list = field(default_factory=list)
     lock: object = field(default_factory=threading.RLock)
@@ -130,7 +137,15 @@ class _Window:
             self._enter(name)
         self.check_taken()
 
+    def on_compile(self, *_args, **_kwargs) -> None:
+        """Dynamo began compiling (its start callback)."""
+        self.compiling = True
+
     def _enter(self, name: str) -> None:
+        if name == self.range_name or (self.range_name == AUTO and name in ("step", OPTIMIZER_STEP)):
+            if self.compiling and self.seen[name]:
+                self.compiled.append(self.seen[name])
+            self.compiling = False
         self.seen[name] += 1
         if self.range_name is None:
             self.tick()
@@ -144,7 +159,9 @@ class _Window:
         n = self.seen[name]
         if self.state == "before":
             self.enters.append(time.perf_counter())
-        if self.state == "before" and n >= self.skip + 1:
+        waiting = self.auto_skip and self.compiled[-1:] == [n - 1] and n <= self.skip + 1 + MORE_SKIPS
+        if self.state == "before" and n >= self.skip + 1 and not waiting:
+            self.first_timed = n
             self._start_timed()
         elif self.state == "timed_done" and self.count_work and self.theirs_ran:
             self.count_blocked, self.state = True, "done"
@@ -186,9 +203,8 @@ class _Window:
             self._stop_counting()
 
     # ---- a time window, checked at each module call
+    @compilation.eager_hook  # traced into a graph, its state read would be a guard
     def tick(self, *_args) -> None:
-        if torch.compiler.is_compiling():  # traced into a graph, its state read would be a guard
-            return
         if self.range_name is not None or self.window is None or self.forked():
             return
         with self.lock:
@@ -336,7 +352,7 @@ def profile_script(
     path: str | os.PathLike,
     argv: list[str] = (),
     range_name: str | None = AUTO,
-    skip: int = 0,
+    skip: int | None = 0,
     steps: int = 1,
     window: tuple[float, float] | None = None,
     count_work: bool = True,
@@ -345,6 +361,7 @@ def profile_script(
 ) -> profiling.Profile:
     """Run the script at `path` with `argv` as its arguments and profile a window of it.
 
+    `skip=None`: 2, and more (up to MORE_SKIPS) while the step before compiled (Dynamo).
     `range_name`: the step whose occurrences `skip + 1 .. skip + steps` are profiled (calls =
     steps): AUTO (optimizer.step() boundaries, or "step" ranges), OPTIMIZER_STEP, or a range's
     name; None with `window=(start s, duration s)`: the time window instead. `exit_after`: end
@@ -357,6 +374,8 @@ def profile_script(
     runnable_dir = os.path.isdir(path) and os.path.isfile(os.path.join(path, "__main__.py"))
     if not (os.path.isfile(path) or runnable_dir):
         raise FileNotFoundError(f"script: {path} is not a file, nor a folder holding __main__.py")
+    auto_skip = skip is None
+    skip = 2 if skip is None else skip
     for name, v, low in (("skip", skip, 0), ("steps", steps, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"--{name}: must be an integer >= {low}, got {v!r}")
@@ -367,7 +386,7 @@ def profile_script(
         raise ValueError(f"--window: must be START:DURATION in finite seconds, START >= 0, DURATION > 0, "
                          f"got {window!r}")  # fmt: skip
     w = _Window(range_name, skip, steps, window, count_work, _device.has_cuda(), exit_after=exit_after,
-                on_taken=on_taken)  # fmt: skip
+                on_taken=on_taken, auto_skip=auto_skip)  # fmt: skip
     recording.prepare_profiler()  # before the script's clock starts, not inside its window
     saved_argv, saved_path, saved_cwd = sys.argv, list(sys.path), os.getcwd()
     sys.argv = [path, *argv]
@@ -377,6 +396,7 @@ def profile_script(
     try:
         with (
             _quiet_about_our_hooks(),
+            _compile_callbacks(w.on_compile),
             module_ranges(quiet=lambda: w.theirs_ran) as tracker,
             w.sharing_the_profiler(),
             _exit_in_main_thread(),
@@ -435,6 +455,23 @@ def patch_summary(sites: dict) -> list[str]:
 
 
 @contextlib.contextmanager
+def _compile_callbacks(on_start):
+    """Dynamo's compile-start callback, where this torch has one."""
+    try:
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.remove_start_callback  # noqa: B018 -- torch versions without it: no callbacks
+    except (ImportError, AttributeError):
+        yield
+        return
+    callback_handler.register_start_callback(on_start)
+    try:
+        yield
+    finally:
+        callback_handler.remove_start_callback(on_start)
+
+
+@contextlib.contextmanager
 def _quiet_about_our_hooks():
     """Without torch's warning that global module hooks fire once more for a torch.compile'd
     module's wrapper: the hooks are perfloop's, and its ranges name the wrapper as the model."""
@@ -468,6 +505,21 @@ def _exit_in_main_thread():
         os._exit = real
 
 
+def _say_compiled(w: _Window) -> None:
+    if not w.range_name or not w.compiled:
+        return
+    more = w.first_timed - (w.skip + 1)
+    if more > 0:
+        w.warnings.append(f"skipped {more} more occurrence(s) of {w.range_name!r} than --skip {w.skip}: "
+                          "the one before each compiled (Dynamo); the profiled ones start at the first after "
+                          "a step that compiled nothing")  # fmt: skip
+    timed = [n for n in w.compiled if w.first_timed <= n < w.first_timed + w.steps]
+    if timed:
+        w.warnings.append(f"profiled occurrence(s) {', '.join(map(str, timed))} of {w.range_name!r} compiled "
+                          "(Dynamo, Inductor): the compile time is in their wall time, ranked as its own "
+                          "finding")  # fmt: skip
+
+
 def _result(w: _Window) -> profiling.Profile:
     if w.range_name == AUTO:
         seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"
@@ -499,7 +551,10 @@ def _result(w: _Window) -> profiling.Profile:
                if w.count_blocked else "keep --skip plus --steps below the script's count")  # fmt: skip
         w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} to count ({why})")
     counted = profiling.counted(w.counted_prof, w.counter.records, w.on_cuda) if w.counted_prof else None
-    periods = sorted(b - a for a, b in zip(w.enters, w.enters[1:], strict=False))
+    compiled = set(w.compiled)  # the pace of steps that compiled is not the step's
+    periods = sorted(b - a for i, (a, b) in enumerate(zip(w.enters, w.enters[1:], strict=False), 1)
+                     if i not in compiled)  # fmt: skip
+    _say_compiled(w)
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
     if w.range_name and plain is None:
         w.warnings.append("idle time measured under the profiler, which slows the host: --skip 2 or more "
@@ -510,7 +565,8 @@ def _result(w: _Window) -> profiling.Profile:
     samples = w.sampler.align(w.prof.events(), w.sampler_mark) if w.sampler is not None else None
     p = profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings,
                                 counted, range_name=traced, plain_wall_ms=plain, samples=samples,
-                                window_cut_s=w.ended_at)  # fmt: skip
+                                window_cut_s=w.ended_at, compile_metrics=compilation.live_metrics(),
+                                break_reasons=compilation.live_break_reasons())  # fmt: skip
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
         raise ValueError(f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "

@@ -1,0 +1,49 @@
+"""Compiled code as torch records it: compile ranges in the profiler's events, Dynamo's own
+metrics (the function, the failed guard), said plainly."""
+
+import torch
+
+import perfloop as pl
+from perfloop.analysis.compilation import recompile_fix, recompile_in_words, summary, summary_lines
+
+
+def test_a_recompile_on_a_new_shape_is_said_as_the_dim_that_changed_with_its_fix():
+    torch._dynamo.reset()
+
+    def scale(x, n):
+        return (x * n).relu()
+
+    f = torch.compile(scale, dynamic=False)
+    f(torch.randn(8, 16), 2)
+    f(torch.randn(9, 16), 2)  # the planted recompile: a new length
+    f(torch.randn(9, 16), 3)  # and a new Python int
+    lengths = iter(range(10, 40))
+    with torch._dynamo.config.patch(recompile_limit=64):  # every call a new length, each a recompile
+        p = pl.profile(lambda: f(torch.randn(next(lengths), 16), 3), calls=1, count_work=False)
+    made = p.compiles()
+    assert made and made[0].recompile and made[0].function == "scale", made
+    assert made[0].where == f"test_compilation.py:{scale.__code__.co_firstlineno}"
+    assert recompile_in_words(made[0].reason).startswith("size of dim 0 of `x` changed: ")
+    said = {recompile_in_words(m.recompile_reason or "") for m in p.compile_metrics}
+    assert "the Python value `n` changed (the graph holds 2)" in said, said
+    rows = summary(p.compile_metrics)
+    [row] = [r for r in rows if r.function == "scale"]
+    assert row.count >= 5 and row.seconds > 0
+    assert "size of dim 0 of `x` changed: 8 -> 9" in row.reasons
+    lines = summary_lines(rows)
+    assert lines[0].startswith("compilation: ") and any("scale (test_compilation.py:" in x for x in lines)
+    assert "mark_dynamic" in recompile_fix(row_reason(p, "size mismatch"))
+
+
+def row_reason(p, part: str) -> str:
+    return next(m.recompile_reason for m in p.compile_metrics if part in (m.recompile_reason or ""))
+
+
+def test_the_profiled_calls_compiled_is_a_finding_and_a_warm_one_is_not():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x * 2).relu().sum())
+    x = torch.randn(64, 64)
+    warm = pl.profile(f, x, calls=2, count_work=False)
+    assert warm.compiled_regions() and not warm.compiles()
+    d = warm.diagnose(ceilings={"copy_gbps": 20.0})
+    assert not [o for o in d.findings if o.kind in ("compile", "recompile")], str(d)
