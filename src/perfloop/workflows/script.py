@@ -556,7 +556,10 @@ def _result(w: _Window) -> profiling.Profile:
                      if i not in compiled)  # fmt: skip
     _say_compiled(w)
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
-    if w.range_name and plain is None:
+    if w.range_name and plain is None and len(w.enters) > 2:
+        w.warnings.append("idle time measured under the profiler, which slows the host: the skipped steps "
+                          "all compiled, so their pace is not the step's")  # fmt: skip
+    elif w.range_name and plain is None:
         w.warnings.append("idle time measured under the profiler, which slows the host: --skip 2 or more "
                           "times the unprofiled steps and scales the idle to them")  # fmt: skip
     # the profile's own copies of the range bound it where the trace has them (not NVTX's, not
