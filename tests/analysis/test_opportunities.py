@@ -180,3 +180,18 @@ def test_one_opportunity_reads_as_one():
     assert head.endswith("; 1 opportunity"), head
     two = str(StepDiagnosis([one, one], 7.7, 5.2, 0.73)).splitlines()[0]
     assert two.endswith("; 2 opportunities, largest first"), two
+
+
+def test_a_model_already_on_sdpa_is_not_told_to_use_sdpa():
+    """Below its ceiling, scaled_dot_product_attention's row says another backend might help, not
+    to switch to the op it already is."""
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(4, 8, 256, 64) for _ in range(3))
+    d = pl.profile(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), calls=2).diagnose(
+        ceilings={"copy_gbps": 2000.0, "matmul_fp32_tflops": 50.0}  # far above this CPU: below both
+    )
+    rows = [o for o in d.findings if "attention" in o.title and o.kind in ("roofline", "latency")]
+    assert rows, str(d)
+    assert all("F.scaled_dot_product_attention with a flash backend" not in o.advice for o in rows), str(d)
+    assert "another backend" in rows[0].advice

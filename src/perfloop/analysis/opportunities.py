@@ -92,6 +92,8 @@ COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
     "layout copy": "keep the layout the next op takes: matmul and scaled_dot_product_attention read "
     "transposed operands (drop the .contiguous()), transpose after the op rather than before",
     "dtype cast": "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy)",
+    "roofline": "in compiled code this op ran as its own kernel: mode='max-autotune' searches faster "
+    "kernels for it, and a fused op (pl.patch) can take its place where perfloop has one",
 }
 
 Opportunity = Finding  # the names before one Finding type served every analysis
@@ -129,8 +131,8 @@ class Step:
             where: str = "", site: Site | None = None, **values) -> None:  # fmt: skip
         """A finding of analyzer `kind`, kept where it saves MIN_SHARE of the step or more;
         `values`: the numbers its evidence says."""
-        if self.compiled is not None and kind in COMPILED_ADVICE:
-            advice = COMPILED_ADVICE[kind]
+        if self.compiled is not None and (kind in COMPILED_ADVICE or "torch.compile" in advice):
+            advice = COMPILED_ADVICE.get(kind, COMPILED_ADVICE["roofline"])
         if saves / self.step_ms >= MIN_SHARE:
             ev = Evidence(evidence, values)
             share = saves / self.step_ms
@@ -477,7 +479,7 @@ def _below_ceiling(s: Step, row, cat: str) -> None:
         else "fewer, larger ops: fuse (torch.compile) or batch them"
     )
     advice = ADVICE.get(cat, ADVICE["other"]) if row.bound != Bound.LATENCY else latency
-    if cat == "attention" and "scaled_dot_product" in row.name:  # already the fused kernel
+    if cat == "attention" and row.name.startswith("aten::") and "attention" in row.name:  # already fused
         advice = (
             "already scaled_dot_product_attention: only another backend measured faster at this "
             "shape helps (perfloop bench attention, with torch.nn.attention.sdpa_kernel to pick it)"
