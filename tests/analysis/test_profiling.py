@@ -213,3 +213,21 @@ def test_a_diff_whose_profile_caught_no_device_work_says_so_instead_of_a_huge_ra
     text = str(ProfileDiff([], [], (66.136, 1.98e-13), (3.0, 1.0)))
     assert "66.136 ms -> none recorded" in text and "no ratio" in text and "x)" not in text
     assert "(2.00x)" in str(ProfileDiff([], [], (2.0, 1.0), (3.0, 1.0)))
+
+
+def test_a_profile_is_read_only_what_its_source_recorded_is_handed_in_whole():
+    """Script mode and trace import once set a profile's step, call sites and samples after
+    making it; they are build_profile's arguments now, and a profile cannot be changed."""
+    import dataclasses
+
+    import torch
+
+    import perfloop as pl
+
+    x = torch.randn(64, 64)
+    p = pl.profile(lambda: x @ x, calls=2, count_work=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.step = "optimizer.step"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.sites = {}
+    assert p.items() is p.items()  # attributed once, kept

@@ -34,6 +34,7 @@ from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms
 
 if TYPE_CHECKING:
+    from perfloop.analysis.compilation import CompiledCode
     from perfloop.analysis.findings import Diagnosis
     from perfloop.analysis.timeline import Idle
 
@@ -151,9 +152,11 @@ class KernelStat:
         return self.total_ms * 1e3 / self.calls if self.calls else 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Profile:
-    """One profiled run of `calls` calls. Times are per call unless named total."""
+    """One profiled run of `calls` calls, read-only: what the source recorded (torch's profiler,
+    a script's window, a trace file) is handed in whole by build_profile. Times are per call
+    unless named total."""
 
     kernels: list[KernelStat]
     calls: int
@@ -169,7 +172,6 @@ class Profile:
     warnings: list[str] = field(default_factory=list)
     _prof: Any = field(default=None, repr=False)
     _counted: Any = field(default=None, repr=False)  # (records, items, calls) of the counted call
-    _items: Any = field(default=None, repr=False)
     _windows: Any = field(default=None, repr=False)  # host intervals the profile is limited to
     step: str | None = None  # what one call is, in a script's profile: a range's name or optimizer.step
     _given_work: Any = field(default=None, repr=False)  # (module, phase, op) -> work, from a trace
@@ -255,16 +257,19 @@ class Profile:
 
     def items(self) -> list:
         """Every kernel (on a CPU, every outermost op) with its op, module and phase."""
+        return self._item_rows
+
+    @functools.cached_property
+    def _item_rows(self) -> list:
         from perfloop.analysis.attribution import fastest_of_calls, items, within
 
-        if self._items is None:
-            self._items = items(self._prof.events() if self._prof is not None else [], self.kind)
-            if self._windows:
-                self._items = within(self._items, self._windows)
-            spans = self._windows or self._call_spans
-            if self.kind != "cuda" and spans and len(spans) == self.calls:
-                self._items = fastest_of_calls(self._items, spans)
-        return self._items
+        rows = items(self._prof.events() if self._prof is not None else [], self.kind)
+        if self._windows:
+            rows = within(rows, self._windows)
+        spans = self._windows or self._call_spans
+        if self.kind != "cuda" and spans and len(spans) == self.calls:
+            rows = fastest_of_calls(rows, spans)
+        return rows
 
     def _work(self) -> dict | None:
         from perfloop.analysis.attribution import work_by_key
@@ -396,7 +401,7 @@ class Profile:
         return rank(self.items(), self._work(), records, counted_items, idle, ceilings, self.calls,
                     wall, l2, sites=self.sites, kind=self.kind, compiled=self.compiled_code())  # fmt: skip
 
-    def compiled_code(self):
+    def compiled_code(self) -> CompiledCode | None:
         """compilation.CompiledCode of the profiled calls, None where nothing ran compiled."""
         from perfloop.analysis.compilation import CompiledCode
 
@@ -569,12 +574,15 @@ def build_profile(
     window_cut_s: float | None = None,
     compile_metrics: list | None = None,
     break_reasons: list | None = None,
+    step: str | None = None,
+    sites: dict | None = None,
 ) -> Profile:
     """A Profile from a stopped profiler that recorded `calls` calls (times over all of them);
     with `range_name`, of the work launched inside that range's occurrences only, and the wall
     time theirs; `plain_wall_ms`: the same calls' wall time without the profiler; `samples`: the
     launching thread's stack samples; `call_spans`: each call's host interval; `given_work`:
-    (events, kind, windows) -> {(module, phase, op): work}, for a trace that carries shapes."""
+    (events, kind, windows) -> {(module, phase, op): work}, for a trace that carries shapes;
+    `step`: what one call is (a script's range); `sites`: pl.patch's call sites by module."""
     from perfloop.analysis.attribution import windows
 
     events = prof.events()
@@ -612,6 +620,8 @@ def build_profile(
         window_cut_s=window_cut_s,
         compile_metrics=compile_metrics,
         break_reasons=break_reasons,
+        step=step,
+        sites=sites,
     )
 
 

@@ -337,6 +337,49 @@ def _sync_saving(syncs, spans, device_intervals, launched_at, end) -> float:
     return without(device_intervals, launched_at, waits, end) / 1e3
 
 
+@dataclass
+class _Host:
+    """What the host was doing, indexed for the holes' questions: each of them a rule above."""
+
+    syncs: Intervals
+    copies: Intervals
+    allocs: Intervals
+    ranges: Intervals
+    ops: Intervals
+    compiling: Intervals
+    between: Intervals
+    samples: Points
+    before_first: object
+    pageable: bool
+
+    def cause(self, s: float, e: float, last_sync) -> tuple[str, list, list, list]:
+        """(cause, the synchronizing ops meeting [s, e], the named ranges and the stretches
+        between compiled graphs covering most of it)."""
+        blocking = [op for _, _, op, _ in self.syncs.meeting(s, e)]
+        half = (e - s) / 2
+        inside = [(c, a, b) for a, b, c in self.ranges.meeting(s, e) if min(e, b) - max(s, a) > half]
+        broken = [(a, b, r) for a, b, r in self.between.meeting(s, e) if min(e, b) - max(s, a) > half]
+        if self.compiling.overlap(s, e) > half:
+            cause = COMPILE
+        elif broken:
+            cause = GRAPH_BREAK
+        elif blocking:
+            cause = SYNC
+        elif self.pageable and self.copies.overlap(s, e) > half:
+            cause = PAGEABLE
+        elif self.allocs.overlap(s, e) > half:
+            cause = ALLOCATOR
+        elif inside:
+            cause = inside[-1][0]
+        elif e - s >= OUTSIDE_US and self.ops.overlap(s, e) < half and not _in_torch(s, e, self.samples):
+            cause = OUTSIDE
+        elif self.before_first(s, e):
+            cause = FIRST
+        else:
+            cause = SYNC if last_sync is not None else LAUNCH
+        return cause, blocking, inside, broken
+
+
 def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None,
          spans: list[tuple[float, float]] | None = None, *, launched_at: list[float] | None = None,
          pageable: list[tuple[float, float]] | None = None, samples=None,
@@ -359,58 +402,34 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     if spans:
         start, end = spans[0][0], max(end, spans[-1][1])
         holes = _clip(gaps(device_intervals, start, end), spans)
-    before_first = _before_first(device_intervals, spans)
     syncs = _sync_calls(events)
-    sync_index = Intervals(syncs)
-    holes = _split_at_syncs(holes, sync_index)
-    allocs = Intervals(_runtime(cpu, ALLOC_APIS))
-    copies = Intervals(_runtime(cpu, ("cudaMemcpy",)) if pageable else [])
-    ranges = Intervals(_ranges(cpu))
-    ops = Intervals([(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name])
-    compiling, between = Intervals([(a, b) for a, b in compiled[0]]), Intervals(compiled[1])
-    blocks = _drained(device_intervals, launched_at)
     samples = Points(samples or [])
+    host = _Host(Intervals(syncs), Intervals(_runtime(cpu, ("cudaMemcpy",)) if pageable else []),
+                 Intervals(_runtime(cpu, ALLOC_APIS)), Intervals(_ranges(cpu)),
+                 Intervals([(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name]),
+                 Intervals([(a, b) for a, b in compiled[0]]), Intervals(compiled[1]), samples,
+                 _before_first(device_intervals, spans), bool(pageable))  # fmt: skip
+    holes = _split_at_syncs(holes, host.syncs)
     by_cause = dict.fromkeys(CAUSES, 0.0)
     after: Counter = Counter()
-    calls = Counter(op for _, _, op, _ in syncs)
     places: Counter = Counter()
-    ended = {round(be, 3): behind for _, be, behind in blocks}
+    ended = {round(be, 3): behind for _, be, behind in _drained(device_intervals, launched_at)}
     sync_host, outer, sync_places = _sync_ops(syncs, samples, spans)
     last_sync = None  # the synchronizing op whose emptied queue the host is still behind
     for s, e in holes:
         ms = (e - s) / 1e3
         if last_sync is not None and not ended.get(round(s, 3), True):
             last_sync = None  # the block before this hole had queued work: the host caught up
-        blocking = [op for _, _, op, _ in sync_index.meeting(s, e)]
-        half = (e - s) / 2
-        inside = [(c, a, b) for a, b, c in ranges.meeting(s, e) if min(e, b) - max(s, a) > half]
-        broken = [(a, b, r) for a, b, r in between.meeting(s, e) if min(e, b) - max(s, a) > half]
-        if compiling.overlap(s, e) > half:
-            cause = COMPILE
-        elif broken:
-            cause = GRAPH_BREAK
-        elif blocking:
-            cause, last_sync = SYNC, blocking[-1]
-        elif pageable and copies.overlap(s, e) > half:
-            cause = PAGEABLE
-        elif allocs.overlap(s, e) > half:
-            cause = ALLOCATOR
-        elif inside:
-            cause = inside[-1][0]
-        elif e - s >= OUTSIDE_US and ops.overlap(s, e) < half and not _in_torch(s, e, samples):
-            cause = OUTSIDE
-        elif before_first(s, e):
-            cause = FIRST
-        else:
-            cause = SYNC if last_sync is not None else LAUNCH
+        cause, blocking, inside, broken = host.cause(s, e, last_sync)
         if cause == SYNC:
-            after[blocking[-1] if blocking else last_sync] += ms
+            last_sync = blocking[-1] if blocking else last_sync
+            after[last_sync] += ms
         by_cause[cause] += ms
         # a named range's stretches: where its samples were, all along the range
         at = (inside[-1][1], inside[-1][2]) if inside and cause == inside[-1][0] else (s, e)
         place = _place(*at, samples)
         if cause == SYNC:  # the line that synchronized, not the one the host went on to
-            place = sync_places.get(blocking[-1] if blocking else last_sync, place)
+            place = sync_places.get(last_sync, place)
         elif cause == GRAPH_BREAK:  # the break: named by the compiled region resumed after it
             place = broken[-1][2]
         places[(cause, place)] += ms
@@ -418,6 +437,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     busy = wall - sum((e - s) / 1e3 for s, e in holes)
     waited = sum(ce - cs for cs, ce, *_ in syncs) / 1e3
     sync_saving = _sync_saving(syncs, spans, device_intervals, launched_at, end)
+    calls = Counter(op for _, _, op, _ in syncs)
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
     ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
     out = Idle(wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows, places=ranked,

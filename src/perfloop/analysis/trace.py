@@ -398,7 +398,9 @@ def from_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
     shapes = meta.get("record_shapes") or any("Input Dims" in e.args for e in events)
     p = profiling.build_profile(TraceEvents(events), max(len(steps), 1), span_ms, span_ms, on_cuda, warnings,
                                 range_name="ProfilerStep#*" if steps else None,
-                                given_work=work_by_key if shapes else None)  # fmt: skip
+                                given_work=work_by_key if shapes else None,
+                                # each step's wait for its first kernel is the user's (data, Python)
+                                step="ProfilerStep" if steps else None)  # fmt: skip
     if not shapes:
         warnings.append("the trace has no shapes (record it with record_shapes=True): time by kernel, op, "
                         "module and category, and idle time, but no FLOPs, bytes or roofline")  # fmt: skip
@@ -408,6 +410,4 @@ def from_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
     warnings.append("idle and host time as the trace recorded them, under torch.profiler, whose cost per op "
                     "slows the host and lengthens its gaps: the host causes' savings are upper bounds; "
                     "`perfloop profile --script` times the steps unprofiled too")  # fmt: skip
-    if steps:
-        p.step = "ProfilerStep"  # each step's wait for its first kernel is the user's (data, Python)
     return p

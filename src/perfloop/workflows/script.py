@@ -425,9 +425,7 @@ def profile_script(
         profiling.RANGE_WATCHERS.remove(w)
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
-    p = _result(w)
-    p.sites = w.sites if w.sites is not None else _sites(tracker.roots, p.warnings)
-    return p
+    return _result(w, w.sites if w.sites is not None else _sites(tracker.roots, w.warnings))
 
 
 def _sites(roots: dict, warnings: list) -> dict:
@@ -520,7 +518,7 @@ def _say_compiled(w: _Window) -> None:
                           "finding")  # fmt: skip
 
 
-def _result(w: _Window) -> profiling.Profile:
+def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
     if w.range_name == AUTO:
         seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"
         raise ValueError("no step found: looked for optimizer.step() of a torch.optim optimizer and for a "
@@ -569,10 +567,10 @@ def _result(w: _Window) -> profiling.Profile:
     p = profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings,
                                 counted, range_name=traced, plain_wall_ms=plain, samples=samples,
                                 window_cut_s=w.ended_at, compile_metrics=compilation.live_metrics(),
-                                break_reasons=compilation.live_break_reasons())  # fmt: skip
+                                break_reasons=compilation.live_break_reasons(), step=w.range_name,
+                                sites=sites)  # fmt: skip
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
         raise ValueError(f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "
                          "analyse; choose steps or a window where the script computes")  # fmt: skip
-    p.step = w.range_name
     return p
