@@ -21,7 +21,8 @@ from torch.autograd import DeviceType
 TIMED = " (dynamo_timed)"
 REGION = "Torch-Compiled Region: "
 _ID = re.compile(r"compile_id=(\d+/\d+)")
-_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)$")
+RESUME = "torch_dynamo_resume_in_"  # the code after a graph break, compiled as its own function
+_RESUME = re.compile(RESUME + r"(\w+?)_at_(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,10 @@ def recompile_in_words(reason: str) -> str:
     if m:
         name, dim, was, now = m.groups()
         return f"size of dim {dim} of `{_plain(name)}` changed: {was} -> {now}"
+    m = re.search(r"tensor '([^']+)' requires_grad mismatch\. expected requires_grad=(\d)", reason)
+    if m:
+        now = "now requires grad" if m.group(2) == "0" else "no longer requires grad"
+        return f"`{_plain(m.group(1))}` {now} (the graph was made for the other)"
     m = re.search(r"^\s*(?:\d+/\d+: )?(\w[\w.\[\]']*) == (-?[\w.]+)", reason)
     if m:
         return f"the Python value `{_plain(m.group(1))}` changed (the graph holds {m.group(2)})"
@@ -267,7 +272,8 @@ def recompile_in_words(reason: str) -> str:
 
 
 def _plain(name: str) -> str:
-    """`L['x']` -> `x`, `L['self'].n` -> `self.n`."""
+    """`L['x']` -> `x`, `L['self'].n` -> `self.n`, `L['fn']._modules['0'].n` -> `fn[0].n`."""
+    name = re.sub(r"\._modules\['([^']+)'\]", r"[\1]", name)
     return re.sub(r"[LG]\['([^']+)'\]", r"\1", name)
 
 
@@ -323,6 +329,28 @@ def summary(metrics: list) -> list[Compiled]:
                      reasons + ([said] if said and said not in reasons else []), max(b, breaks))  # fmt: skip
     out = [Compiled(n, w, c, s, tuple(r), b) for (n, w), (c, s, r, b) in rows.items()]
     return sorted(out, key=lambda x: -x.seconds)
+
+
+def recompile_limit() -> int | None:
+    """Dynamo's limit on a frame's compiles, past which it runs the frame eagerly."""
+    try:
+        from torch._dynamo import config
+    except ImportError:
+        return None
+    return getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", None)
+
+
+def gave_up(rows: list[Compiled]) -> list[str]:
+    """Warnings for the functions Dynamo stopped compiling: at its recompile limit it runs them
+    eagerly from then on."""
+    limit = recompile_limit()
+    out = []
+    for r in rows:
+        if limit and r.count >= limit and r.reasons:
+            fix = recompile_fix("size mismatch" if "size of dim" in r.reasons[-1] else " == ")
+            out.append(f"{r.function} ({r.where}) hit Dynamo's recompile limit ({limit}) after recompiling "
+                       f"on {r.reasons[-1]}: it runs eagerly from then on, uncompiled; {fix}")  # fmt: skip
+    return out
 
 
 def summary_lines(rows: list[Compiled]) -> list[str]:

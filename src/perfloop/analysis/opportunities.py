@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from perfloop.analysis import attribution as attr
 from perfloop.analysis import roofline, timeline
 from perfloop.analysis.bound import Bound
-from perfloop.analysis.compilation import BREAK_FIX, CompiledCode, recompile_fix, recompile_in_words
+from perfloop.analysis.compilation import BREAK_FIX, RESUME, CompiledCode, recompile_fix, recompile_in_words
 from perfloop.analysis.findings import Diagnosis, Evidence, Finding, Site
 from perfloop.analysis.patterns import (
     ADVICE,
@@ -209,12 +209,14 @@ def compilation_found(s: Step) -> None:
     made = s.compiled.compiles if s.compiled is not None else []
     by_function: dict = defaultdict(list)
     for c in made:
+        if c.function.startswith(RESUME):
+            continue  # the code after a graph break: its compiles are the break's (graph_breaks_found)
         by_function[(c.function or c.compile_id.split("/")[0], c.where, c.recompile)].append(c)
     for (function, where, recompile), cs in by_function.items():
         ms = sum(c.ms for c in cs) / s.calls
         at = f"{function} ({where})" if where else function
         reason = next((c.reason for c in cs if c.reason), "")
-        every = len(cs) >= s.calls
+        every = len({c.compile_id for c in cs}) >= s.calls  # a lazily compiled backward shares its id
         if recompile:
             said = recompile_in_words(reason) if reason else "a guard failed"
             title = f"recompiles {'every step' if every else 'in the profiled steps'}: {at}: {said}"
@@ -237,10 +239,18 @@ def graph_breaks_found(s: Step) -> None:
     idle = s.idle
     for b in s.compiled.breaks:
         ms = sum(v for c, p, v in idle.places if c == timeline.GRAPH_BREAK and p.split("/")[0] in b.frames)
-        ms /= s.calls
+        again = [c for c in s.compiled.compiles if c.function.startswith(RESUME) and c.where == b.where]
+        compile_ms = sum(c.ms for c in again)
+        ms = (ms + compile_ms) / s.calls
         evidence = (
-            f"the {idle.device} idle {fmt_ms(ms)} per call while the host ran the code between the graphs "
-            f"({b.regions // max(s.calls, 1)} region(s) a call resume after it); Dynamo: {b.reason}"
+            f"the {idle.device} idle {fmt_ms(ms - compile_ms / s.calls)} per call while the host ran the "
+            f"code between the graphs ({b.regions // max(s.calls, 1)} region(s) a call resume after it)"
+            + (
+                f", and {len(again)} compile(s) of the code after it, {fmt_ms(compile_ms / s.calls)} per call"
+                if again
+                else ""
+            )  # fmt: skip
+            + f"; Dynamo: {b.reason}"
         )
         s.add(
             "graph break",

@@ -391,10 +391,13 @@ def _print_step(args, p, what, tables, d, idle, run_id, name, page) -> None:
         causes = ", ".join(f"{c} {v / p.calls:.3f} ms" for c, v in idle.by_cause.items() if v)
         kind = "GPU idle" if idle.device == "GPU" else "no torch op running (the CPU is the device)"
         out.print(f"{kind} {idle.idle_share:.0%} of the window ({causes or 'none'})")
-    from perfloop.analysis.compilation import summary, summary_lines
+    from perfloop.analysis.compilation import gave_up, summary, summary_lines
 
-    for line in summary_lines(summary(p.compile_metrics or [])):
+    rows = summary(p.compile_metrics or [])
+    for line in summary_lines(rows):
         out.print(line, markup=False, highlight=False)
+    for line in gave_up(rows):
+        out.print(line, style="yellow")
     out.print(str(d), markup=False, highlight=False)
     if p.sites:
         from perfloop.workflows.script import patch_summary

@@ -159,7 +159,15 @@ class _Window:
         n = self.seen[name]
         if self.state == "before":
             self.enters.append(time.perf_counter())
-        waiting = self.auto_skip and self.compiled[-1:] == [n - 1] and n <= self.skip + 1 + MORE_SKIPS
+        # wait past a step that compiled, unless the compiles recur (every step recompiles: that
+        # is the steady state, and waiting would walk into Dynamo's recompile limit)
+        recurring = {n - 1, n - 2} <= set(self.compiled) and n - 2 > 1
+        waiting = (
+            self.auto_skip
+            and self.compiled[-1:] == [n - 1]
+            and not recurring
+            and n <= self.skip + 1 + MORE_SKIPS
+        )
         if self.state == "before" and n >= self.skip + 1 and not waiting:
             self.first_timed = n
             self._start_timed()
