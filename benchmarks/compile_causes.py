@@ -92,8 +92,9 @@ json.dump(times, open(out, "w"))
 CASES = {
     "recompiles: a new length every step (dynamic=False)": ("shape", "recompile", "dim 1", (3, 8)),
     "recompiles: a Python int on the module every step": ("scalar", "recompile", ".step`", (3, 8)),
-    "graph break: data-dependent branch": ("branch", "graph break", "data-dependent", (10, 30)),
-    "graph break: .item() in forward": ("item", "graph break", "item", (10, 30)),
+    # the steps the default profile analyses: a branch that flips compiles the code after it anew
+    "graph break: data-dependent branch": ("branch", "graph break", "data-dependent", (2, 6)),
+    "graph break: .item() in forward": ("item", "graph break", "item", (2, 6)),
     "small compiled model, launch-bound (CUDA graphs fix it)": ("small", "launch", "", (10, 30)),
     "compiled model with fp32 matmuls, TF32 off": ("fp32", "precision", "TF32", (10, 30)),
     "control: warm compiled step": ("none", None, "", (10, 30)),

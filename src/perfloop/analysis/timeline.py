@@ -416,11 +416,16 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     ended = {round(be, 3): behind for _, be, behind in _drained(device_intervals, launched_at)}
     sync_host, outer, sync_places = _sync_ops(syncs, samples, spans)
     last_sync = None  # the synchronizing op whose emptied queue the host is still behind
+    last_break = None  # ... or the graph break (its place) whose eager code emptied it
     for s, e in holes:
         ms = (e - s) / 1e3
-        if last_sync is not None and not ended.get(round(s, 3), True):
-            last_sync = None  # the block before this hole had queued work: the host caught up
+        if not ended.get(round(s, 3), True):
+            last_sync = last_break = None  # the block before this hole had queued work: the host caught up
         cause, blocking, inside, broken = host.cause(s, e, last_sync)
+        if cause == GRAPH_BREAK:
+            last_break = broken[-1][2]
+        elif cause in (SYNC, LAUNCH) and not blocking and last_break is not None:
+            cause, broken = GRAPH_BREAK, [(s, e, last_break)]  # behind the queue the break emptied
         if cause == SYNC:
             last_sync = blocking[-1] if blocking else last_sync
             after[last_sync] += ms
