@@ -173,3 +173,20 @@ def test_a_warm_compiled_step_has_no_compile_cause_and_no_advice_to_compile(tmp_
     assert not any("(torch.compile)" in f.advice or "use torch.compile" in f.advice for f in d.findings), str(
         d
     )
+
+
+def test_a_profiled_step_that_compiles_once_is_dropped_and_the_window_opens_again(tmp_path):
+    """By default a step that compiled is not the step's cost: the length changes once, at the
+    third step, so the first profiled step compiles; the window moves past it, and says so."""
+    import torch
+
+    torch._dynamo.reset()
+    path = _script(tmp_path, steps=10, length="8 if step < 3 else 12")
+    p = profile_script(path, [str(tmp_path / "seen.json")], skip=None, steps=2)
+    assert not p.compiles(), p.compiles()
+    assert any("compiled while profiled: dropped" in w for w in p.warnings), p.warnings
+    import torch
+
+    torch._dynamo.reset()  # else Dynamo remembers the first run's lengths as dynamic: no recompile
+    forced = profile_script(path, [str(tmp_path / "seen.json")], skip=2, steps=2)  # the user's --skip: kept
+    assert forced.compiles() and any("compiled (Dynamo, Inductor)" in w for w in forced.warnings)

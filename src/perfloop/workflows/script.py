@@ -85,11 +85,12 @@ class _Window:
     t0: float = 0.0
     timed_at: float = 0.0
     wall_ms: float = 0.0
-    enters: list = field(default_factory=list)  # when the skipped occurrences began
+    enters: dict = field(default_factory=dict)  # occurrence -> when it began, for the skipped ones
     auto_skip: bool = False  # skip more than `skip` while the occurrence before compiled (not user-given)
     compiling: bool = False  # Dynamo compiled since the current occurrence began
     compiled: list = field(default_factory=list)  # the occurrences (1-based) in which Dynamo compiled
     first_timed: int = 0  # the first profiled occurrence
+    retaken: list = field(default_factory=list)  # profiled occurrences dropped because they compiled
     calls: int = 0
     warnings: list = field(default_factory=list)
     lock: object = field(default_factory=threading.RLock)
@@ -158,7 +159,7 @@ class _Window:
             self.count_next = True
         n = self.seen[name]
         if self.state == "before":
-            self.enters.append(time.perf_counter())
+            self.enters[n] = time.perf_counter()
         # wait past a step that compiled, unless the compiles recur (every step recompiles: that
         # is the steady state, and waiting would walk into Dynamo's recompile limit)
         recurring = {n - 1, n - 2} <= set(self.compiled) and n - 2 > 1
@@ -204,11 +205,32 @@ class _Window:
         if self.stop_due:
             return
         if self.state == "timed":
+            if self._retake():
+                return
             self.calls += 1
             if self.calls == self.steps:
                 self._stop_timed()
         elif self.state == "counting":
             self._stop_counting()
+
+    def _retake(self) -> bool:
+        """By default, a profiled occurrence that compiled is dropped and the window opens again
+        past it -- unless compiles recur (the one before compiled too: the steady state) or a
+        range begun under the profiler is still open (stopping now is unsafe)."""
+        n = self.seen[self.range_name]
+        if (
+            not (self.auto_skip and self.compiling and len(self.retaken) < MORE_SKIPS)
+            or n - 1 in self.compiled
+        ):
+            return False
+        if self.begun_since is not None and self.begun_since(self.started_mark):
+            return False
+        self._sync()
+        self._end_sampling()
+        recording.stop_profiler(self.prof)
+        self.prof, self.calls, self.state = None, 0, "before"
+        self.retaken.append(n)
+        return True
 
     # ---- a time window, checked at each module call
     @compilation.eager_hook  # traced into a graph, its state read would be a guard
@@ -515,6 +537,10 @@ def _say_compiled(w: _Window) -> None:
     if not w.range_name or not w.compiled:
         return
     more = w.first_timed - (w.skip + 1)
+    if w.retaken:
+        dropped = ", ".join(map(str, w.retaken))
+        w.warnings.append(f"occurrence(s) {dropped} of {w.range_name!r} compiled while profiled: dropped, "
+                          "and the window opened again past them")  # fmt: skip
     if more > 0:
         w.warnings.append(f"skipped {more} more occurrence(s) of {w.range_name!r} than --skip {w.skip}: "
                           "the one before each compiled (Dynamo); the profiled ones start at the first after "
@@ -558,8 +584,9 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
         w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} to count ({why})")
     counted = profiling.counted(w.counted_prof, w.counter.records, w.on_cuda) if w.counted_prof else None
     compiled = set(w.compiled)  # the pace of steps that compiled is not the step's
-    periods = sorted(b - a for i, (a, b) in enumerate(zip(w.enters, w.enters[1:], strict=False), 1)
-                     if i not in compiled)  # fmt: skip
+    periods = sorted(
+        w.enters[k + 1] - w.enters[k] for k in w.enters if k + 1 in w.enters and k not in compiled
+    )
     _say_compiled(w)
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
     if w.range_name and plain is None and len(w.enters) > 2:
