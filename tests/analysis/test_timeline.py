@@ -272,3 +272,16 @@ def test_a_boolean_mask_index_is_a_data_dependent_sync_and_takes_the_launch_gaps
     assert r.by_cause["host launch overhead"] == pytest.approx(6 * 0.034 + 5 * 0.015 - 6 * 0.028)
     top = max((p for p in r.places if p[0] == "synchronizing calls"), key=lambda p: p[2])
     assert top[1] == "model.py:12 (forward)"  # the indexing line, not the line the host went on to
+
+
+def test_the_stretch_between_two_compiled_graphs_and_the_emptied_queue_after_it_are_the_breaks():
+    """A graph break's eager code runs between two compiled graphs (100 -> 300 on the host); the
+    device drains meanwhile, and the host is behind the emptied queue for the next two kernels:
+    all of it is the break's, named by the compiled region that resumes after it."""
+    step = ev("step", 0, 1000)
+    kernels = [(0, 100), (310, 320), (340, 350), (360, 900)]
+    launched = [0, 305, 335, 352]  # each of the two after the break launched after the last ended
+    r = idle([step], kernels, launched_at=launched, compiled=([], [(100, 300, "4/0")]))
+    assert r.by_cause["eager code between compiled graphs"] == pytest.approx(0.21 + 0.02 + 0.01)
+    assert r.by_cause["host launch overhead"] == 0
+    assert {p for c, p, _ in r.places if c == "eager code between compiled graphs"} == {"4/0"}
