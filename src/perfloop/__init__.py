@@ -25,7 +25,7 @@ _WHERE = {
     "Diagnosis": "perfloop.analysis.findings",
     "Finding": "perfloop.analysis.findings",
     "Profile": "perfloop.analysis.profiling",
-    "annotate": "perfloop.analysis.profiling",
+    "annotate": "perfloop.analysis.annotate",
     "diff": "perfloop.analysis.compare_profiles",
     "profile": "perfloop.analysis.profiling",
     "Measurement": "perfloop.harness.measurement",
@@ -66,9 +66,10 @@ __all__ = [
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from perfloop import ops
+    from perfloop.analysis.annotate import annotate
     from perfloop.analysis.compare_profiles import diff
     from perfloop.analysis.findings import Diagnosis, Finding
-    from perfloop.analysis.profiling import Profile, annotate, profile
+    from perfloop.analysis.profiling import Profile, profile
     from perfloop.device import device_info, env_fingerprint
     from perfloop.harness.ceilings import ceilings
     from perfloop.harness.measurement import Comparison, Measurement, Sweep, Work

@@ -24,7 +24,6 @@ import runpy
 import sys
 import threading
 import time
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -35,6 +34,7 @@ from perfloop.analysis import compilation, profiling, recording
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.stacks import Sampler
 from perfloop.analysis.work import WorkCounter
+from perfloop.workflows.compiled_script import compile_callbacks, quiet_about_our_hooks, say_compiled
 from perfloop.workflows.step_sources import OPTIMIZER_STEP, nvtx_sources, step_sources
 
 AUTO = "auto"  # the step: "step" ranges or optimizer.step() boundaries, whichever occurs first
@@ -425,8 +425,8 @@ def profile_script(
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
     try:
         with (
-            _quiet_about_our_hooks(),
-            _compile_callbacks(w.on_compile),
+            quiet_about_our_hooks(),
+            compile_callbacks(w.on_compile),
             module_ranges(quiet=lambda: w.theirs_ran) as tracker,
             w.sharing_the_profiler(),
             _exit_in_main_thread(),
@@ -483,34 +483,6 @@ def patch_summary(sites: dict) -> list[str]:
 
 
 @contextlib.contextmanager
-def _compile_callbacks(on_start):
-    """Dynamo's compile-start callback, where this torch has one."""
-    try:
-        from torch._dynamo.callback import callback_handler
-
-        callback_handler.remove_start_callback  # noqa: B018 -- torch versions without it: no callbacks
-    except (ImportError, AttributeError):
-        yield
-        return
-    callback_handler.register_start_callback(on_start)
-    try:
-        yield
-    finally:
-        callback_handler.remove_start_callback(on_start)
-
-
-@contextlib.contextmanager
-def _quiet_about_our_hooks():
-    """Without torch's warning that global module hooks fire once more for a torch.compile'd
-    module's wrapper: the hooks are perfloop's, and its ranges name the wrapper as the model."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks"
-        )
-        yield
-
-
-@contextlib.contextmanager
 def _exit_in_main_thread():
     """os._exit(code) in the script's own thread ends the script like sys.exit, so the analysis
     is still made; from another thread it ends the process as it would, saying so first; in a
@@ -531,25 +503,6 @@ def _exit_in_main_thread():
         yield
     finally:
         os._exit = real
-
-
-def _say_compiled(w: _Window) -> None:
-    if not w.range_name or not w.compiled:
-        return
-    more = w.first_timed - (w.skip + 1)
-    if w.retaken:
-        dropped = ", ".join(map(str, w.retaken))
-        w.warnings.append(f"occurrence(s) {dropped} of {w.range_name!r} compiled while profiled: dropped, "
-                          "and the window opened again past them")  # fmt: skip
-    if more > 0:
-        w.warnings.append(f"skipped {more} more occurrence(s) of {w.range_name!r} than --skip {w.skip}: "
-                          "the one before each compiled (Dynamo); the profiled ones start at the first after "
-                          "a step that compiled nothing")  # fmt: skip
-    timed = [n for n in w.compiled if w.first_timed <= n < w.first_timed + w.steps]
-    if timed:
-        w.warnings.append(f"profiled occurrence(s) {', '.join(map(str, timed))} of {w.range_name!r} compiled "
-                          "(Dynamo, Inductor): the compile time is in their wall time, ranked as its own "
-                          "finding")  # fmt: skip
 
 
 def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
@@ -587,7 +540,7 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
     periods = sorted(
         w.enters[k + 1] - w.enters[k] for k in w.enters if k + 1 in w.enters and k not in compiled
     )
-    _say_compiled(w)
+    say_compiled(w)
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
     if w.range_name and plain is None and len(w.enters) > 2:
         w.warnings.append("idle time measured under the profiler, which slows the host: the skipped steps "

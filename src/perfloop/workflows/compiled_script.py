@@ -1,0 +1,55 @@
+"""Script mode on compiled code: Dynamo's compile-start callback (which steps compiled), torch's
+warning about perfloop's own global hooks kept quiet, and what the report says of compiling steps."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+
+@contextlib.contextmanager
+def compile_callbacks(on_start):
+    """Dynamo's compile-start callback, where this torch has one."""
+    try:
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.remove_start_callback  # noqa: B018 -- torch versions without it: no callbacks
+    except (ImportError, AttributeError):
+        yield
+        return
+    callback_handler.register_start_callback(on_start)
+    try:
+        yield
+    finally:
+        callback_handler.remove_start_callback(on_start)
+
+
+@contextlib.contextmanager
+def quiet_about_our_hooks():
+    """Without torch's warning that global module hooks fire once more for a torch.compile'd
+    module's wrapper: the hooks are perfloop's, and its ranges name the wrapper as the model."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks"
+        )
+        yield
+
+
+def say_compiled(w) -> None:
+    """The warnings that say which of the window's occurrences compiled, and what was done."""
+    if not w.range_name or not w.compiled:
+        return
+    more = w.first_timed - (w.skip + 1)
+    if w.retaken:
+        dropped = ", ".join(map(str, w.retaken))
+        w.warnings.append(f"occurrence(s) {dropped} of {w.range_name!r} compiled while profiled: dropped, "
+                          "and the window opened again past them")  # fmt: skip
+    if more > 0:
+        w.warnings.append(f"skipped {more} more occurrence(s) of {w.range_name!r} than --skip {w.skip}: "
+                          "the one before each compiled (Dynamo); the profiled ones start at the first after "
+                          "a step that compiled nothing")  # fmt: skip
+    timed = [n for n in w.compiled if w.first_timed <= n < w.first_timed + w.steps]
+    if timed:
+        w.warnings.append(f"profiled occurrence(s) {', '.join(map(str, timed))} of {w.range_name!r} compiled "
+                          "(Dynamo, Inductor): the compile time is in their wall time, ranked as its own "
+                          "finding")  # fmt: skip
