@@ -38,7 +38,7 @@ for step in range({steps}):
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    seen.append({{"compiles": [m.compile_id + " " + m.co_name for m in get_compilation_metrics()],
+    seen.append({{"compiles": [f"{{m.compile_id}} {{m.co_name}}" for m in get_compilation_metrics()],
                   "graph_breaks": sum(counters["graph_break"].values())}})
 json.dump(seen, open(sys.argv[1], "w"))
 """

@@ -78,13 +78,22 @@ def eager_hook(fn):
 
 
 def _dynamo_off(fn):
+    eager_hooks_skipped()
     try:
         import torch._dynamo
-        from torch._dynamo.eval_frame import skip_code
     except ImportError:
         return fn
-    skip_code(_hook_code)
     return torch._dynamo.disable(fn)
+
+
+def eager_hooks_skipped() -> None:
+    """Tell Dynamo never to compile an eager hook's frame; call it before registering one (the
+    hook's first call may come from a compiled function's eager code)."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:
+        return
+    skip_code(_hook_code)
 
 
 @dataclass(frozen=True)

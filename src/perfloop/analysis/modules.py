@@ -15,7 +15,7 @@ import weakref
 import torch
 from torch._C._profiler import _RecordFunctionFast
 
-from perfloop.analysis.compilation import eager_hook
+from perfloop.analysis.compilation import eager_hook, eager_hooks_skipped
 
 PREFIX = "module: "
 
@@ -67,6 +67,7 @@ def module_ranges(quiet=None):
     """Within: each nn.Module call is a profiler range "module: <qualified name>" (none while
     `quiet()` is true)."""
     t = _Tracker(quiet)
+    eager_hooks_skipped()
     pre = torch.nn.modules.module.register_module_forward_pre_hook(t.pre)
     post = torch.nn.modules.module.register_module_forward_hook(t.post, always_call=True)
     try:

@@ -422,6 +422,7 @@ def profile_script(
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.abspath(path) if runnable_dir else os.path.dirname(os.path.abspath(path)))
     profiling.RANGE_WATCHERS.append(w)
+    compilation.eager_hooks_skipped()
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
     try:
         with (
