@@ -109,3 +109,16 @@ def test_diagnose_is_one_type_with_or_without_work_and_its_findings_serialize():
     back = json.loads(json.dumps(one.to_dict()))
     assert back["opportunities"][0]["kind"] == f.kind and back["opportunities"][0]["values"]["kernels"] >= 1
     assert set(back["opportunities"][0]["site"]) == {"module", "line"}
+
+
+def test_a_findings_kind_is_one_of_a_closed_set():
+    """Each analyzer names its findings with a Kind; a word outside the set is refused where the
+    finding is made, not carried as a stray string."""
+    from perfloop.analysis.findings import Kind
+    from perfloop.analysis.opportunities import Step
+
+    s = Step([], None, None, None, None, {}, 1, 10.0, 0, None, "cpu")
+    s.add("graph break", "t", 5.0, "host", "e", "a")
+    assert s.found[0].kind is Kind.GRAPH_BREAK and s.found[0].kind == "graph break"
+    with pytest.raises(ValueError):
+        s.add("graph brake", "t", 5.0, "host", "e", "a")

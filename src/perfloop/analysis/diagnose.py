@@ -10,7 +10,7 @@ precision; hardware-specific tricks -> CUDA C++.
 from __future__ import annotations
 
 from perfloop.analysis.bound import Bound
-from perfloop.analysis.findings import Diagnosis, Evidence, Finding
+from perfloop.analysis.findings import Diagnosis, Evidence, Finding, Kind
 from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms, matmul_ceiling
 
@@ -66,7 +66,7 @@ def classify(
         bound,
         Evidence(text, dict(ev)),
         advice,
-        kind="launch" if bound == Bound.LAUNCH else "roofline",
+        kind=Kind.LAUNCH if bound == Bound.LAUNCH else Kind.ROOFLINE,
     )
     return Diagnosis([one], wall_ms, device_ms, busy_fraction, single=True, values=ev)
 

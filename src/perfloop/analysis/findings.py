@@ -9,11 +9,38 @@ a one-finding step -- with the step's own numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from perfloop.analysis.bound import Bound
 from perfloop.harness.measurement import fmt_ms
 
 SHOWN = 10
+
+
+class Kind(str, Enum):
+    """The analyzer that found a finding: one place to add a cause. A str, so it compares and
+    serializes as its word."""
+
+    ATTENTION = "attention"  # attention written out: its scores through memory
+    FUSION = "fusion"  # a run of memory-bound ops in one module
+    TINY_OPS = "tiny ops"  # a run of ops too short to fill the device
+    PAGEABLE_COPY = "pageable copy"
+    LAYOUT_COPY = "layout copy"
+    DTYPE_CAST = "dtype cast"
+    OPTIMIZER = "optimizer"
+    PRECISION = "precision"  # fp32 matmuls with TF32 off
+    ROOFLINE = "roofline"  # an op below its ceiling
+    LATENCY = "latency"  # ... short kernels, far from both ceilings
+    LAUNCH = "launch"  # the device idle while the host launches
+    HOST = "host"  # idle for the host's other work (data, allocator, Python, NumPy)
+    SYNC = "sync"  # idle after synchronizing calls
+    DATA_DEPENDENT = "data-dependent"  # ... of data-dependent shapes (nonzero, boolean masks)
+    COMPILE = "compile"  # compilation inside the profiled steps
+    RECOMPILE = "recompile"
+    GRAPH_BREAK = "graph break"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -58,7 +85,7 @@ class Finding:
     evidence: Evidence | str
     advice: str
     where: str = ""  # the call site in the user's code, and whether pl.patch reaches it, in words
-    kind: str = ""  # the analyzer that found it: "fusion", "sync", "data-dependent", "roofline", ...
+    kind: Kind | None = None  # the analyzer that found it
     site: Site = field(default_factory=Site)
 
     def __str__(self) -> str:

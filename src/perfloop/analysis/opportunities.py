@@ -20,7 +20,7 @@ from perfloop.analysis import attribution as attr
 from perfloop.analysis import roofline, timeline
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.compilation import BREAK_FIX, RESUME, CompiledCode, recompile_fix, recompile_in_words
-from perfloop.analysis.findings import Diagnosis, Evidence, Finding, Site
+from perfloop.analysis.findings import Diagnosis, Evidence, Finding, Kind, Site
 from perfloop.analysis.patterns import (
     ADVICE,
     LAYOUT_OPS,
@@ -79,20 +79,20 @@ HOST = {  # timeline's cause -> (what the host was doing, what removes it)
 
 
 COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
-    "launch": "the compiled step waits on its launches: replay it as CUDA graphs, torch.compile(..., "
+    Kind.LAUNCH: "the compiled step waits on its launches: replay it as CUDA graphs, torch.compile(..., "
     "mode='reduce-overhead'); they need a step without CPU syncs, graph breaks or changing shapes (the "
     "other findings say which of those this step has)",
-    "tiny ops": "these ops run outside the compiled graphs (eager code around a graph break, or code not "
+    Kind.TINY_OPS: "these ops run outside the compiled graphs (eager code around a graph break, or code not "
     "compiled): bring them into the compiled function, or replay the step as CUDA graphs "
     "(mode='reduce-overhead')",
-    "fusion": "these ops run outside the compiled graphs (eager code around a graph break, or code not "
+    Kind.FUSION: "these ops run outside the compiled graphs (eager code around a graph break, or code not "
     "compiled): bring them into the compiled function, or a fused op (pl.patch)",
-    "latency": "short kernels: CUDA graphs (mode='reduce-overhead') take their launch cost away; "
+    Kind.LATENCY: "short kernels: CUDA graphs (mode='reduce-overhead') take their launch cost away; "
     "mode='max-autotune' tries larger tiles",
-    "layout copy": "keep the layout the next op takes: matmul and scaled_dot_product_attention read "
+    Kind.LAYOUT_COPY: "keep the layout the next op takes: matmul and scaled_dot_product_attention read "
     "transposed operands (drop the .contiguous()), transpose after the op rather than before",
-    "dtype cast": "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy)",
-    "roofline": "in compiled code this op ran as its own kernel: mode='max-autotune' searches faster "
+    Kind.DTYPE_CAST: "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy)",
+    Kind.ROOFLINE: "in compiled code this op ran as its own kernel: mode='max-autotune' searches faster "
     "kernels for it, and a fused op (pl.patch) can take its place where perfloop has one",
 }
 
@@ -127,12 +127,13 @@ class Step:
     def at_copy_ms(self, nbytes: float) -> float:
         return nbytes / (self.copy * 1e9) * 1e3 if self.copy else 0.0
 
-    def add(self, kind: str, title: str, saves: float, bound: Bound, evidence: str, advice: str,
+    def add(self, kind: Kind | str, title: str, saves: float, bound: Bound, evidence: str, advice: str,
             where: str = "", site: Site | None = None, **values) -> None:  # fmt: skip
-        """A finding of analyzer `kind`, kept where it saves MIN_SHARE of the step or more;
-        `values`: the numbers its evidence says."""
+        """A finding of analyzer `kind` (a Kind or its word), kept where it saves MIN_SHARE of
+        the step or more; `values`: the numbers its evidence says."""
+        kind = Kind(kind)
         if self.compiled is not None and (kind in COMPILED_ADVICE or "torch.compile" in advice):
-            advice = COMPILED_ADVICE.get(kind, COMPILED_ADVICE["roofline"])
+            advice = COMPILED_ADVICE.get(kind, COMPILED_ADVICE[Kind.ROOFLINE])
         if saves / self.step_ms >= MIN_SHARE:
             ev = Evidence(evidence, values)
             share = saves / self.step_ms
