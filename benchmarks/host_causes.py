@@ -266,8 +266,12 @@ def cases(small: bool, dev: str) -> dict:
                 h = h + fixed_feats
         h.sum().backward()
 
-    out["NumPy mid-forward, copied to the device"] = ("host work outside torch", numpy_copy_problem,
-                                                      numpy_copy_fixed, False)  # fmt: skip
+    out["NumPy mid-forward, copied to the device"] = (
+        "host work outside torch",
+        numpy_copy_problem,
+        numpy_copy_fixed,
+        False,
+    )
 
     out["control: empty_cache per layer, nothing freed"] = ("", layers(xb, empty, torch.relu_),
                                                             layers(xb, relu=torch.relu_), True)  # fmt: skip

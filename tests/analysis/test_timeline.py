@@ -255,8 +255,13 @@ def test_a_boolean_mask_index_is_a_data_dependent_sync_and_takes_the_launch_gaps
         evs += [ev("aten::mm", a, a + 3, step) for a in (t + 102, t + 112, t + 157, t + 177)]
         # after it, one kernel queued behind another (the host ahead for a moment), then two
         # launched late: launch gaps by the rule of the emptied queue
-        kernels += [(t + 2, t + 80), (t + 108, t + 138), (t + 138, t + 143), (t + 162, t + 167),
-                    (t + 182, t + 187)]  # fmt: skip
+        kernels += [
+            (t + 2, t + 80),
+            (t + 108, t + 138),
+            (t + 138, t + 143),
+            (t + 162, t + 167),
+            (t + 182, t + 187),
+        ]
         launched += [t, t + 105, t + 115, t + 160, t + 180]
         samples.append(Sample(t + 50, "model.py:12 (forward)", frozenset({"torch"})))
         samples += [Sample(t + a, "model.py:13 (forward)", frozenset({"torch"})) for a in (150, 170, 190)]

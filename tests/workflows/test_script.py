@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import torch
 
-from perfloop.analysis import profiling
+from perfloop.analysis import annotate
 from perfloop.cli import main
 from perfloop.results.store import Store
 from perfloop.workflows.script import ScriptError, profile_script
@@ -41,7 +41,7 @@ def script(tmp_path):
 
 def _clean():
     assert not torch.autograd.profiler._is_profiler_enabled
-    assert profiling.RANGE_WATCHERS == []
+    assert annotate.RANGE_WATCHERS == []
 
 
 def test_the_window_is_the_steps_after_the_skipped_ones(script):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfloop.analysis import profiling
+from perfloop.analysis import annotate
 from perfloop.cli import main
 from perfloop.results.store import Store
 from perfloop.workflows.script import OPTIMIZER_STEP, profile_script
@@ -21,7 +21,7 @@ TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--batch_
 
 def _clean():
     assert not torch.autograd.profiler._is_profiler_enabled
-    assert profiling.RANGE_WATCHERS == []
+    assert annotate.RANGE_WATCHERS == []
 
 
 def test_a_benchmark_script_that_steps_its_own_profiler_is_profiled_by_its_optimizer_steps(tmp_path, capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfloop.analysis import profiling
+from perfloop.analysis import annotate
 from perfloop.cli import _split_script_args, main
 from perfloop.results.store import Store
 from perfloop.workflows.script import ScriptError, profile_script
@@ -34,7 +34,7 @@ def _write(tmp_path, text, name="s.py"):
 
 def _clean():
     assert not torch.autograd.profiler._is_profiler_enabled
-    assert profiling.RANGE_WATCHERS == []
+    assert annotate.RANGE_WATCHERS == []
 
 
 def _run_cli(tmp_path, *args, timeout=120):

@@ -334,8 +334,7 @@ def summary(metrics: list) -> list[Compiled]:
             or getattr(m, "backend_compile_time_s", None)
             or 0.0
         )
-        rows[key] = (count, secs,
-                     reasons + ([said] if said and said not in reasons else []), max(b, breaks))  # fmt: skip
+        rows[key] = (count, secs, reasons + ([said] if said and said not in reasons else []), max(b, breaks))
     out = [Compiled(n, w, c, s, tuple(r), b) for (n, w), (c, s, r, b) in rows.items()]
     return sorted(out, key=lambda x: -x.seconds)
 
@@ -357,8 +356,10 @@ def gave_up(rows: list[Compiled]) -> list[str]:
     for r in rows:
         if limit and r.count >= limit and r.reasons:
             fix = recompile_fix("size mismatch" if "size of dim" in r.reasons[-1] else " == ")
-            out.append(f"{r.function} ({r.where}) hit Dynamo's recompile limit ({limit}) after recompiling "
-                       f"on {r.reasons[-1]}: it runs eagerly from then on, uncompiled; {fix}")  # fmt: skip
+            out.append(
+                f"{r.function} ({r.where}) hit Dynamo's recompile limit ({limit}) after recompiling "
+                f"on {r.reasons[-1]}: it runs eagerly from then on, uncompiled; {fix}"
+            )
     return out
 
 

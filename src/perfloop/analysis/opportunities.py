@@ -127,8 +127,18 @@ class Step:
     def at_copy_ms(self, nbytes: float) -> float:
         return nbytes / (self.copy * 1e9) * 1e3 if self.copy else 0.0
 
-    def add(self, kind: Kind | str, title: str, saves: float, bound: Bound, evidence: str, advice: str,
-            where: str = "", site: Site | None = None, **values) -> None:  # fmt: skip
+    def add(
+        self,
+        kind: Kind | str,
+        title: str,
+        saves: float,
+        bound: Bound,
+        evidence: str,
+        advice: str,
+        where: str = "",
+        site: Site | None = None,
+        **values,
+    ) -> None:
         """A finding of analyzer `kind` (a Kind or its word), kept where it saves MIN_SHARE of
         the step or more; `values`: the numbers its evidence says."""
         kind = Kind(kind)
@@ -250,7 +260,7 @@ def graph_breaks_found(s: Step) -> None:
                 f", and {len(again)} compile(s) of the code after it, {fmt_ms(compile_ms / s.calls)} per call"
                 if again
                 else ""
-            )  # fmt: skip
+            )
             + f"; Dynamo: {b.reason}"
         )
         s.add(
@@ -333,8 +343,19 @@ def fusablechains(s: Step, attention: dict) -> None:
         )
         site = where_called(c["module"], chain_kind(c["ops"]), s.sites)
         title = f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them"
-        s.add("fusion", title, c["ms"] - ideal, Bound.MEMORY, evidence, chain_advice(c["ops"]), site,
-              Site(c["module"]), bytes=c["bytes"], ideal_bytes=c["ideal_bytes"], passes=passes)  # fmt: skip
+        s.add(
+            "fusion",
+            title,
+            c["ms"] - ideal,
+            Bound.MEMORY,
+            evidence,
+            chain_advice(c["ops"]),
+            site,
+            Site(c["module"]),
+            bytes=c["bytes"],
+            ideal_bytes=c["ideal_bytes"],
+            passes=passes,
+        )
 
 
 def pageable_copies(s: Step, kept: list) -> tuple[list, list]:

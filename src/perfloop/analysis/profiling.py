@@ -22,7 +22,6 @@ import torch
 from torch.autograd import DeviceType
 
 from perfloop import device as _device
-from perfloop.analysis.annotate import RANGE_WATCHERS, annotate, annotating  # noqa: F401 -- their home before
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
 from perfloop.analysis.compilation import live_break_reasons, live_metrics
 from perfloop.analysis.modules import module_ranges
@@ -257,9 +256,16 @@ class Profile:
             r = min(each, key=lambda x: x.idle_ms).times(len(spans)) if each else None
         else:
             compiled = ([(c.start_us, c.end_us) for c in self.compiles()], self._between_regions())
-            r = idle(events, intervals, sites, spans,
-                     launched_at=[i.launch_us for i in its] if self.kind == "cuda" else None,
-                     pageable=pageable, samples=self._samples, compiled=compiled)  # fmt: skip
+            r = idle(
+                events,
+                intervals,
+                sites,
+                spans,
+                launched_at=[i.launch_us for i in its] if self.kind == "cuda" else None,
+                pageable=pageable,
+                samples=self._samples,
+                compiled=compiled,
+            )
         if r is not None:
             r.device = "GPU" if self.kind == "cuda" else "CPU"
             why = _unsampled_launcher(self._prof.events()) if self._samples else None
@@ -335,8 +341,20 @@ class Profile:
             # a CPU: the unprofiled run and the profiled one at the faster one's pace (another
             # process's load can slow either: a loaded run read 175 ms unprofiled over 24 of ops)
             wall = min(wall, self.profiled_wall_ms_per_call)
-        return rank(self.items(), self._work(), records, counted_items, idle, ceilings, self.calls,
-                    wall, l2, sites=self.sites, kind=self.kind, compiled=self.compiled_code())  # fmt: skip
+        return rank(
+            self.items(),
+            self._work(),
+            records,
+            counted_items,
+            idle,
+            ceilings,
+            self.calls,
+            wall,
+            l2,
+            sites=self.sites,
+            kind=self.kind,
+            compiled=self.compiled_code(),
+        )
 
     def compiled_code(self) -> CompiledCode | None:
         """compilation.CompiledCode of the profiled calls, None where nothing ran compiled."""
@@ -488,9 +506,22 @@ def profile(
         prof, wall_ms, host, samples, spans = timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
         work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
 
-    return build_profile(prof, calls, wall_ms, host * 1e3, on_cuda, warnings, work_counted, peak, work,
-                         plain_wall_ms=plain_ms, samples=samples, call_spans=spans,
-                         compile_metrics=live_metrics(), break_reasons=live_break_reasons())  # fmt: skip
+    return build_profile(
+        prof,
+        calls,
+        wall_ms,
+        host * 1e3,
+        on_cuda,
+        warnings,
+        work_counted,
+        peak,
+        work,
+        plain_wall_ms=plain_ms,
+        samples=samples,
+        call_spans=spans,
+        compile_metrics=live_metrics(),
+        break_reasons=live_break_reasons(),
+    )
 
 
 def build_profile(

@@ -11,7 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from perfloop.analysis.profiling import annotate, profile
+from perfloop.analysis.annotate import annotate
+from perfloop.analysis.profiling import profile
 from perfloop.experiments._common import device, finish, ms, plot_bars
 from perfloop.harness.measurement import parse_ms
 from perfloop.harness.timing import bench

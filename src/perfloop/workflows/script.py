@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from perfloop import device as _device
-from perfloop.analysis import compilation, profiling, recording
+from perfloop.analysis import annotate, compilation, profiling, recording
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.stacks import Sampler
 from perfloop.analysis.work import WorkCounter
@@ -415,13 +415,22 @@ def profile_script(
                                or window[0] < 0 or not window[1] > 0):  # fmt: skip
         raise ValueError(f"--window: must be START:DURATION in finite seconds, START >= 0, DURATION > 0, "
                          f"got {window!r}")  # fmt: skip
-    w = _Window(range_name, skip, steps, window, count_work, _device.has_cuda(), exit_after=exit_after,
-                on_taken=on_taken, auto_skip=auto_skip)  # fmt: skip
+    w = _Window(
+        range_name,
+        skip,
+        steps,
+        window,
+        count_work,
+        _device.has_cuda(),
+        exit_after=exit_after,
+        on_taken=on_taken,
+        auto_skip=auto_skip,
+    )
     recording.prepare_profiler()  # before the script's clock starts, not inside its window
     saved_argv, saved_path, saved_cwd = sys.argv, list(sys.path), os.getcwd()
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.abspath(path) if runnable_dir else os.path.dirname(os.path.abspath(path)))
-    profiling.RANGE_WATCHERS.append(w)
+    annotate.RANGE_WATCHERS.append(w)
     compilation.eager_hooks_skipped()
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
     try:
@@ -453,7 +462,7 @@ def profile_script(
                 w.abandon()
     finally:
         hook.remove()
-        profiling.RANGE_WATCHERS.remove(w)
+        annotate.RANGE_WATCHERS.remove(w)
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
     return _result(w, w.sites if w.sites is not None else _sites(tracker.roots, w.warnings))
@@ -544,8 +553,10 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
     say_compiled(w)
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
     if w.range_name and plain is None and len(w.enters) > 2:
-        w.warnings.append("idle time measured under the profiler, which slows the host: the skipped steps "
-                          "all compiled, so their pace is not the step's")  # fmt: skip
+        w.warnings.append(
+            "idle time measured under the profiler, which slows the host: the skipped steps "
+            "all compiled, so their pace is not the step's"
+        )
     elif w.range_name and plain is None:
         w.warnings.append("idle time measured under the profiler, which slows the host: --skip 2 or more "
                           "times the unprofiled steps and scales the idle to them")  # fmt: skip
@@ -553,11 +564,23 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
     # optimizer steps': there the profiled span is the steps)
     traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
     samples = w.sampler.align(w.prof.events(), w.sampler_mark) if w.sampler is not None else None
-    p = profiling.build_profile(w.prof, max(w.calls, 1), w.wall_ms, w.wall_ms, w.on_cuda, w.warnings,
-                                counted, range_name=traced, plain_wall_ms=plain, samples=samples,
-                                window_cut_s=w.ended_at, compile_metrics=compilation.live_metrics(),
-                                break_reasons=compilation.live_break_reasons(), step=w.range_name,
-                                sites=sites)  # fmt: skip
+    p = profiling.build_profile(
+        w.prof,
+        max(w.calls, 1),
+        w.wall_ms,
+        w.wall_ms,
+        w.on_cuda,
+        w.warnings,
+        counted,
+        range_name=traced,
+        plain_wall_ms=plain,
+        samples=samples,
+        window_cut_s=w.ended_at,
+        compile_metrics=compilation.live_metrics(),
+        break_reasons=compilation.live_break_reasons(),
+        step=w.range_name,
+        sites=sites,
+    )
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
         raise ValueError(f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "

@@ -11,7 +11,7 @@ import threading
 
 import torch
 
-from perfloop.analysis import profiling
+from perfloop.analysis import annotate
 
 OPTIMIZER_STEP = "optimizer.step"
 NUMBERED = re.compile(r"#\d+$")  # ProfilerStep#12 -> ProfilerStep
@@ -37,7 +37,7 @@ def step_sources(w):
         w.settle()
 
     def told(rf) -> bool:  # torch's own optimizer ranges are told as optimizer.step boundaries
-        return not profiling.annotating() and not rf.name.startswith("Optimizer.")
+        return not annotate.annotating() and not rf.name.startswith("Optimizer.")
 
     marks = itertools.count()
     opened = threading.local()  # per thread: the marks of the record_function ranges open
@@ -98,7 +98,7 @@ def nvtx_sources(w):
     names = threading.local()  # per thread: the NVTX ranges open
 
     def range_push(msg):
-        if not profiling.annotating():
+        if not annotate.annotating():
             names.__dict__.setdefault("open", []).append(msg)
             w.enter(msg)
         return push(msg)
@@ -106,7 +106,7 @@ def nvtx_sources(w):
     def range_pop():
         out = pop()
         stack = names.__dict__.get("open")
-        if stack and not profiling.annotating():
+        if stack and not annotate.annotating():
             w.exit(stack.pop())
         return out
 
