@@ -22,6 +22,7 @@ from torch.autograd import DeviceType
 
 from perfloop.analysis import roofline
 from perfloop.analysis.bound import Bound
+from perfloop.analysis.inductor import fused_ops, kernel_name, launch_work
 from perfloop.analysis.modules import PREFIX as MODULE
 from perfloop.analysis.spans import Spans
 from perfloop.analysis.work import MARKER
@@ -66,6 +67,8 @@ class Item:
     markers: tuple = ()  # indices of the WorkCounter records behind it
     launch_us: float = 0.0  # when the host launched it (a CPU op: its start)
     outer_op: str = ""  # the outermost op around `op` (aten::contiguous around aten::copy_)
+    line: str = ""  # a compiled kernel's source line ("model.py:42")
+    work: tuple | None = None  # (flops, bytes, dtype) from its launch's recorded arguments
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ def _ancestors(e):
 
 
 def _is_op(e) -> bool:
+    if kernel_name(e.name):  # an Inductor kernel's launch
+        return True
     return "::" in e.name and not e.name.startswith(BACKWARD) and not getattr(e, "is_user_annotation", False)
 
 
@@ -115,7 +120,9 @@ def call_context(e, seq_module: dict) -> tuple[str, str, str, tuple]:
     markers = []
     for a in _ancestors(e):
         name = a.name
-        if not op and "::" in name and not name.startswith(BACKWARD):
+        if not op and kernel_name(name):
+            op = f"{COMPILED_OP} {kernel_name(name)}"
+        elif not op and "::" in name and not name.startswith(BACKWARD):
             op = name
         elif not op and name.startswith(COMPILED):
             op = COMPILED_OP
@@ -200,34 +207,44 @@ def fastest_of_calls(its: list[Item], spans: list[tuple[float, float]]) -> list[
     return [replace(i, ms=fastest[n]) for c in per_call for n, i in enumerate(c)]
 
 
-def items(events, kind: str) -> list[Item]:
+def items(events, kind: str, placed: dict | None = None) -> list[Item]:
     """Every kernel recorded on the device (every outermost op on a CPU), in time order, with
     its op, module and phase. A kernel no op's list holds (a graph replay, NCCL, the runtime's
-    own memcpy) keeps op ''."""
+    own memcpy) keeps op ''. `placed`: id of a compiled graph's launching event -> its
+    findings.Site (inductor.placements), the module and line its kernels are charged to."""
     seq_module = seq_modules(events)
+    placed = placed or {}
     if kind != "cuda":
         out = []
         for e in cpu_ops(events):
             op, module, phase, _ = call_context(e, seq_module)
             marks = tuple(int(c.name[len(MARKER) :]) for c in _descendants(e) if c.name.startswith(MARKER))
-            r = e.time_range
-            out.append(Item(e.name, e.name, module, phase, r.elapsed_us() / 1e3, r.start, r.end, marks,
-                            r.start, e.name))  # fmt: skip
+            r, at = e.time_range, placed.get(id(e))
+            out.append(Item(kernel_name(e.name) or e.name, op, at.module if at else module, phase,
+                            r.elapsed_us() / 1e3, r.start, r.end, marks, r.start, e.name,
+                            at.line if at else "", launch_work(e)))  # fmt: skip
         return sorted(out, key=lambda i: i.start_us)
     launches: dict[str, deque] = defaultdict(deque)
     for e in sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start):
         for k in getattr(e, "kernels", ()) or ():
             launches[k.name].append(e)
-    out = []
+    out, worked = [], set()
     for d in sorted(device_events(events, annotations(events)), key=lambda e: e.time_range.start):
         launch = launches[d.name].popleft() if launches[d.name] else None
         if launch is not None:
             op, module, phase, marks = call_context(launch, seq_module)
         else:
             op, module, phase, marks = "", NO_MODULE, "forward", ()
-        at = _launched(launch, d.time_range.start) if launch else d.time_range.start
-        out.append(Item(d.name, op, module, phase, d.time_range.elapsed_us() / 1e3, d.time_range.start,
-                        d.time_range.end, marks, at, _outer_op(launch) if launch else ""))  # fmt: skip
+        at = next((placed[id(a)] for a in _ancestors(launch) if id(a) in placed), None)
+        unit = next((a for a in _ancestors(launch) if kernel_name(a.name) or "::" in a.name), None)
+        work = None
+        if unit is not None and id(unit) not in worked:  # a launch's work counted once, with its first kernel
+            worked.add(id(unit))
+            work = launch_work(unit)
+        start = _launched(launch, d.time_range.start) if launch else d.time_range.start
+        r, outer = d.time_range, _outer_op(launch) if launch else ""
+        out.append(Item(d.name, op, at.module if at else module, phase, r.elapsed_us() / 1e3, r.start, r.end,
+                        marks, start, outer, at.line if at else "", work))  # fmt: skip
     return out
 
 
@@ -264,6 +281,8 @@ def key_of(item: Item, by: str, depth: int | None = None) -> str:
     if by == "kernel":
         return item.kernel
     if by == "op":
+        if item.op.startswith(COMPILED_OP + " "):
+            return item.op
         if item.op == COMPILED_OP:
             return f"{COMPILED_OP} {item.kernel}"
         return item.op or f"(no op) {item.kernel}"
@@ -295,7 +314,7 @@ def group(
     seen_keys: dict[str, set] = defaultdict(set)
     for it in its:
         name = key_of(it, by, depth)
-        a = agg.setdefault(name, {"calls": 0, "ms": 0.0, "bwd": 0.0})
+        a = agg.setdefault(name, {"calls": 0, "ms": 0.0, "bwd": 0.0, "note": _compiled_note(it, by)})
         a["calls"] += 1
         a["ms"] += it.ms
         a["bwd"] += it.ms if it.phase == "backward" else 0.0
@@ -303,7 +322,8 @@ def group(
     total = sum(a["ms"] for a in agg.values()) or 1e-12
     rows = []
     for name, a in agg.items():
-        row = Row(name=name, calls=a["calls"], device_ms=a["ms"], share=a["ms"] / total, backward_ms=a["bwd"])
+        row = Row(name=name, calls=a["calls"], device_ms=a["ms"], share=a["ms"] / total, backward_ms=a["bwd"],
+                  note=a["note"])  # fmt: skip
         if work is not None and by != "kernel":
             ws = [work[k] for k in seen_keys[name] if k in work]
             if ws:
@@ -320,12 +340,27 @@ def group(
     return sorted(rows, key=lambda r: -r.device_ms)
 
 
+def _compiled_note(it: Item, by: str) -> str:
+    """What a compiled kernel's op or kernel row fused, and where it came from."""
+    if by not in ("op", "kernel") or not it.op.startswith(COMPILED_OP + " "):
+        return ""
+    ops = fused_ops(it.op[len(COMPILED_OP) + 1 :])
+    where = " at ".join(x for x in (it.module if it.module != NO_MODULE else "", it.line) if x)
+    return "; ".join(x for x in (f"fuses {', '.join(ops)}" if ops else "", where) if x)
+
+
 def work_by_key(its: list[Item], records: list, scale: float) -> dict:
     """(module, phase, op) -> [flops, bytes, dtype] from the WorkCounter records behind the
-    items, each record counted once (with the first kernel it launched), times `scale`."""
+    items, each record counted once (with the first kernel it launched), and from the work the
+    items carry (a profile with shapes), times `scale`."""
     out: dict = {}
     used = set()
     for it in its:
+        if it.work is not None:
+            w = out.setdefault((it.module, it.phase, it.op), [0.0, 0.0, ""])
+            w[0] += it.work[0] * scale
+            w[1] += it.work[1] * scale
+            w[2] = w[2] or it.work[2]
         for m in it.markers:
             if m in used or m >= len(records) or records[m] is None:
                 continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 import weakref
 
 import torch
@@ -18,6 +19,7 @@ from torch._C._profiler import _RecordFunctionFast
 from perfloop.analysis.compilation import eager_hook, eager_hooks_skipped
 
 PREFIX = "module: "
+HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
 class _Tracker:
@@ -65,13 +67,17 @@ class _Tracker:
 @contextlib.contextmanager
 def module_ranges(quiet=None):
     """Within: each nn.Module call is a profiler range "module: <qualified name>" (none while
-    `quiet()` is true)."""
+    `quiet()` is true). torch's warning that global hooks fire once more for a torch.compile'd
+    module's wrapper is not shown: the hooks are these, and the ranges name the wrapper as the
+    model."""
     t = _Tracker(quiet)
     eager_hooks_skipped()
     pre = torch.nn.modules.module.register_module_forward_pre_hook(t.pre)
     post = torch.nn.modules.module.register_module_forward_hook(t.post, always_call=True)
     try:
-        yield t
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=HOOKS_WARNING)
+            yield t
     finally:
         pre.remove()
         post.remove()

@@ -9,6 +9,7 @@ On a CPU the same record holds CPU ops instead of kernels.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -24,6 +25,7 @@ from torch.autograd import DeviceType
 from perfloop import device as _device
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
 from perfloop.analysis.compilation import live_break_reasons, live_metrics
+from perfloop.analysis.inductor import GRAPH_CALL, module_trees, placed
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.recording import peak_memory, plain_wall_ms, start_profiler, stop_profiler, timed_calls
 from perfloop.analysis.spans import Spans
@@ -117,6 +119,7 @@ class Profile:
     window_cut_s: float | None = None  # a script's time window: the seconds recorded, where it ended early
     compile_metrics: list | None = field(default=None, repr=False)  # Dynamo's, in the process that ran it
     break_reasons: list | None = field(default=None, repr=False)  # the graph-break reasons Dynamo counted
+    _trees: Any = field(default=None, repr=False)  # inductor.ModuleTree of the models run
 
     def _spans(self) -> list | None:
         return self._windows or self._call_spans
@@ -199,7 +202,8 @@ class Profile:
     def _item_rows(self) -> list:
         from perfloop.analysis.attribution import fastest_of_calls, items, within
 
-        rows = items(self._prof.events() if self._prof is not None else [], self.kind)
+        events = self._prof.events() if self._prof is not None else []
+        rows = items(events, self.kind, placed(events, self.compile_metrics, self._trees))
         if self._windows:
             rows = within(rows, self._windows)
         spans = self._windows or self._call_spans
@@ -502,9 +506,10 @@ def profile(
         raise ValueError("memory_snapshot: CUDA memory snapshots need a CUDA GPU")
     warnings: list[str] = []
     plain_ms = plain_wall_ms(call, calls, sync, fastest=not on_cuda)
-    with module_ranges():
+    with module_ranges() as tracker:
         prof, wall_ms, host, samples, spans = timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
-        work_counted = _counted_call(call, on_cuda, warnings) if count_work else None
+        trees = module_trees(tracker.roots)
+        work_counted = _counted_call(call, on_cuda, warnings, prof, trees) if count_work else None
 
     return build_profile(
         prof,
@@ -521,6 +526,7 @@ def profile(
         call_spans=spans,
         compile_metrics=live_metrics(),
         break_reasons=live_break_reasons(),
+        trees=trees,
     )
 
 
@@ -544,13 +550,15 @@ def build_profile(
     break_reasons: list | None = None,
     step: str | None = None,
     sites: dict | None = None,
+    trees: list | None = None,
 ) -> Profile:
     """A Profile from a stopped profiler that recorded `calls` calls (times over all of them);
     with `range_name`, of the work launched inside that range's occurrences only, and the wall
     time theirs; `plain_wall_ms`: the same calls' wall time without the profiler; `samples`: the
     launching thread's stack samples; `call_spans`: each call's host interval; `given_work`:
     (events, kind, windows) -> {(module, phase, op): work}, for a trace that carries shapes;
-    `step`: what one call is (a script's range); `sites`: pl.patch's call sites by module."""
+    `step`: what one call is (a script's range); `sites`: pl.patch's call sites by module;
+    `trees`: the models run (inductor.module_trees), where compiled kernels are placed."""
     from perfloop.analysis.attribution import windows
 
     events = prof.events()
@@ -590,25 +598,39 @@ def build_profile(
         break_reasons=break_reasons,
         step=step,
         sites=sites,
+        _trees=trees,
     )
 
 
-def counted(prof, records: list, on_cuda: bool):
-    """(records, items, 1) of a call counted by a WorkCounter under the (stopped) profiler."""
+def by_shapes(events) -> bool:
+    """Whether the counted call reads its work from the shapes the profiler records rather than
+    from a WorkCounter: where the profiled calls (`events`) ran compiled code, which under a
+    dispatch mode would run eager."""
+    return any(e.name.startswith(GRAPH_CALL) for e in events)
+
+
+def counting_mode(shapes: bool):
+    """The context the counted call runs in: a WorkCounter, or (`shapes`) none."""
+    return contextlib.nullcontext(None) if shapes else WorkCounter()
+
+
+def counted(prof, records: list, on_cuda: bool, trees: list | None = None):
+    """(records, items, 1) of a call counted under the (stopped) profiler."""
     from perfloop.analysis.attribution import items
 
     events = prof.events()
     kind = "cuda" if on_cuda and device_events(events, annotations(events)) else "cpu"
-    return records, items(events, kind), 1
+    return records, items(events, kind, placed(events, live_metrics(), trees)), 1
 
 
-def _counted_call(call, on_cuda: bool, warnings: list[str]):
-    """(records, items, 1): one more call under the WorkCounter and the profiler, each kernel
+def _counted_call(call, on_cuda: bool, warnings: list[str], timed, trees: list | None = None):
+    """(records, items, 1): one more call under the profiler (`counting_mode`), each kernel
     tied to the counted op that launched it; None, with a warning, where the call cannot run
     under a dispatch mode."""
-    prof = start_profiler(on_cuda, [])
+    shapes = by_shapes(timed.events())
+    prof = start_profiler(on_cuda, [], shapes=shapes)
     try:
-        with WorkCounter() as wc:
+        with counting_mode(shapes) as wc:
             call()
         if on_cuda:
             torch.cuda.synchronize()
@@ -617,4 +639,4 @@ def _counted_call(call, on_cuda: bool, warnings: list[str]):
         return None
     finally:
         stop_profiler(prof)
-    return counted(prof, wc.records, on_cuda)
+    return counted(prof, wc.records if wc is not None else [], on_cuda, trees)

@@ -64,22 +64,22 @@ def prepare_profiler() -> None:
     import torch._inductor.config  # noqa: F401
 
 
-def start_profiler(on_cuda: bool, warnings: list[str]):
+def start_profiler(on_cuda: bool, warnings: list[str], shapes: bool = False):
     """torch.profiler recording CPU and (on a GPU) CUDA activity, already started; CPU only,
-    with a warning, where CUPTI is missing or busy."""
+    with a warning, where CUPTI is missing or busy. `shapes`: each op's arguments' shapes too."""
     acts = [torch.profiler.ProfilerActivity.CPU]
     if on_cuda:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     try:  # keep events from every call (torch >= 2.5 clears them per cycle otherwise)
-        prof = torch.profiler.profile(activities=acts, acc_events=True)
+        prof = torch.profiler.profile(activities=acts, acc_events=True, record_shapes=shapes)
     except TypeError:
-        prof = torch.profiler.profile(activities=acts)
+        prof = torch.profiler.profile(activities=acts, record_shapes=shapes)
     try:
         with _without_usdt_lines():
             prof.__enter__()
     except Exception as exc:
         warnings.append(f"CUDA activity profiling unavailable ({exc}); CPU activities only")
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=shapes)
         prof.__enter__()
     return prof
 

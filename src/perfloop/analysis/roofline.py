@@ -73,5 +73,5 @@ def apply(row, ceilings: dict, memory_ms: float, compute_ms: float, l2_bytes: in
         of_matmul=of_matmul,
         bound=bound,
         headroom_ms=max(0.0, ms - at_ceiling),
-        note=note,
+        note="; ".join(x for x in (row.note, note) if x),
     )

@@ -33,13 +33,10 @@ from torch.autograd import DeviceType
 from perfloop.analysis import profiling
 from perfloop.analysis.modules import PREFIX as MODULE
 from perfloop.analysis.spans import Spans
+from perfloop.analysis.work import shape_work
 
 _CPU_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
 _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
-_SIZES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4, "bool": 1,
-          "unsigned char": 1, "signed char": 1, "short int": 2, "c10::Float8_e4m3fn": 1,
-          "c10::Float8_e5m2": 1}  # fmt: skip
-_DTYPES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
 _KEPT_ARGS = ("Sequence number", "Fwd thread id", "correlation", "Input Dims", "Input type")
 MAX_EVENTS = 400_000  # events kept for the analysis (a few hundred bytes each); the rest are cut
 _MAX_TS_US = 1e17  # microseconds (some 3000 years): beyond, a timestamp is corrupt
@@ -312,31 +309,12 @@ def _nest(cpu: list) -> None:
             stack.append(e)
 
 
-def _numel(dims) -> int:
-    return math.prod(dims) if isinstance(dims, (list, tuple)) and all(isinstance(d, int) for d in dims) else 0
-
-
 def op_work(e) -> tuple[float, float, str] | None:
     """(FLOPs, bytes of its inputs, dtype) of an op from the shapes in the trace; None without."""
     dims, types = e.args.get("Input Dims"), e.args.get("Input type")
     if not isinstance(dims, (list, tuple)) or not isinstance(types, (list, tuple)):
         return None
-    pairs = zip(dims, types, strict=False)
-    tensors = [(d, t) for d, t in pairs if t in _SIZES and isinstance(d, (list, tuple)) and d]
-    nbytes = float(sum(_numel(d) * _SIZES[t] for d, t in tensors))
-    name = e.name.split("::")[-1]
-    shapes = [d for d, _ in tensors]
-    flops = 0.0
-    if name in ("mm", "addmm") and len(shapes) >= 2:
-        a, b = shapes[-2], shapes[-1]
-        if len(a) == 2 and len(b) == 2:
-            flops = 2.0 * a[0] * a[1] * b[1]
-    elif name in ("bmm", "baddbmm") and len(shapes) >= 2:
-        a, b = shapes[-2], shapes[-1]
-        if len(a) == 3 and len(b) == 3:
-            flops = 2.0 * a[0] * a[1] * a[2] * b[2]
-    dtype = _DTYPES.get(tensors[0][1], "") if tensors else ""
-    return flops, nbytes, dtype
+    return shape_work(e.name, dims, types)
 
 
 def work_by_key(events, kind: str, spans=None) -> dict:

@@ -223,3 +223,29 @@ def count(fn, *args, **kwargs) -> list[OpWork]:
 
 def total_flops(records) -> float:
     return math.fsum(r.flops for r in records)
+
+
+TYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4, "bool": 1,
+              "unsigned char": 1, "signed char": 1, "short int": 2, "c10::Float8_e4m3fn": 1,
+              "c10::Float8_e5m2": 1}  # fmt: skip
+TYPE_NAMES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
+
+
+def shape_work(name: str, shapes, types) -> tuple[float, float, str]:
+    """(FLOPs, bytes, dtype) of a call from the shapes and type names the profiler recorded of
+    its arguments (record_shapes): each tensor argument's bytes once, and a matmul's FLOPs."""
+    tensors = [
+        (d, t)
+        for d, t in zip(shapes, types, strict=False)
+        if t in TYPE_BYTES and isinstance(d, (list, tuple)) and all(isinstance(n, int) for n in d)
+    ]
+    nbytes = float(sum(math.prod(d) * TYPE_BYTES[t] for d, t in tensors))
+    op = name.split("::")[-1]
+    dims = [d for d, _ in tensors]
+    first = {"mm": 0, "bmm": 0, "addmm": 1, "baddbmm": 1}.get(op)  # the out= variant adds the output last
+    flops = 0.0
+    if first is not None and len(dims) >= first + 2:
+        a, b = dims[first], dims[first + 1]
+        if len(a) == len(b) == (3 if op.startswith("b") else 2) and a[-1] == b[-2]:
+            flops = 2.0 * math.prod(a) * b[-1]
+    return flops, nbytes, TYPE_NAMES.get(tensors[0][1], "") if tensors else ""

@@ -4,7 +4,6 @@ warning about perfloop's own global hooks kept quiet, and what the report says o
 from __future__ import annotations
 
 import contextlib
-import warnings
 
 
 @contextlib.contextmanager
@@ -22,17 +21,6 @@ def compile_callbacks(on_start):
         yield
     finally:
         callback_handler.remove_start_callback(on_start)
-
-
-@contextlib.contextmanager
-def quiet_about_our_hooks():
-    """Without torch's warning that global module hooks fire once more for a torch.compile'd
-    module's wrapper: the hooks are perfloop's, and its ranges name the wrapper as the model."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks"
-        )
-        yield
 
 
 def say_compiled(w) -> None:

@@ -31,10 +31,10 @@ import torch
 
 from perfloop import device as _device
 from perfloop.analysis import annotate, compilation, profiling, recording
+from perfloop.analysis.inductor import module_trees, tracking_sources
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.stacks import Sampler
-from perfloop.analysis.work import WorkCounter
-from perfloop.workflows.compiled_script import compile_callbacks, quiet_about_our_hooks, say_compiled
+from perfloop.workflows.compiled_script import compile_callbacks, say_compiled
 from perfloop.workflows.step_sources import OPTIMIZER_STEP, nvtx_sources, step_sources
 
 AUTO = "auto"  # the step: "step" ranges or optimizer.step() boundaries, whichever occurs first
@@ -89,6 +89,7 @@ class _Window:
     auto_skip: bool = False  # skip more than `skip` while the occurrence before compiled (not user-given)
     compiling: bool = False  # Dynamo compiled since the current occurrence began
     compiled: list = field(default_factory=list)  # the occurrences (1-based) in which Dynamo compiled
+    has_compiled: bool = False  # Dynamo compiled in the script
     first_timed: int = 0  # the first profiled occurrence
     retaken: list = field(default_factory=list)  # profiled occurrences dropped because they compiled
     calls: int = 0
@@ -113,7 +114,8 @@ class _Window:
     pid: int = field(default_factory=os.getpid)  # a process forked from the script (a DataLoader
     # worker) inherits the window: there it must do nothing, the profile is the parent's
     taken: bool = False  # the profile was taken, and said so (or the script ended for it)
-    read_sites: object = None  # () -> pl.patch's call sites in the models seen (nn.patch.plan)
+    read_sites: object = None  # () -> (pl.patch's call sites, inductor.ModuleTree) of the models seen
+    trees: object = None
     sites: dict | None = None  # ... read when the window closed, while those models live
 
     def check_taken(self) -> None:
@@ -140,7 +142,7 @@ class _Window:
 
     def on_compile(self, *_args, **_kwargs) -> None:
         """Dynamo began compiling (its start callback)."""
-        self.compiling = True
+        self.compiling = self.has_compiled = True
 
     def _enter(self, name: str) -> None:
         if name == self.range_name or (self.range_name == AUTO and name in ("step", OPTIMIZER_STEP)):
@@ -179,8 +181,9 @@ class _Window:
 
     def _start_counting(self) -> None:
         self._sync()
-        self.counted_prof = self._start([])
-        self.counter = WorkCounter()
+        shapes = self.has_compiled  # compiled code: under a dispatch mode it would run eager
+        self.counted_prof = self._start([], shapes=shapes)
+        self.counter = profiling.counting_mode(shapes)
         self.counter.__enter__()
         self.state = "counting"
 
@@ -256,11 +259,11 @@ class _Window:
         if self.on_cuda:
             torch.cuda.synchronize()
 
-    def _start(self, warnings: list):
+    def _start(self, warnings: list, shapes: bool = False):
         self.started_mark = self.mark() if self.mark else -1
         self.starting = True
         try:
-            return recording.start_profiler(self.on_cuda, warnings)
+            return recording.start_profiler(self.on_cuda, warnings, shapes)
         finally:
             self.starting = False
 
@@ -344,7 +347,7 @@ class _Window:
         recording.stop_profiler(self.prof)
         self.state = "timed_done" if self.count_work and self.range_name else "done"
         if self.read_sites is not None and self.sites is None:
-            self.sites = self.read_sites()
+            self.sites, self.trees = self.read_sites()
 
     def _stop_counting(self, force: bool = False):
         if self.state != "counting" or (not force and self._unsafe("counting")):
@@ -435,7 +438,7 @@ def profile_script(
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
     try:
         with (
-            quiet_about_our_hooks(),
+            tracking_sources(),  # the script's compiled kernels placed in its modules
             compile_callbacks(w.on_compile),
             module_ranges(quiet=lambda: w.theirs_ran) as tracker,
             w.sharing_the_profiler(),
@@ -443,7 +446,7 @@ def profile_script(
             step_sources(w),
             nvtx_sources(w),
         ):
-            w.read_sites = lambda: _sites(tracker.roots, w.warnings)
+            w.read_sites = lambda: (_sites(tracker.roots, w.warnings), module_trees(tracker.roots))
             w.t0 = time.perf_counter()
             try:
                 runpy.run_path(path, run_name="__main__")
@@ -465,7 +468,9 @@ def profile_script(
         annotate.RANGE_WATCHERS.remove(w)
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
-    return _result(w, w.sites if w.sites is not None else _sites(tracker.roots, w.warnings))
+    if w.sites is None:
+        w.sites, w.trees = _sites(tracker.roots, w.warnings), module_trees(tracker.roots)
+    return _result(w, w.sites)
 
 
 def _sites(roots: dict, warnings: list) -> dict:
@@ -545,7 +550,8 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
         why = ("the script's own torch.profiler had started by the one after the profiled ones"
                if w.count_blocked else "keep --skip plus --steps below the script's count")  # fmt: skip
         w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} to count ({why})")
-    counted = profiling.counted(w.counted_prof, w.counter.records, w.on_cuda) if w.counted_prof else None
+    records = getattr(w.counter, "records", [])
+    counted = profiling.counted(w.counted_prof, records, w.on_cuda, w.trees) if w.counted_prof else None
     compiled = set(w.compiled)  # the pace of steps that compiled is not the step's
     periods = sorted(
         w.enters[k + 1] - w.enters[k] for k in w.enters if k + 1 in w.enters and k not in compiled
@@ -580,6 +586,7 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
         break_reasons=compilation.live_break_reasons(),
         step=w.range_name,
         sites=sites,
+        trees=w.trees,
     )
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"

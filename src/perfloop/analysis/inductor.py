@@ -1,0 +1,277 @@
+"""Inductor's kernels as rows like any other: each compiled kernel with the aten ops it fused,
+the module and source line they came from, and the bytes it moved.
+
+- The kernel: Inductor wraps each launch of a kernel it generated in a profiler range named by
+  the kernel (`triton_per_fused_native_layer_norm_3`; on a CPU with
+  `torch._inductor.config.cpp.enable_kernel_profile`, `graph_0_cpp_fused_...`); with
+  record_shapes the range holds the kernel's buffers (shapes and dtypes), whose bytes are what it
+  read and wrote. Its name lists the aten ops it fused (Inductor's `descriptive_names`).
+- Where it came from: with Inductor's provenance tracking on (`tracking_sources`; torch's own switch:
+  INDUCTOR_PROVENANCE=1), each compiled
+  graph leaves in Dynamo's compilation metrics, in call order, every kernel and extern call
+  (`extern_kernels.mm`) it launches with the stack traces of the FX nodes behind it. A graph's
+  call in the profile (`## Call CompiledFxGraph`) is matched to its graph by that order, and each
+  trace is read down the module tree: the frames name the modules' forwards, and a frame's marked
+  call (`self.c_fc(x)`) the submodule it called. Modules of one class that one line calls in a
+  loop (`for block in self.h`) share their kernels (Inductor emits one for all), so the path
+  says `h.*`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import linecache
+import re
+from dataclasses import dataclass
+
+import torch
+
+from perfloop.analysis.findings import Site
+from perfloop.analysis.work import shape_work
+
+GRAPH_CALL = "## Call CompiledFxGraph"
+_KERNEL = re.compile(r"^(?:graph_\d+_)?((?:triton|cpp)_\w+_\d+)$")
+_FUSED = re.compile(r"^(?:triton|cpp)_(?:[a-z]+_)?fused_(\w+?)_\d+$")
+_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (\S+)')
+_SELF_CALL = re.compile(r"^self\.([A-Za-z_][\w.]*)\s*\(")
+
+
+def kernel_name(event_name: str) -> str | None:
+    """The Inductor kernel a profiler range is the launch of, None for any other range."""
+    m = _KERNEL.match(event_name)
+    return m.group(1) if m else None
+
+
+@contextlib.contextmanager
+def tracking_sources():
+    """Within: Inductor records, for every graph it compiles, the source of each kernel it
+    generates (its provenance tracking; the kernels are the same)."""
+    import torch._inductor.config as inductor_config
+
+    trace, before = inductor_config.trace, inductor_config.trace.provenance_tracking_level
+    trace.provenance_tracking_level = before or 1
+    try:
+        yield
+    finally:
+        trace.provenance_tracking_level = before
+
+
+@functools.cache
+def _aten_names() -> frozenset:
+    return frozenset(n for n in dir(torch.ops.aten) if not n.startswith("__"))
+
+
+def fused_ops(kernel: str) -> tuple[str, ...]:
+    """The aten ops an Inductor kernel's name lists (`triton_poi_fused_add_native_layer_norm_2`:
+    add, native_layer_norm), each name matched whole against aten's, longest first."""
+    m = _FUSED.match(kernel)
+    if not m:
+        return ()
+    text, names, out, i = m.group(1), _aten_names(), [], 0
+    while i < len(text):
+        ends = [j for j in range(len(text), i, -1) if text[j : j + 1] in ("", "_") and text[i:j] in names]
+        j = ends[0] if ends else (text.find("_", i + 1) if text.find("_", i + 1) > 0 else len(text))
+        if text[i:j] not in out:
+            out.append(text[i:j])
+        i = j + 1
+    return tuple(out)
+
+
+def launch_work(event) -> tuple[float, float, str] | None:
+    """(FLOPs, bytes, dtype) of one launch from what the profiler recorded of its arguments
+    (record_shapes): Inductor's own estimate where it made one (`kernel_num_gb`, `kernel_flop`),
+    else each buffer's bytes once. None without shapes."""
+    kw = getattr(event, "kwinputs", None) or {}
+    shapes, types = getattr(event, "input_shapes", None), getattr(event, "input_dtypes", None)
+    if not shapes or not types:
+        return None
+    flops, nbytes, dtype = shape_work(event.name, shapes, types)
+    if isinstance(kw.get("kernel_num_gb"), (int, float)):
+        nbytes = float(kw["kernel_num_gb"]) * 1e9
+    if isinstance(kw.get("kernel_flop"), (int, float)):
+        flops = float(kw["kernel_flop"])
+    return flops, nbytes, dtype
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch a compiled graph makes, in call order: a kernel (its name) or an extern call
+    (`extern:mm`), and the stack traces of the FX nodes behind it."""
+
+    key: str
+    traces: tuple[str, ...]
+
+
+def _key(name: str) -> str:
+    if name.startswith(("triton_", "cpp_")):
+        return name
+    op = name.split("::")[-1] if "::" in name else name.removesuffix(".default").split(".")[-1]
+    return f"extern:{op}"
+
+
+def graph_launches(metrics: list | None) -> list[tuple[Launch, ...]]:
+    """Each compiled graph's launches, in order, from Dynamo's compilation metrics (empty where
+    Inductor's provenance tracking was off when they compiled)."""
+    out = []
+    for m in metrics or ():
+        for text in sorted(getattr(m, "inductor_provenance", None) or ()):
+            try:
+                entries = json.loads(text)
+            except ValueError:
+                continue
+            if not isinstance(entries, dict):
+                continue
+            handles = {k: k.rsplit(":", 1) for k in entries}  # "triton_poi_fused_add_0:7": its 7th launch
+            order = sorted(entries, key=lambda k: int(handles[k][-1]) if handles[k][-1].isdigit() else 0)
+            out.append(tuple(Launch(_key(handles[k][0]), tuple(entries[k] or ())) for k in order))
+    return out
+
+
+def _frames(trace: str) -> list[tuple[str, int, str]]:
+    """(file, line, the call the frame's caret marks) of each frame of a traceback, outermost
+    first; [] where a frame's line no longer reads as it did (a compiled graph from Inductor's
+    cache, made before the file was edited or from another file alike)."""
+    lines, out = trace.splitlines(), []
+    for n, text in enumerate(lines):
+        m = _FRAME.match(text)
+        if not m:
+            continue
+        code = lines[n + 1] if n + 1 < len(lines) else ""
+        if linecache.getline(m.group(1), int(m.group(2))).strip() != code.strip():
+            return []
+        marks = lines[n + 2] if n + 2 < len(lines) and set(lines[n + 2].strip()) <= set("^~") else ""
+        start = len(marks) - len(marks.lstrip()) if marks.strip() else len(code) - len(code.lstrip())
+        out.append((m.group(1), int(m.group(2)), code[start : len(marks.rstrip()) or None].strip()))
+    return out
+
+
+@functools.cache
+def _span(cls: type) -> tuple[str, int, int] | None:
+    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    if code is None:
+        return None
+    lines = [n for _, _, n in code.co_lines() if n]
+    return code.co_filename, code.co_firstlineno, max(lines, default=code.co_firstlineno)
+
+
+class ModuleTree:
+    """A model's modules by attribute path, for reading a stack trace down it."""
+
+    def __init__(self, root: torch.nn.Module, name: str):
+        self.name = name
+        self.modules = {path: type(m) for path, m in root.named_modules()}  # the classes: no model kept alive
+
+    def _runs(self, path: str, file: str, line: int) -> bool:
+        span = _span(self.modules[path])
+        return span is not None and span[0] == file and span[1] <= line <= span[2]
+
+    def place(self, trace: str) -> tuple[str, str] | None:
+        """(module path, "file:line") of the innermost frame; None where the trace's outermost
+        frame is not this model's forward."""
+        frames = _frames(trace)
+        if not frames or not self._runs("", frames[0][0], frames[0][1]):
+            return None
+        paths = [""]
+        for n, (file, line, call) in enumerate(frames):
+            below = [
+                p for p in self.modules if self._runs(p, file, line) and any(_under(p, c) for c in paths)
+            ]
+            paths = (below if n else None) or paths
+            m = _SELF_CALL.match(call)
+            called = [f"{p}.{m.group(1)}" if p else m.group(1) for p in paths] if m else []
+            paths = [p for p in called if p in self.modules] or paths
+        file, line, _ = frames[-1]
+        return _pattern(paths), f"{file.rsplit('/', 1)[-1]}:{line}"
+
+
+def _under(path: str, above: str) -> bool:
+    return bool(path) and (not above or path.startswith(above + "."))
+
+
+def _pattern(paths: list[str]) -> str:
+    """One name for modules alike but for their index (`h.0.mlp`, `h.1.mlp`: `h.*.mlp`), up to
+    where they differ otherwise (`mlp.c_fc`, `mlp.gelu`: `mlp`)."""
+    parts = [p.split(".") if p else [] for p in paths]
+    common = []
+    for ps in zip(*parts, strict=False):
+        if len(set(ps)) == 1:
+            common.append(ps[0])
+        elif all(p.isdigit() for p in ps):
+            common.append("*")
+        else:
+            break
+    return ".".join(common)
+
+
+def site(launch: Launch, trees: list[ModuleTree]) -> Site | None:
+    """Where a launch came from: the module all its traces share (its root's name at the top)
+    and the innermost line of its first trace."""
+    for tree in trees:
+        places = [p for p in (tree.place(t) for t in launch.traces) if p is not None]
+        if places:
+            module = _pattern([p for p, _ in places]) if len(places) > 1 else places[0][0]
+            return Site(module or tree.name, places[0][1])
+    return None
+
+
+def _units(call) -> list:
+    """The launches under a graph's call, in time order: the kernels' ranges, and the outermost
+    ops (an extern call's)."""
+    out, todo = [], list(call.cpu_children)
+    while todo:
+        e = todo.pop()
+        if kernel_name(e.name) or "::" in e.name:
+            out.append(e)
+        else:
+            todo.extend(e.cpu_children)
+    return sorted(out, key=lambda e: e.time_range.start)
+
+
+def _align(keys: tuple, launches: tuple) -> list[tuple[int, int]]:
+    pairs, j = [], 0
+    for i, k in enumerate(keys):
+        for jj in range(j, len(launches)):
+            if launches[jj].key == k:
+                pairs.append((i, jj))
+                j = jj + 1
+                break
+    return pairs
+
+
+def placements(events, graphs: list[tuple[Launch, ...]], trees: list[ModuleTree]) -> dict[int, Site]:
+    """id of each launching event under a compiled graph's call -> the Site it came from."""
+    if not graphs or not trees:
+        return {}
+    out: dict[int, Site] = {}
+    matched: dict[tuple, tuple] = {}
+    sites: dict[Launch, Site | None] = {}
+    for call in events:
+        if not call.name.startswith(GRAPH_CALL):
+            continue
+        units = _units(call)
+        keys = tuple(_key(kernel_name(u.name) or u.name) for u in units)
+        if keys not in matched:
+            best = max(graphs, key=lambda g: len(_align(keys, g)))
+            matched[keys] = (best, _align(keys, best))
+        graph, pairs = matched[keys]
+        for i, j in pairs:
+            if graph[j] not in sites:
+                sites[graph[j]] = site(graph[j], trees)
+            if sites[graph[j]] is not None:
+                out[id(units[i])] = sites[graph[j]]
+    return out
+
+
+def module_trees(roots: dict) -> list[ModuleTree]:
+    """A ModuleTree of each model still alive of `roots` (root name -> weakref, as
+    modules.module_ranges keeps them)."""
+    return [ModuleTree(m, name) for name, ref in roots.items() if (m := ref()) is not None]
+
+
+def placed(events, metrics: list | None, trees: list | None) -> dict[int, Site]:
+    """`placements` of the compiled graphs' launches in `events`, {} where none ran."""
+    if not trees or not any(e.name.startswith(GRAPH_CALL) for e in events):
+        return {}
+    return placements(events, graph_launches(metrics), trees)
