@@ -219,10 +219,10 @@ def items(events, kind: str, placed: dict | None = None) -> list[Item]:
         for e in cpu_ops(events):
             op, module, phase, _ = call_context(e, seq_module)
             marks = tuple(int(c.name[len(MARKER) :]) for c in _descendants(e) if c.name.startswith(MARKER))
-            r, at = e.time_range, placed.get(id(e))
-            out.append(Item(kernel_name(e.name) or e.name, op, at.module if at else module, phase,
-                            r.elapsed_us() / 1e3, r.start, r.end, marks, r.start, e.name,
-                            at.line if at else "", launch_work(e)))  # fmt: skip
+            r, at, kernel = e.time_range, placed.get(id(e)), kernel_name(e.name)
+            out.append(Item(kernel or e.name, op, at.module if at else module, phase, r.elapsed_us() / 1e3,
+                            r.start, r.end, marks, r.start, e.name, at.line if at else "",
+                            launch_work(e) if kernel else None))  # fmt: skip
         return sorted(out, key=lambda i: i.start_us)
     launches: dict[str, deque] = defaultdict(deque)
     for e in sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start):
@@ -236,7 +236,7 @@ def items(events, kind: str, placed: dict | None = None) -> list[Item]:
         else:
             op, module, phase, marks = "", NO_MODULE, "forward", ()
         at = next((placed[id(a)] for a in _ancestors(launch) if id(a) in placed), None)
-        unit = next((a for a in _ancestors(launch) if kernel_name(a.name) or "::" in a.name), None)
+        unit = next((a for a in _ancestors(launch) if kernel_name(a.name)), None)  # ops: the WorkCounter's
         work = None
         if unit is not None and id(unit) not in worked:  # a launch's work counted once, with its first kernel
             worked.add(id(unit))

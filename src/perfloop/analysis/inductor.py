@@ -275,3 +275,21 @@ def placed(events, metrics: list | None, trees: list | None) -> dict[int, Site]:
     if not trees or not any(e.name.startswith(GRAPH_CALL) for e in events):
         return {}
     return placements(events, graph_launches(metrics), trees)
+
+
+UNPLACED = 0.05  # of the device time: compiled kernels left to the compiled function, worth a word
+
+
+def unplaced_note(its: list) -> str:
+    """A warning where compiled kernels (attribution.Item) carry no source line: charged to
+    the compiled function, not to its modules. "" where they are placed."""
+    compiled = [i for i in its if kernel_name(i.kernel) or i.op.startswith("(compiled) ")]
+    lost = sum(i.ms for i in compiled if not i.line)
+    if not compiled or lost <= UNPLACED * (sum(i.ms for i in its) or 1.0):
+        return ""
+    return (
+        "compiled kernels are charged to the compiled function, not to its modules: Inductor kept no "
+        "source for them (compile under `perfloop profile --script`, or with INDUCTOR_PROVENANCE=1; a "
+        "graph from Inductor's cache made before the file was edited keeps the old lines: "
+        "TORCHINDUCTOR_FX_GRAPH_CACHE=0)"
+    )

@@ -9,7 +9,6 @@ On a CPU the same record holds CPU ops instead of kernels.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
@@ -25,9 +24,16 @@ from torch.autograd import DeviceType
 from perfloop import device as _device
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
 from perfloop.analysis.compilation import live_break_reasons, live_metrics
-from perfloop.analysis.inductor import GRAPH_CALL, module_trees, placed
+from perfloop.analysis.inductor import GRAPH_CALL, module_trees, placed, unplaced_note
 from perfloop.analysis.modules import module_ranges
-from perfloop.analysis.recording import peak_memory, plain_wall_ms, start_profiler, stop_profiler, timed_calls
+from perfloop.analysis.recording import (
+    peak_memory,
+    plain_wall_ms,
+    start_profiler,
+    stop_profiler,
+    timed_calls,
+    with_dtypes,
+)
 from perfloop.analysis.spans import Spans
 from perfloop.analysis.work import WorkCounter
 from perfloop.harness.ceilings import ceilings as measured_ceilings
@@ -209,6 +215,9 @@ class Profile:
         spans = self._windows or self._call_spans
         if self.kind != "cuda" and spans and len(spans) == self.calls:
             rows = fastest_of_calls(rows, spans)
+        note = unplaced_note(rows)
+        if note and note not in self.warnings:
+            self.warnings.append(note)
         return rows
 
     def _work(self) -> dict | None:
@@ -603,34 +612,29 @@ def build_profile(
 
 
 def by_shapes(events) -> bool:
-    """Whether the counted call reads its work from the shapes the profiler records rather than
-    from a WorkCounter: where the profiled calls (`events`) ran compiled code, which under a
-    dispatch mode would run eager."""
+    """Whether the counted call records its ops' shapes too: where the profiled calls (`events`)
+    ran compiled code, whose generated kernels no WorkCounter sees (their launches' recorded
+    buffers are their bytes)."""
     return any(e.name.startswith(GRAPH_CALL) for e in events)
 
 
-def counting_mode(shapes: bool):
-    """The context the counted call runs in: a WorkCounter, or (`shapes`) none."""
-    return contextlib.nullcontext(None) if shapes else WorkCounter()
-
-
 def counted(prof, records: list, on_cuda: bool, trees: list | None = None):
-    """(records, items, 1) of a call counted under the (stopped) profiler."""
+    """(records, items, 1) of a call counted by a WorkCounter under the (stopped) profiler."""
     from perfloop.analysis.attribution import items
 
-    events = prof.events()
+    events = with_dtypes(prof)
     kind = "cuda" if on_cuda and device_events(events, annotations(events)) else "cpu"
     return records, items(events, kind, placed(events, live_metrics(), trees)), 1
 
 
 def _counted_call(call, on_cuda: bool, warnings: list[str], timed, trees: list | None = None):
-    """(records, items, 1): one more call under the profiler (`counting_mode`), each kernel
+    """(records, items, 1): one more call under the WorkCounter and the profiler, each kernel
     tied to the counted op that launched it; None, with a warning, where the call cannot run
     under a dispatch mode."""
     shapes = by_shapes(timed.events())
     prof = start_profiler(on_cuda, [], shapes=shapes)
     try:
-        with counting_mode(shapes) as wc:
+        with WorkCounter() as wc:
             call()
         if on_cuda:
             torch.cuda.synchronize()
@@ -639,4 +643,4 @@ def _counted_call(call, on_cuda: bool, warnings: list[str], timed, trees: list |
         return None
     finally:
         stop_profiler(prof)
-    return counted(prof, wc.records if wc is not None else [], on_cuda, trees)
+    return counted(prof, wc.records, on_cuda, trees)

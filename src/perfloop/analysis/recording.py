@@ -103,6 +103,23 @@ def plain_wall_ms(call, calls: int, sync, fastest: bool = False) -> float:
     return min(b - a for a, b in zip(each[:-1], each[1:], strict=True)) * calls * 1e3
 
 
+def with_dtypes(prof) -> list:
+    """The events of a (stopped) profile, each op with its arguments' dtypes (`input_dtypes`)
+    where shapes were recorded: torch before 2.12 keeps them on the raw kineto events only."""
+    events = prof.events()
+    if not events or hasattr(events[0], "input_dtypes"):
+        return events
+    try:
+        results = prof.profiler.kineto_results
+        start = results.trace_start_ns()
+        raw = {(k.name(), k.start_ns() - start): k.dtypes() for k in results.events() if k.dtypes()}
+    except (AttributeError, RuntimeError):  # a torch that keeps neither
+        return events
+    for e in events:
+        e.input_dtypes = raw.get((e.name, round(e.time_range.start * 1e3)), [])
+    return events
+
+
 def stop_profiler(prof) -> None:
     with _without_usdt_lines():
         prof.__exit__(None, None, None)

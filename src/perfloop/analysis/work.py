@@ -184,6 +184,12 @@ class WorkCounter(TorchDispatchMode):
         super().__init__()
         self.records: list[OpWork] = []
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Compiled code runs compiled within (else Dynamo runs it eager under a mode): the mode
+        sees the aten ops it calls (extern matmuls, attention), not its generated kernels."""
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         index = len(self.records)

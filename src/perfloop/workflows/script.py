@@ -34,6 +34,7 @@ from perfloop.analysis import annotate, compilation, profiling, recording
 from perfloop.analysis.inductor import module_trees, tracking_sources
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.stacks import Sampler
+from perfloop.analysis.work import WorkCounter
 from perfloop.workflows.compiled_script import compile_callbacks, say_compiled
 from perfloop.workflows.step_sources import OPTIMIZER_STEP, nvtx_sources, step_sources
 
@@ -181,9 +182,9 @@ class _Window:
 
     def _start_counting(self) -> None:
         self._sync()
-        shapes = self.has_compiled  # compiled code: under a dispatch mode it would run eager
+        shapes = self.has_compiled  # compiled kernels: their bytes from their recorded buffers
         self.counted_prof = self._start([], shapes=shapes)
-        self.counter = profiling.counting_mode(shapes)
+        self.counter = WorkCounter()
         self.counter.__enter__()
         self.state = "counting"
 
@@ -550,8 +551,9 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
         why = ("the script's own torch.profiler had started by the one after the profiled ones"
                if w.count_blocked else "keep --skip plus --steps below the script's count")  # fmt: skip
         w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} to count ({why})")
-    records = getattr(w.counter, "records", [])
-    counted = profiling.counted(w.counted_prof, records, w.on_cuda, w.trees) if w.counted_prof else None
+    counted = (
+        profiling.counted(w.counted_prof, w.counter.records, w.on_cuda, w.trees) if w.counted_prof else None
+    )
     compiled = set(w.compiled)  # the pace of steps that compiled is not the step's
     periods = sorted(
         w.enters[k + 1] - w.enters[k] for k in w.enters if k + 1 in w.enters and k not in compiled

@@ -1,0 +1,159 @@
+"""Inductor's kernels as rows (issue 39, item 4): each compiled kernel and extern call placed in
+the module and line it came from, its fused ops named, its work counted with the code compiled."""
+
+import inspect
+
+import pytest
+import torch
+import torch.nn as nn
+
+import perfloop as pl
+from perfloop.analysis import inductor
+from perfloop.analysis.attribution import COMPILED_OP
+from perfloop.analysis.work import WorkCounter
+
+
+class MLP(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        h = self.ln(x)
+        return x + self.proj(torch.nn.functional.gelu(self.fc(h)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([MLP() for _ in range(2)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x.pow(2).mean()
+
+
+def _line(cls, text: str) -> tuple[int, str]:
+    lines, first = inspect.getsourcelines(cls.forward)
+    n = next(i for i, x in enumerate(lines) if text in x)
+    return first + n, lines[n].rstrip("\n")
+
+
+def _frame(cls, text: str, call: str) -> str:
+    """A traceback frame as Dynamo writes a node's stack trace, its caret under `call`."""
+    line, code = _line(cls, text)
+    col = code.index(call)
+    return f'  File "{__file__}", line {line}, in forward\n{code}\n{" " * col}{"^" * len(call)}\n'
+
+
+def test_a_kernels_name_says_the_aten_ops_it_fused():
+    assert inductor.fused_ops("triton_poi_fused_add_native_layer_norm_2") == ("add", "native_layer_norm")
+    assert inductor.fused_ops(
+        "triton_red_fused__log_softmax__log_softmax_backward_data_nll_loss_forward_0"
+    ) == (
+        "_log_softmax",
+        "_log_softmax_backward_data",
+        "nll_loss_forward",
+    )
+    assert inductor.fused_ops("cpp_fused_gelu_gelu_backward_sum_1") == ("gelu", "gelu_backward", "sum")
+    assert inductor.kernel_name("graph_0_cpp_fused_gelu_1") == "cpp_fused_gelu_1"
+    assert inductor.kernel_name("aten::mm") is None and inductor.fused_ops("aten::mm") == ()
+
+
+def test_a_stack_trace_is_read_down_the_module_tree_to_the_submodule_its_line_calls():
+    tree = inductor.ModuleTree(Net(), "Net")
+    loop = _frame(Net, "x = block(x)", "block(x)")
+    fc = inductor.Launch("extern:addmm", (loop + _frame(MLP, "self.proj(", "self.fc(h)"),))
+    gelu = inductor.Launch(
+        "cpp_fused_gelu_1", (loop + _frame(MLP, "self.proj(", "torch.nn.functional.gelu(self.fc(h))"),)
+    )
+    ln_and_add = inductor.Launch(
+        "cpp_fused_add_native_layer_norm_2",
+        (
+            loop + _frame(MLP, "h = self.ln(x)", "self.ln(x)"),
+            loop + _frame(MLP, "return x +", "x + self.proj"),
+        ),
+    )
+    # both blocks run the one kernel (Inductor emits one for the two): the path says so
+    assert inductor.site(fc, [tree]).module == "blocks.*.fc"
+    assert inductor.site(fc, [tree]).line == f"test_inductor.py:{_line(MLP, 'self.proj(')[0]}"
+    assert inductor.site(gelu, [tree]).module == "blocks.*"  # a function, not a module: the block's
+    assert inductor.site(ln_and_add, [tree]).module == "blocks.*"  # fused across two places: where both are
+
+
+def test_a_trace_whose_line_no_longer_reads_so_is_not_placed():
+    """A graph from Inductor's cache compiled before the file was edited keeps the old lines."""
+    tree = inductor.ModuleTree(Net(), "Net")
+    line, _ = _line(Net, "x = block(x)")
+    stale = f'  File "{__file__}", line {line}, in forward\n    x = self.blocks[0](x)\n        ^^^^\n'
+    assert inductor.site(inductor.Launch("extern:mm", (stale,)), [tree]) is None
+
+
+def test_the_work_counter_leaves_compiled_code_compiled_and_sees_its_extern_calls():
+    torch.manual_seed(0)
+    model = torch.compile(MLP())
+    x = torch.randn(16, 64)
+    model(x).sum().backward()
+    with torch.profiler.profile() as prof, WorkCounter() as wc:
+        model(x).sum()
+    ops = [r.op for r in wc.records if r is not None]
+    assert any(e.name.startswith(inductor.GRAPH_CALL) for e in prof.events()), (
+        "the compiled graph did not run"
+    )
+    assert "aten::addmm" in ops  # the extern matmul, counted
+    assert "aten::native_layer_norm" not in ops and "aten::gelu" not in ops  # fused: not run eager
+
+
+@pytest.fixture
+def compiled_net():
+    import torch._inductor.config as inductor_config
+
+    torch.manual_seed(0)
+    net = Net()
+    with (
+        inductor.tracking_sources(),
+        inductor_config.patch({"fx_graph_cache": False, "cpp.enable_kernel_profile": True}),
+    ):
+        torch._dynamo.reset()
+        model = torch.compile(net)
+        x = torch.randn(32, 64)
+        model(x).backward()
+        yield model, x
+    torch._dynamo.reset()
+
+
+def test_a_compiled_models_kernels_are_rows_charged_to_its_modules_and_lines(compiled_net):
+    model, x = compiled_net
+    p = pl.profile(lambda: model(x).backward(), calls=2)
+    modules = {r.name: r for r in p.breakdown(by="module")}
+    assert {"blocks.*.fc", "blocks.*.proj", "blocks.*.ln"} <= set(modules), sorted(modules)
+    # every launch of the compiled graphs placed: none left to the compiled wrapper or to no module
+    assert "_orig_mod" not in modules, sorted(modules)
+    unplaced = [i.op for i in p.items() if i.module == "(no module)"]
+    assert not [op for op in unplaced if op.startswith(COMPILED_OP) or op.endswith("mm")], unplaced
+    # the matmuls' work counted with the code compiled: forward and backward of both blocks' fc
+    fc = modules["blocks.*.fc"]
+    assert fc.flops == pytest.approx(2 * p.calls * 3 * (2 * 32 * 64 * 256), rel=1e-6), fc
+    assert fc.bound is not None
+    rows = [r for r in p.breakdown(by="op") if r.name.startswith(COMPILED_OP + " ")]
+    norm = next(r for r in rows if r.name == f"{COMPILED_OP} cpp_fused_native_layer_norm_0")
+    assert "fuses native_layer_norm" in norm.note
+    assert f"blocks.*.ln at test_inductor.py:{_line(MLP, 'h = self.ln(x)')[0]}" in norm.note
+
+
+def test_compiled_kernels_without_a_recorded_source_are_said_to_be_charged_to_the_compiled_function():
+    import torch._inductor.config as inductor_config
+
+    torch.manual_seed(0)
+    with inductor_config.patch({"fx_graph_cache": False, "cpp.enable_kernel_profile": True}):
+        torch._dynamo.reset()
+        assert not inductor_config.trace.provenance_tracking_level
+        model, x = torch.compile(Net()), torch.randn(32, 64)
+        model(x).backward()
+        p = pl.profile(lambda: model(x).backward(), calls=1)
+    torch._dynamo.reset()
+    assert any(r.name.startswith(COMPILED_OP) for r in p.breakdown(by="op"))
+    assert any("charged to the compiled function" in w for w in p.warnings), p.warnings
