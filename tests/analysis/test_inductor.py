@@ -116,6 +116,7 @@ def compiled_net():
     with (
         inductor.tracking_sources(),
         inductor_config.patch({"fx_graph_cache": False, "cpp.enable_kernel_profile": True}),
+        torch._functorch.config.patch(enable_autograd_cache=False),
     ):
         torch._dynamo.reset()
         model = torch.compile(net)
@@ -148,8 +149,12 @@ def test_compiled_kernels_without_a_recorded_source_are_said_to_be_charged_to_th
     import torch._inductor.config as inductor_config
 
     torch.manual_seed(0)
-    with inductor_config.patch({"fx_graph_cache": False, "cpp.enable_kernel_profile": True}):
+    with (
+        inductor_config.patch({"fx_graph_cache": False, "cpp.enable_kernel_profile": True}),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
         torch._dynamo.reset()
+        torch._dynamo.utils.clear_compilation_metrics()  # the other tests' graphs, with their sources
         assert not inductor_config.trace.provenance_tracking_level
         model, x = torch.compile(Net()), torch.randn(32, 64)
         model(x).backward()
