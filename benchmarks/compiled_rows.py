@@ -48,7 +48,16 @@ def main() -> None:
         "compiled_kernel_items": sum(1 for i in p.items() if i.op.startswith("(compiled) ")),
         "counted_items_with_work": sum(1 for i in (p._counted[1] if p._counted else ()) if i.work),
     }
+    from perfloop.analysis import inductor
+
+    unplaced = [
+        {"key": launch.key, "traces": [t[-700:] for t in launch.traces[:2]]}
+        for graph in inductor.graph_launches(p.compile_metrics)
+        for launch in graph
+        if inductor.site(launch, p._trees) is None
+    ]
     result = {
+        "unplaced_launches": unplaced[:12],
         "step_ms": p.wall_ms_per_call,
         "device_ms": p.device_ms_per_call,
         "share": share,
