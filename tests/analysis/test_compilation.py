@@ -47,3 +47,28 @@ def test_the_profiled_calls_compiled_is_a_finding_and_a_warm_one_is_not():
     assert warm.compiled_regions() and not warm.compiles()
     d = warm.diagnose(ceilings={"copy_gbps": 20.0})
     assert not [o for o in d.findings if o.kind in ("compile", "recompile")], str(d)
+
+
+def test_cuda_graph_advice_for_compiled_code_names_what_in_the_step_blocks_them():
+    """A launch-bound compiled step is told CUDA graphs, with the graph break and the sync that
+    would stop them found in that step; a step with neither is told it has none."""
+    from perfloop.analysis.compilation import CompiledCode, GraphBreak
+    from perfloop.analysis.opportunities import Step
+    from perfloop.analysis.timeline import Idle
+
+    brk = GraphBreak("forward", "model.py:31", ("2",), "Data-dependent branching", "data-dependent branch")
+    idle = Idle(10.0, 5.0, {}, syncs=[("aten::_local_scalar_dense", 1, 2.0, ())],
+                sync_places={"aten::_local_scalar_dense": "train.py:40"})  # fmt: skip
+    blocked = Step([], None, None, None, idle, {}, 1, 10.0, 0, None, "cuda", CompiledCode([], [brk], 2.0))
+    blocked.add("launch", "the GPU waits on launches", 5.0, "launch", "e", "fewer launches: torch.compile")
+    advice = blocked.found[0].advice
+    assert "mode='reduce-overhead'" in advice and "torch.compile(model)" not in advice
+    assert (
+        "first remove: 1 graph break (model.py:31), a CPU sync (_local_scalar_dense at train.py:40)" in advice
+    )
+
+    clean = Step(
+        [], None, None, None, Idle(10.0, 5.0, {}), {}, 1, 10.0, 0, None, "cuda", CompiledCode([], [], 1.0)
+    )
+    clean.add("launch", "the GPU waits on launches", 5.0, "launch", "e", "fewer launches: torch.compile")
+    assert "this step has none of what blocks them" in clean.found[0].advice

@@ -190,3 +190,8 @@ class Diagnosis:
 
 def _fmt(v) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def count_words(n: int, one: str, many: str) -> str:
+    """`n` with the word that fits it: "1 call", "3 calls"."""
+    return f"{n} {one if n == 1 else many}"

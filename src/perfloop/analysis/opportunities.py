@@ -19,8 +19,14 @@ from dataclasses import dataclass, field
 from perfloop.analysis import attribution as attr
 from perfloop.analysis import roofline, timeline
 from perfloop.analysis.bound import Bound
-from perfloop.analysis.compilation import BREAK_FIX, RESUME, CompiledCode, recompile_fix, recompile_in_words
-from perfloop.analysis.findings import Diagnosis, Evidence, Finding, Kind, Site
+from perfloop.analysis.compilation import CompiledCode
+from perfloop.analysis.compiled_found import (
+    COMPILED_ADVICE,
+    compilation_found,
+    graph_blockers,
+    graph_breaks_found,
+)
+from perfloop.analysis.findings import Diagnosis, Evidence, Finding, Kind, Site, count_words
 from perfloop.analysis.patterns import (
     ADVICE,
     LAYOUT_OPS,
@@ -78,24 +84,6 @@ HOST = {  # timeline's cause -> (what the host was doing, what removes it)
 }
 
 
-COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
-    Kind.LAUNCH: "the compiled step waits on its launches: replay it as CUDA graphs, torch.compile(..., "
-    "mode='reduce-overhead'); they need a step without CPU syncs, graph breaks or changing shapes (the "
-    "other findings say which of those this step has)",
-    Kind.TINY_OPS: "these ops run outside the compiled graphs (eager code around a graph break, or code not "
-    "compiled): bring them into the compiled function, or replay the step as CUDA graphs "
-    "(mode='reduce-overhead')",
-    Kind.FUSION: "these ops run outside the compiled graphs (eager code around a graph break, or code not "
-    "compiled): bring them into the compiled function, or a fused op (pl.patch)",
-    Kind.LATENCY: "short kernels: CUDA graphs (mode='reduce-overhead') take their launch cost away; "
-    "mode='max-autotune' tries larger tiles",
-    Kind.LAYOUT_COPY: "keep the layout the next op takes: matmul and scaled_dot_product_attention read "
-    "transposed operands (drop the .contiguous()), transpose after the op rather than before",
-    Kind.DTYPE_CAST: "keep the weights in the compute dtype (bf16 parameters with an fp32 master copy)",
-    Kind.ROOFLINE: "in compiled code this op ran as its own kernel: mode='max-autotune' searches faster "
-    "kernels for it, and a fused op (pl.patch) can take its place where perfloop has one",
-}
-
 Opportunity = Finding  # the names before one Finding type served every analysis
 StepDiagnosis = Diagnosis
 
@@ -144,6 +132,8 @@ class Step:
         kind = Kind(kind)
         if self.compiled is not None and (kind in COMPILED_ADVICE or "torch.compile" in advice):
             advice = COMPILED_ADVICE.get(kind, COMPILED_ADVICE[Kind.ROOFLINE])
+            if "CUDA graphs" in advice:
+                advice += graph_blockers(self)
         if saves / self.step_ms >= MIN_SHARE:
             ev = Evidence(evidence, values)
             share = saves / self.step_ms
@@ -208,72 +198,6 @@ def rank(
             out.at_ceiling = f"{top_row.name} runs at {of:.0%} of the measured {ceiling} ceiling"
             out.ceiling_bound = top_row.bound
     return out
-
-
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
-def compilation_found(s: Step) -> None:
-    """Compilation inside the profiled calls: a recompile (its failed guard, said plainly, and
-    the fix that fits it), or a first compile (warm-up, not the step's cost)."""
-    made = s.compiled.compiles if s.compiled is not None else []
-    by_function: dict = defaultdict(list)
-    for c in made:
-        if c.function.startswith(RESUME):
-            continue  # the code after a graph break: its compiles are the break's (graph_breaks_found)
-        by_function[(c.function or c.compile_id.split("/")[0], c.where, c.recompile)].append(c)
-    for (function, where, recompile), cs in by_function.items():
-        ms = sum(c.ms for c in cs) / s.calls
-        at = f"{function} ({where})" if where else function
-        reason = next((c.reason for c in cs if c.reason), "")
-        every = len({c.compile_id for c in cs}) >= s.calls  # a lazily compiled backward shares its id
-        if recompile:
-            said = recompile_in_words(reason) if reason else "a guard failed"
-            title = f"recompiles {'every step' if every else 'in the profiled steps'}: {at}: {said}"
-            advice = recompile_fix(reason)
-        else:
-            title = f"compilation inside the profiled steps: {at}"
-            advice = "warm-up, not the step's cost: profile later steps (--skip N)"
-        evidence = f"{len(cs)} compile(s) in {s.calls} call(s), {fmt_ms(ms)} per call" + (
-            f"; Dynamo's guard: {reason.splitlines()[0].strip()}" if reason else ""
-        )
-        kind = "recompile" if recompile else "compile"
-        s.add(kind, title, ms, Bound.HOST, evidence, advice, where, Site(line=where), compiles=len(cs))
-
-
-def graph_breaks_found(s: Step) -> None:
-    """Each graph break of the compiled code that ran: the GPU's idle while the host ran the
-    eager code between the graphs after it, its reason and the fix for that reason."""
-    if s.compiled is None or s.idle is None:
-        return
-    idle = s.idle
-    for b in s.compiled.breaks:
-        ms = sum(v for c, p, v in idle.places if c == timeline.GRAPH_BREAK and p.split("/")[0] in b.frames)
-        again = [c for c in s.compiled.compiles if c.function.startswith(RESUME) and c.where == b.where]
-        compile_ms = sum(c.ms for c in again)
-        ms = (ms + compile_ms) / s.calls
-        evidence = (
-            f"the {idle.device} idle {fmt_ms(ms - compile_ms / s.calls)} per call while the host ran the "
-            f"code between the graphs ({b.regions // max(s.calls, 1)} region(s) a call resume after it)"
-            + (
-                f", and {len(again)} compile(s) of the code after it, {fmt_ms(compile_ms / s.calls)} per call"
-                if again
-                else ""
-            )
-            + f"; Dynamo: {b.reason}"
-        )
-        s.add(
-            "graph break",
-            f"graph break in {b.function} at {b.where}: {b.kind}",
-            ms,
-            Bound.HOST,
-            evidence,
-            BREAK_FIX[b.kind],
-            b.where,
-            Site(line=b.where),
-            reason=b.reason,
-        )
 
 
 def written_attention(s: Step) -> dict:
@@ -448,14 +372,15 @@ def op_rows(s: Step, kept: list):
     """Each op (and phase) against its roofline: fp32 matmuls with TF32 off, ops below their
     ceiling, and the dtype casts together. Returns the heaviest row."""
     casts, top_row = 0.0, None
+    sites = _row_sites(kept)
     for row in attr.group(kept, "op/phase", work=s.work, ceilings=s.ceilings, l2_bytes=s.l2_bytes):
         cat = attr.category(row.name.rsplit(" (", 1)[0])
         if top_row is None or row.device_ms > top_row.device_ms:
             top_row = row
         if cat == "dtype cast/copy":
             casts += row.device_ms / s.calls
-        elif not _tf32_off(s, row, cat):
-            _below_ceiling(s, row, cat)
+        elif not _tf32_off(s, row, cat, sites.get(row.name)):
+            _below_ceiling(s, row, cat, sites.get(row.name))
     if casts:
         n = sum(1 for i in kept if attr.category(i.op or i.kernel) == "dtype cast/copy") // s.calls
         s.add(
@@ -470,7 +395,21 @@ def op_rows(s: Step, kept: list):
     return top_row
 
 
-def _tf32_off(s: Step, row, cat: str) -> bool:
+def _row_sites(kept: list) -> dict:
+    """op/phase row name -> the Site of its heaviest placed module (compiled code's kernels and
+    extern calls carry the line they came from)."""
+    ms: dict = {}
+    for i in kept:
+        if i.line:
+            key = (attr.key_of(i, "op/phase"), i.module, i.line)
+            ms[key] = ms.get(key, 0.0) + i.ms
+    out: dict = {}
+    for (name, module, line), _ms in sorted(ms.items(), key=lambda kv: kv[1]):
+        out[name] = Site(module, line)  # the heaviest last
+    return out
+
+
+def _tf32_off(s: Step, row, cat: str, site: Site | None = None) -> bool:
     """An fp32 matmul row where a TF32 or bf16 ceiling is much higher: said; True if it was."""
     faster = max(
         filter(None, [s.ceilings.get("matmul_tf32_tflops"), s.ceilings.get("matmul_bf16_tflops")]), default=0
@@ -484,23 +423,26 @@ def _tf32_off(s: Step, row, cat: str) -> bool:
         f"{row.name}: fp32 matmuls with TF32 off",
         row.device_ms / s.calls - at,
         Bound.PRECISION,
-        f"{_count(row.calls // s.calls, 'call', 'calls')}, {row.tflops:.1f} TFLOP/s; the TF32 ceiling "
+        f"{count_words(row.calls // s.calls, 'call', 'calls')}, {row.tflops:.1f} TFLOP/s; the TF32 ceiling "
         f"is {faster:.0f}",
         "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
         "or bf16 autocast",
+        str(site or ""),
+        site,
         tflops=row.tflops,
         tf32_ceiling_tflops=faster,
     )
     return True
 
 
-def _below_ceiling(s: Step, row, cat: str) -> None:
+def _below_ceiling(s: Step, row, cat: str, site: Site | None = None) -> None:
     if row.headroom_ms is None or row.bound is None:
         return
     of = row.of_matmul if row.bound == Bound.COMPUTE else row.of_copy
     ceiling = "matmul" if row.bound == Bound.COMPUTE else "copy"
-    ev = f"{_count(row.calls // s.calls, 'call', 'calls')}, {fmt_ms(row.device_ms / s.calls)} per call" + (
-        f", {of:.0%} of the {ceiling} ceiling" if of is not None else ""
+    ev = (
+        f"{count_words(row.calls // s.calls, 'call', 'calls')}, {fmt_ms(row.device_ms / s.calls)} per call"
+        + (f", {of:.0%} of the {ceiling} ceiling" if of is not None else "")
     )
     if row.bound == Bound.LATENCY:
         short = "the GPU" if s.kind == "cuda" else "the CPU's threads, its dispatch a large share"
@@ -523,7 +465,8 @@ def _below_ceiling(s: Step, row, cat: str) -> None:
         row.bound,
         ev,
         advice,
-        where_any(chain_kind([row.name.rsplit(" (", 1)[0]]), s.sites),
+        str(site) if site else where_any(chain_kind([row.name.rsplit(" (", 1)[0]]), s.sites),
+        site,
     )
 
 
