@@ -56,7 +56,22 @@ def main() -> None:
         for launch in graph
         if inductor.site(launch, p._trees) is None
     ]
+    calls = {}
+    graphs = inductor.graph_launches(p.compile_metrics)
+    for e in p._prof.events():
+        if e.name.startswith(inductor.GRAPH_CALL):
+            keys = tuple(inductor.kernel_name(u.name) or u.name for u in inductor._units(e))
+            if keys not in calls:
+                aligned = [len(inductor._align(tuple(inductor._key(k) for k in keys), g)) for g in graphs]
+                calls[keys] = {"units": len(keys), "graph_lengths": [len(g) for g in graphs], "aligned": aligned,
+                               "first_units": list(keys[:8]),
+                               "unmatched": [k for i, k in enumerate(keys) if i not in {
+                                   a for a, _ in inductor._align(tuple(inductor._key(k) for k in keys),
+                                                                 max(graphs, key=len))}][:10]}  # fmt: skip
+    unplaced_items = sorted({(i.kernel, i.op, i.phase) for i in p.items() if i.module in UNPLACED})[:15]
     result = {
+        "graph_calls": list(calls.values()),
+        "unplaced_items": unplaced_items,
         "unplaced_launches": unplaced[:12],
         "step_ms": p.wall_ms_per_call,
         "device_ms": p.device_ms_per_call,

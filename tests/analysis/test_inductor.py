@@ -162,3 +162,26 @@ def test_compiled_kernels_without_a_recorded_source_are_said_to_be_charged_to_th
     torch._dynamo.reset()
     assert any(r.name.startswith(COMPILED_OP) for r in p.breakdown(by="op"))
     assert any("charged to the compiled function" in w for w in p.warnings), p.warnings
+
+
+class _Event:
+    """The parts of a profiler event `placements` reads."""
+
+    def __init__(self, name, start, children=()):
+        self.name, self.cpu_children = name, list(children)
+        self.time_range = type("T", (), {"start": start})()
+
+
+def test_a_launch_inductor_kept_no_source_for_takes_the_module_of_its_placed_neighbours():
+    """A mix-order reduction's kernel has no provenance (Inductor records none for it): between
+    two launches of one block it is charged to that block, its line marked as inferred."""
+    tree = inductor.ModuleTree(Net(), "Net")
+    loop = _frame(Net, "x = block(x)", "block(x)")
+    fc = inductor.Launch("extern:mm", (loop + _frame(MLP, "self.proj(", "self.fc(h)"),))
+    proj = inductor.Launch("extern:mm", (loop + _frame(MLP, "self.proj(", "self.proj("),))
+    unsourced = _Event("triton_per_fused_native_layer_norm_backward_1", 2)
+    call = _Event(inductor.GRAPH_CALL + " f1 ##", 0, [_Event("aten::mm", 1), unsourced, _Event("aten::mm", 3)])
+    placed = inductor.placements([call], [(proj, fc)], [tree])
+    sites = [placed.get(id(u)) for u in call.cpu_children]
+    assert [s.module for s in sites] == ["blocks.*.proj", "blocks.*", "blocks.*.fc"]
+    assert sites[1].line.endswith("by its neighbours")

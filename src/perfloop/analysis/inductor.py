@@ -241,11 +241,13 @@ def _align(keys: tuple, launches: tuple) -> list[tuple[int, int]]:
 
 
 def placements(events, graphs: list[tuple[Launch, ...]], trees: list[ModuleTree]) -> dict[int, Site]:
-    """id of each launching event under a compiled graph's call -> the Site it came from."""
+    """id of each launching event under a compiled graph's call -> the Site it came from. A
+    launch Inductor recorded no source for (a mix-order reduction's kernel, the aten ops that
+    finish it) between two placed ones of one module gets that module, its line marked so."""
     if not graphs or not trees:
         return {}
     out: dict[int, Site] = {}
-    matched: dict[tuple, tuple] = {}
+    matched: dict[tuple, list] = {}
     sites: dict[Launch, Site | None] = {}
     for call in events:
         if not call.name.startswith(GRAPH_CALL):
@@ -253,14 +255,29 @@ def placements(events, graphs: list[tuple[Launch, ...]], trees: list[ModuleTree]
         units = _units(call)
         keys = tuple(_key(kernel_name(u.name) or u.name) for u in units)
         if keys not in matched:
-            best = max(graphs, key=lambda g: len(_align(keys, g)))
-            matched[keys] = (best, _align(keys, best))
-        graph, pairs = matched[keys]
-        for i, j in pairs:
-            if graph[j] not in sites:
-                sites[graph[j]] = site(graph[j], trees)
-            if sites[graph[j]] is not None:
-                out[id(units[i])] = sites[graph[j]]
+            graph = max(graphs, key=lambda g: len(_align(keys, g)))
+            placed_at: list[Site | None] = [None] * len(keys)
+            for i, j in _align(keys, graph):
+                if graph[j] not in sites:
+                    sites[graph[j]] = site(graph[j], trees)
+                placed_at[i] = sites[graph[j]]
+            matched[keys] = _between(placed_at)
+        for unit, at in zip(units, matched[keys], strict=True):
+            if at is not None:
+                out[id(unit)] = at
+    return out
+
+
+def _between(placed_at: list) -> list:
+    """Each unplaced launch between two placed ones: their common module."""
+    out = list(placed_at)
+    for i, at in enumerate(placed_at):
+        if at is not None:
+            continue
+        before = next((a for a in reversed(placed_at[:i]) if a is not None), None)
+        after = next((a for a in placed_at[i + 1 :] if a is not None), None)
+        if before is not None and after is not None and _pattern([before.module, after.module]):
+            out[i] = Site(_pattern([before.module, after.module]), f"{before.line}, by its neighbours")
     return out
 
 
