@@ -180,7 +180,7 @@ def test_a_launch_inductor_kept_no_source_for_takes_the_module_of_its_placed_nei
     fc = inductor.Launch("extern:mm", (loop + _frame(MLP, "self.proj(", "self.fc(h)"),))
     proj = inductor.Launch("extern:mm", (loop + _frame(MLP, "self.proj(", "self.proj("),))
     unsourced = _Event("triton_per_fused_native_layer_norm_backward_1", 2)
-    call = _Event(inductor.GRAPH_CALL + " f1 ##", 0, [_Event("aten::mm", 1), unsourced, _Event("aten::mm", 3)])
+    call = _Event(inductor.GRAPH_CALL + " f ##", 0, [_Event("aten::mm", 1), unsourced, _Event("aten::mm", 3)])
     placed = inductor.placements([call], [(proj, fc)], [tree])
     sites = [placed.get(id(u)) for u in call.cpu_children]
     assert [s.module for s in sites] == ["blocks.*.proj", "blocks.*", "blocks.*.fc"]
