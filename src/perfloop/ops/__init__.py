@@ -27,6 +27,7 @@ _OP_MODULES = (
     "swiglu",
     "geglu",
     "linear_cross_entropy",
+    "rope",
 )
 _REGISTRY: dict[str, Op] = {}
 
