@@ -44,7 +44,9 @@ def main() -> None:
     probe = {
         "torch": torch.__version__,
         "profiler_records_dtypes": "input_dtypes" in inspect.signature(FunctionEvent.__init__).parameters,
-        "graphs_with_provenance": sum(1 for m in p.compile_metrics or () if getattr(m, "inductor_provenance", None)),
+        "graphs_with_provenance": sum(
+            1 for m in p.compile_metrics or () if getattr(m, "inductor_provenance", None)
+        ),
         "compiled_kernel_items": sum(1 for i in p.items() if i.op.startswith("(compiled) ")),
         "counted_items_with_work": sum(1 for i in (p._counted[1] if p._counted else ()) if i.work),
     }
@@ -58,16 +60,21 @@ def main() -> None:
     ]
     calls = {}
     graphs = inductor.graph_launches(p.compile_metrics)
+    longest = max(graphs, key=len) if graphs else ()
     for e in p._prof.events():
-        if e.name.startswith(inductor.GRAPH_CALL):
-            keys = tuple(inductor.kernel_name(u.name) or u.name for u in inductor._units(e))
-            if keys not in calls:
-                aligned = [len(inductor._align(tuple(inductor._key(k) for k in keys), g)) for g in graphs]
-                calls[keys] = {"units": len(keys), "graph_lengths": [len(g) for g in graphs], "aligned": aligned,
-                               "first_units": list(keys[:8]),
-                               "unmatched": [k for i, k in enumerate(keys) if i not in {
-                                   a for a, _ in inductor._align(tuple(inductor._key(k) for k in keys),
-                                                                 max(graphs, key=len))}][:10]}  # fmt: skip
+        if not e.name.startswith(inductor.GRAPH_CALL):
+            continue
+        names = tuple(inductor.kernel_name(u.name) or u.name for u in inductor._units(e))
+        keys = tuple(inductor._key(k) for k in names)
+        if names not in calls:
+            matched = {i for i, _ in inductor._align(keys, longest)}
+            calls[names] = {
+                "units": len(names),
+                "graph_lengths": [len(g) for g in graphs],
+                "aligned": [len(inductor._align(keys, g)) for g in graphs],
+                "first_units": list(names[:8]),
+                "unmatched": [k for i, k in enumerate(names) if i not in matched][:10],
+            }
     unplaced_items = sorted({(i.kernel, i.op, i.phase) for i in p.items() if i.module in UNPLACED})[:15]
     result = {
         "graph_calls": list(calls.values()),
@@ -79,15 +86,17 @@ def main() -> None:
         "kernels_above_1pct": len(big),
         "kernels_above_1pct_with_bound": sum(1 for r in big if r.bound is not None),
         "without_bound": [r.name for r in big if r.bound is None],
-        "modules": [{"name": r.name, "share": round(r.share, 4), "bound": str(r.bound) if r.bound else None}
-                    for r in modules[:20]],  # fmt: skip
+        "modules": [
+            {"name": r.name, "share": round(r.share, 4), "bound": str(r.bound) if r.bound else None}
+            for r in modules[:20]
+        ],  # fmt: skip
         "ops": rows,
         "probe": probe,
         "findings": [f"{f.title} ({f.kind})" for f in p.diagnose().findings],
     }
     out.write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps({k: result[k] for k in ("step_ms", "share", "kernels_above_1pct", "without_bound", "probe")},
-                     indent=1, default=str))  # fmt: skip
+    said = ("step_ms", "share", "kernels_above_1pct", "without_bound", "probe")
+    print(json.dumps({k: result[k] for k in said}, indent=1, default=str))
 
 
 if __name__ == "__main__":
