@@ -150,3 +150,33 @@ def test_the_fused_cross_entropy_on_float64_logits_falls_back_to_torch_exactly()
         assert got.dtype == torch.float64 and torch.equal(got, want)
     assert torch.autograd.gradcheck(lambda x: plf.cross_entropy(x, target), (logits,))
     assert torch.autograd.gradcheck(lambda x: pnn.CrossEntropyLoss()(x, target), (logits,))
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "neighbours"])
+def test_rope_matches_the_written_out_form_and_falls_back_to_it_saying_so(interleaved, monkeypatch):
+    """pnn.RoPE against the fp32 written-out form model code uses; where no kernel fits, that
+    form itself, said once."""
+    from perfloop.ops.rope import angles
+    from perfloop.ops.rope.torch_impl import fp32
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 11, 16, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = (t.to(torch.bfloat16) for t in angles(11, 16))
+    dy = torch.randn_like(x)
+    rope = pnn.RoPE(interleaved)
+    if pnn.modules.kernel_here(x):
+        pytest.skip("no kernel here: run under TRITON_INTERPRET=1")
+    got = rope(x, cos, sin)
+    want = fp32(x, cos, sin, interleaved)
+    torch.testing.assert_close(got, want, atol=8e-3, rtol=1.6e-2)
+    (g1,), (g2,) = torch.autograd.grad(got, [x], dy), torch.autograd.grad(want, [x], dy)
+    torch.testing.assert_close(g1, g2, atol=1.6e-2, rtol=3e-2)
+    monkeypatch.setattr(pnn.modules, "kernel_here", lambda t: "a cpu tensor (test)")
+    monkeypatch.setattr(pnn.modules, "_WARNED", set())
+    with pytest.warns(RuntimeWarning, match="perfloop.nn.RoPE: a cpu tensor"):
+        fell = rope(x, cos, sin)
+    torch.testing.assert_close(fell, want)
+    with pytest.raises(ValueError, match=r"cos: needs \(T, D/2\)"):
+        rope(x, *angles(12, 16))
+    with pytest.raises(ValueError, match="interleaved: "):
+        pnn.RoPE("neighbours")

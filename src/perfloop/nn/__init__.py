@@ -8,10 +8,11 @@ from perfloop.nn.modules import (
     LayerNorm,
     LinearCrossEntropy,
     RMSNorm,
+    RoPE,
     SwiGLU,
     fused_like,
 )
 from perfloop.nn.patch import PatchReport, patch
 
 __all__ = ["GELU", "CrossEntropyLoss", "GeGLU", "LayerNorm", "LinearCrossEntropy", "PatchReport", "RMSNorm",
-           "SwiGLU", "fused_like", "patch"]  # fmt: skip
+           "RoPE", "SwiGLU", "fused_like", "patch"]  # fmt: skip

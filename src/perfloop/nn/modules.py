@@ -187,6 +187,34 @@ class GeGLU(SwiGLU):
     gelu = True
 
 
+class RoPE(nn.Module):
+    """Rotary position embeddings on a query or key tensor x (..., T, D): each pair rotated by
+    its position's angle, cos and sin (T, D/2) -- the pairs the two halves (`rotate_half`,
+    Hugging Face's Llama), or neighbours with `interleaved=True` (Meta's complex form). One fused
+    kernel forward and one backward, the math in fp32, out in x's dtype."""
+
+    def __init__(self, interleaved: bool = False):
+        super().__init__()
+        if not isinstance(interleaved, bool):
+            raise ValueError(f"interleaved: True (neighbouring pairs) or False (halves), got {interleaved!r}")
+        self.interleaved = interleaved
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        from perfloop.ops.rope import validate
+        from perfloop.ops.rope.torch_impl import fp32
+        from perfloop.ops.rope.triton_impl import rope
+
+        validate(x, cos, sin, self.interleaved)
+        why = "compiling" if torch.compiler.is_compiling() else kernel_here(x)
+        if why:
+            _fallback(self, why)
+            return fp32(x, cos, sin, self.interleaved)
+        return rope(x, cos, sin, self.interleaved)
+
+    def extra_repr(self) -> str:
+        return f"interleaved={self.interleaved}"
+
+
 class LinearCrossEntropy(nn.Module):
     """A language model's output projection and its loss in one: `weight` as nn.Linear(in, out,
     bias=False) keeps it (the same state-dict key, so a head's checkpoint loads), forward(hidden,
