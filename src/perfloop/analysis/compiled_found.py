@@ -5,16 +5,25 @@ code already is compiled (never "torch.compile"), CUDA graphs with what in the s
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from perfloop.analysis import timeline
 from perfloop.analysis.bound import Bound
-from perfloop.analysis.compilation import BREAK_FIX, RESUME, recompile_fix, recompile_in_words
+from perfloop.analysis.compilation import BREAK_FIX, RESUME, CompiledCode, recompile_fix, recompile_in_words
 from perfloop.analysis.findings import Kind, Site, count_words
 from perfloop.harness.measurement import fmt_ms
 
-if TYPE_CHECKING:
-    from perfloop.analysis.opportunities import Step
+
+class Step(Protocol):
+    """What these analyzers read of opportunities.Step, and add to it."""
+
+    compiled: CompiledCode | None
+    idle: timeline.Idle | None
+    calls: int
+
+    def add(self, kind: Kind | str, title: str, saves: float, bound: Bound, evidence: str, advice: str,
+            where: str = "", site: Site | None = None, **values) -> None: ...  # fmt: skip
+
 
 COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
     Kind.LAUNCH: "the compiled step waits on its launches: replay it as CUDA graphs, torch.compile(..., "

@@ -193,7 +193,7 @@ class RoPE(nn.Module):
     Hugging Face's Llama), or neighbours with `interleaved=True` (Meta's complex form). One fused
     kernel forward and one backward, the math in fp32, out in x's dtype."""
 
-    def __init__(self, interleaved: bool = False):
+    def __init__(self, interleaved: bool = False) -> None:
         super().__init__()
         if not isinstance(interleaved, bool):
             raise ValueError(f"interleaved: True (neighbouring pairs) or False (halves), got {interleaved!r}")
