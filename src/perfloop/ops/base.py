@@ -60,6 +60,20 @@ class CheckFailed(AssertionError):
     """A variant disagreed with the reference; the message has the details."""
 
 
+# an elementwise op's (atol, rtol) by dtype: its output rounded once to the dtype, and its
+# gradients once more
+ELEMENTWISE_TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 2e-3),
+    torch.bfloat16: (8e-3, 1.6e-2),
+}
+ELEMENTWISE_GRAD_TOLERANCES = {
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (2e-3, 4e-3),
+    torch.bfloat16: (1.6e-2, 3e-2),
+}
+
+
 @dataclass
 class Variant:
     """One way of writing an op.

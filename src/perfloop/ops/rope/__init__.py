@@ -14,7 +14,14 @@ from __future__ import annotations
 import torch
 
 from perfloop.harness.measurement import Work
-from perfloop.ops.base import Op, Variant, check_tensor, seeded
+from perfloop.ops.base import (
+    ELEMENTWISE_GRAD_TOLERANCES,
+    ELEMENTWISE_TOLERANCES,
+    Op,
+    Variant,
+    check_tensor,
+    seeded,
+)
 
 
 def _pairs(x, interleaved: bool):
@@ -77,12 +84,8 @@ OP = Op(
     test_shapes=[(1, 1, 1, 2), (1, 3, 7, 10), (2, 2, 5, 128), (1, 2, 33, 6), (3, 1, 17, 66)],
     bench_shape_gpu=(4, 32, 4096, 128),
     bench_shape_cpu=(2, 8, 512, 64),
-    tolerances={torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2)},
-    grad_tolerances={
-        torch.float32: (1e-5, 1e-4),
-        torch.float16: (2e-3, 4e-3),
-        torch.bfloat16: (1.6e-2, 3e-2),
-    },
+    tolerances=ELEMENTWISE_TOLERANCES,
+    grad_tolerances=ELEMENTWISE_GRAD_TOLERANCES,
     out_shape=lambda shape: shape,
     validate=validate,
     shape_names=("B", "H", "T", "D"),

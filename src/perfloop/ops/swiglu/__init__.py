@@ -12,7 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from perfloop.harness.measurement import Work
-from perfloop.ops.base import Op, Variant, check_tensor, seeded
+from perfloop.ops.base import (
+    ELEMENTWISE_GRAD_TOLERANCES,
+    ELEMENTWISE_TOLERANCES,
+    Op,
+    Variant,
+    check_tensor,
+    seeded,
+)
 
 
 def reference(a, b):
@@ -49,12 +56,8 @@ OP = Op(
     test_shapes=[(1,), (7,), (3, 1000), (2049,), (5, 4, 129)],
     bench_shape_gpu=(8192, 11008),
     bench_shape_cpu=(1024, 4096),
-    tolerances={torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2)},
-    grad_tolerances={
-        torch.float32: (1e-5, 1e-4),
-        torch.float16: (2e-3, 4e-3),
-        torch.bfloat16: (1.6e-2, 3e-2),
-    },
+    tolerances=ELEMENTWISE_TOLERANCES,
+    grad_tolerances=ELEMENTWISE_GRAD_TOLERANCES,
     out_shape=lambda shape: shape,
     validate=validate,
 )
