@@ -12,30 +12,26 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.autograd import DeviceType
 
 from perfloop import device as _device
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
 from perfloop.analysis.compilation import live_break_reasons, live_metrics
-from perfloop.analysis.inductor import GRAPH_CALL, module_trees, placed, unplaced_note
+from perfloop.analysis.counting import counted_call
+from perfloop.analysis.inductor import module_trees, placed, unplaced_note
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.recording import (
     peak_memory,
     plain_wall_ms,
-    start_profiler,
-    stop_profiler,
     timed_calls,
-    with_dtypes,
 )
 from perfloop.analysis.spans import Spans
-from perfloop.analysis.work import WorkCounter
+from perfloop.analysis.stacks import unsampled_launcher
 from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms
 
@@ -281,7 +277,7 @@ class Profile:
             )
         if r is not None:
             r.device = "GPU" if self.kind == "cuda" else "CPU"
-            why = _unsampled_launcher(self._prof.events()) if self._samples else None
+            why = unsampled_launcher(self._prof.events()) if self._samples else None
             if why and why not in self.warnings:
                 self.warnings.append(why)
         if r is not None and self.profiled_wall_ms_per_call and self.kind == "cuda":
@@ -407,28 +403,6 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1e3  # us -> ms
 
 
-def _unsampled_launcher(events) -> str | None:
-    """Why the sampled places may miss: a thread other than the sampled one (and other than
-    autograd's backward threads) issued a tenth or more of the work."""
-    from perfloop.analysis.stacks import CLOCK_RANGE
-
-    sampled = next((e.thread for e in events if e.name == CLOCK_RANGE), None)
-    if sampled is None:
-        return None
-    cpu = [e for e in events if e.device_type == DeviceType.CPU]
-    autograd = {e.thread for e in cpu if e.name.startswith("autograd::engine")}
-    launches = [e.thread for e in cpu if e.name.startswith(KERNEL_LAUNCHES)] or [
-        e.thread for e in cpu if "::" in e.name and e.cpu_parent is None
-    ]
-    others = Counter(t for t in launches if t != sampled and t not in autograd)
-    if not launches or not others or sum(others.values()) < 0.1 * len(launches):
-        return None
-    thread, n = others.most_common(1)[0]
-    return (f"thread {thread} issued {n} of the {len(launches)} launches: perfloop samples the Python "
-            "stack of the thread that called it, so the idle those launches left is charged by cause but "
-            "not to a line")  # fmt: skip
-
-
 def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[str, list[tuple], int]:
     """(kind, [(name, start us, end us)], launches) of the recorded work: on a GPU its device
     activity (kernels, memcpy, memset -- not the GPU-side mirrors of record_function ranges,
@@ -518,7 +492,7 @@ def profile(
     with module_ranges() as tracker:
         prof, wall_ms, host, samples, spans = timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
         trees = module_trees(tracker.roots)
-        work_counted = _counted_call(call, on_cuda, warnings, prof, trees) if count_work else None
+        work_counted = counted_call(call, on_cuda, warnings, prof, trees) if count_work else None
 
     return build_profile(
         prof,
@@ -609,38 +583,3 @@ def build_profile(
         sites=sites,
         _trees=trees,
     )
-
-
-def by_shapes(events) -> bool:
-    """Whether the counted call records its ops' shapes too: where the profiled calls (`events`)
-    ran compiled code, whose generated kernels no WorkCounter sees (their launches' recorded
-    buffers are their bytes)."""
-    return any(e.name.startswith(GRAPH_CALL) for e in events)
-
-
-def counted(prof, records: list, on_cuda: bool, trees: list | None = None):
-    """(records, items, 1) of a call counted by a WorkCounter under the (stopped) profiler."""
-    from perfloop.analysis.attribution import items
-
-    events = with_dtypes(prof)
-    kind = "cuda" if on_cuda and device_events(events, annotations(events)) else "cpu"
-    return records, items(events, kind, placed(events, live_metrics(), trees)), 1
-
-
-def _counted_call(call, on_cuda: bool, warnings: list[str], timed, trees: list | None = None):
-    """(records, items, 1): one more call under the WorkCounter and the profiler, each kernel
-    tied to the counted op that launched it; None, with a warning, where the call cannot run
-    under a dispatch mode."""
-    shapes = by_shapes(timed.events())
-    prof = start_profiler(on_cuda, [], shapes=shapes)
-    try:
-        with WorkCounter() as wc:
-            call()
-        if on_cuda:
-            torch.cuda.synchronize()
-    except Exception as exc:  # noqa: BLE001 -- the timed calls stand; only the estimate is lost
-        warnings.append(f"FLOPs and bytes not counted: the call failed under the counting mode ({exc})")
-        return None
-    finally:
-        stop_profiler(prof)
-    return counted(prof, wc.records, on_cuda, trees)

@@ -16,9 +16,11 @@ import sys
 import sysconfig
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
+from torch.autograd import DeviceType
 
 CLOCK_RANGE = "perfloop: clock"
 _LIBS = {  # a path fragment on the stack -> the tag it gives the sample
@@ -121,3 +123,25 @@ class Sampler:
         if offset is None:
             return []
         return [Sample(s.t / 1e3 + offset, s.place, s.tags) for s in self.samples]
+
+
+def unsampled_launcher(events) -> str | None:
+    """Why the sampled places may miss: a thread other than the sampled one (and other than
+    autograd's backward threads) issued a tenth or more of the work."""
+    from perfloop.analysis.attribution import KERNEL_LAUNCHES
+
+    sampled = next((e.thread for e in events if e.name == CLOCK_RANGE), None)
+    if sampled is None:
+        return None
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    autograd = {e.thread for e in cpu if e.name.startswith("autograd::engine")}
+    launches = [e.thread for e in cpu if e.name.startswith(KERNEL_LAUNCHES)] or [
+        e.thread for e in cpu if "::" in e.name and e.cpu_parent is None
+    ]
+    others = Counter(t for t in launches if t != sampled and t not in autograd)
+    if not launches or not others or sum(others.values()) < 0.1 * len(launches):
+        return None
+    thread, n = others.most_common(1)[0]
+    return (f"thread {thread} issued {n} of the {len(launches)} launches: perfloop samples the Python "
+            "stack of the thread that called it, so the idle those launches left is charged by cause but "
+            "not to a line")  # fmt: skip

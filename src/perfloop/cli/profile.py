@@ -400,7 +400,7 @@ def _print_step(args, p, what, tables, d, idle, run_id, name, page) -> None:
         out.print(line, style="yellow")
     out.print(str(d), markup=False, highlight=False)
     if p.sites:
-        from perfloop.workflows.script import patch_summary
+        from perfloop.workflows.models_seen import patch_summary
 
         out.print(
             "pl.patch(model, batch) would check, each against float64 on your batch before swapping:",

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 import torch
 
 from perfloop import device as _device
-from perfloop.analysis import annotate, compilation, profiling, recording
-from perfloop.analysis.inductor import module_trees, tracking_sources
+from perfloop.analysis import annotate, compilation, counting, profiling, recording
+from perfloop.analysis.inductor import tracking_sources
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.stacks import Sampler
 from perfloop.analysis.work import WorkCounter
 from perfloop.workflows.compiled_script import compile_callbacks, say_compiled
+from perfloop.workflows.models_seen import models_seen
 from perfloop.workflows.step_sources import OPTIMIZER_STEP, nvtx_sources, step_sources
 
 AUTO = "auto"  # the step: "step" ranges or optimizer.step() boundaries, whichever occurs first
@@ -382,6 +383,27 @@ class _Window:
         self._end_sampling()
 
 
+def _checked(path, skip, steps, range_name, window) -> tuple[str, bool, int, bool]:
+    """profile_script's arguments checked: (path, whether it is a runnable folder, skip, whether
+    skip was left to perfloop)."""
+    path = os.fspath(path)
+    runnable_dir = os.path.isdir(path) and os.path.isfile(os.path.join(path, "__main__.py"))
+    if not (os.path.isfile(path) or runnable_dir):
+        raise FileNotFoundError(f"script: {path} is not a file, nor a folder holding __main__.py")
+    auto_skip = skip is None
+    skip = 2 if skip is None else skip
+    for name, v, low in (("skip", skip, 0), ("steps", steps, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"--{name}: must be an integer >= {low}, got {v!r}")
+    if range_name is None and window is None:
+        raise ValueError("--range or --window: say which part of the script to profile")
+    if window is not None and (len(window) != 2 or not all(math.isfinite(v) for v in window)
+                               or window[0] < 0 or not window[1] > 0):  # fmt: skip
+        raise ValueError(f"--window: must be START:DURATION in finite seconds, START >= 0, DURATION > 0, "
+                         f"got {window!r}")  # fmt: skip
+    return path, runnable_dir, skip, auto_skip
+
+
 def profile_script(
     path: str | os.PathLike,
     argv: list[str] = (),
@@ -404,21 +426,7 @@ def profile_script(
     Raises ValueError for a window that never opened (naming the ranges seen), ScriptError
     when the script raised.
     """
-    path = os.fspath(path)
-    runnable_dir = os.path.isdir(path) and os.path.isfile(os.path.join(path, "__main__.py"))
-    if not (os.path.isfile(path) or runnable_dir):
-        raise FileNotFoundError(f"script: {path} is not a file, nor a folder holding __main__.py")
-    auto_skip = skip is None
-    skip = 2 if skip is None else skip
-    for name, v, low in (("skip", skip, 0), ("steps", steps, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValueError(f"--{name}: must be an integer >= {low}, got {v!r}")
-    if range_name is None and window is None:
-        raise ValueError("--range or --window: say which part of the script to profile")
-    if window is not None and (len(window) != 2 or not all(math.isfinite(v) for v in window)
-                               or window[0] < 0 or not window[1] > 0):  # fmt: skip
-        raise ValueError(f"--window: must be START:DURATION in finite seconds, START >= 0, DURATION > 0, "
-                         f"got {window!r}")  # fmt: skip
+    path, runnable_dir, skip, auto_skip = _checked(path, skip, steps, range_name, window)
     w = _Window(
         range_name,
         skip,
@@ -447,7 +455,7 @@ def profile_script(
             step_sources(w),
             nvtx_sources(w),
         ):
-            w.read_sites = lambda: (_sites(tracker.roots, w.warnings), module_trees(tracker.roots))
+            w.read_sites = lambda: models_seen(tracker.roots, w.warnings)
             w.t0 = time.perf_counter()
             try:
                 runpy.run_path(path, run_name="__main__")
@@ -470,32 +478,8 @@ def profile_script(
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
     if w.sites is None:
-        w.sites, w.trees = _sites(tracker.roots, w.warnings), module_trees(tracker.roots)
+        w.sites, w.trees = models_seen(tracker.roots, w.warnings)
     return _result(w, w.sites)
-
-
-def _sites(roots: dict, warnings: list) -> dict:
-    """What pl.patch would check in the script's models (nn.patch.plan), by module name."""
-    from perfloop.nn.patch import plan
-
-    out: dict = {}
-    for root, ref in roots.items():
-        model = ref()
-        if model is None:
-            continue
-        try:
-            out.update(plan(model, root))
-        except Exception as exc:  # noqa: BLE001 -- a model plan cannot read costs its call sites only
-            warnings.append(f"call sites of {root} not read: {type(exc).__name__}: {exc}")
-    return out
-
-
-def patch_summary(sites: dict) -> list[str]:
-    """The plan as lines: each distinct site once, with how many modules it serves."""
-    from collections import Counter
-
-    counts = Counter(where for kinds in sites.values() for where in kinds.values())
-    return [f"{where}" + (f" (x{n} modules)" if n > 1 else "") for where, n in counts.items()]
 
 
 @contextlib.contextmanager
@@ -552,7 +536,7 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
                if w.count_blocked else "keep --skip plus --steps below the script's count")  # fmt: skip
         w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} to count ({why})")
     counted = (
-        profiling.counted(w.counted_prof, w.counter.records, w.on_cuda, w.trees) if w.counted_prof else None
+        counting.counted(w.counted_prof, w.counter.records, w.on_cuda, w.trees) if w.counted_prof else None
     )
     compiled = set(w.compiled)  # the pace of steps that compiled is not the step's
     periods = sorted(

@@ -1,0 +1,37 @@
+"""What a script's models are, read while they are alive: pl.patch's call sites in them (what
+patch would change, said by `profile --script`) and their module trees (where compiled kernels
+are placed)."""
+
+from __future__ import annotations
+
+from perfloop.analysis.inductor import ModuleTree, module_trees
+
+
+def models_seen(roots: dict, warnings: list) -> tuple[dict, list[ModuleTree]]:
+    """(pl.patch's call sites by module name, the models' ModuleTrees) of `roots` (root name ->
+    weakref, as modules.module_ranges keeps them)."""
+    return _sites(roots, warnings), module_trees(roots)
+
+
+def _sites(roots: dict, warnings: list) -> dict:
+    """What pl.patch would check in the script's models (nn.patch.plan), by module name."""
+    from perfloop.nn.patch import plan
+
+    out: dict = {}
+    for root, ref in roots.items():
+        model = ref()
+        if model is None:
+            continue
+        try:
+            out.update(plan(model, root))
+        except Exception as exc:  # noqa: BLE001 -- a model plan cannot read costs its call sites only
+            warnings.append(f"call sites of {root} not read: {type(exc).__name__}: {exc}")
+    return out
+
+
+def patch_summary(sites: dict) -> list[str]:
+    """The plan as lines: each distinct site once, with how many modules it serves."""
+    from collections import Counter
+
+    counts = Counter(where for kinds in sites.values() for where in kinds.values())
+    return [f"{where}" + (f" (x{n} modules)" if n > 1 else "") for where, n in counts.items()]
