@@ -190,3 +190,32 @@ def test_a_profiled_step_that_compiles_once_is_dropped_and_the_window_opens_agai
     torch._dynamo.reset()  # else Dynamo remembers the first run's lengths as dynamic: no recompile
     forced = profile_script(path, [str(tmp_path / "seen.json")], skip=2, steps=2)  # the user's --skip: kept
     assert forced.compiles() and any("compiled (Dynamo, Inductor)" in w for w in forced.warnings)
+
+
+def test_a_compiled_scripts_kernels_are_charged_to_its_modules_with_their_work(tmp_path):
+    """Inductor's provenance, switched on for the script: the compiled graph's launches (here
+    its extern matmuls; on a GPU its kernels too) placed in the model's modules, not in the
+    compiled wrapper, and their FLOPs counted with the code still compiled."""
+    import torch._inductor.config as inductor_config
+
+    torch_dynamo_reset()
+    with inductor_config.patch({"fx_graph_cache": False}):
+        p = profile_script(_script(tmp_path), [str(tmp_path / "seen.json")], skip=2, steps=1)
+    modules = {r.name: r for r in p.breakdown(by="module")}
+    assert {"fc", "proj"} <= set(modules) and "_orig_mod" not in modules, sorted(modules)
+    # fc: (16*8) x 64 -> 256, forward and the two backward matmuls
+    assert modules["fc"].flops == pytest.approx(3 * 2 * 16 * 8 * 64 * 256, rel=1e-6), modules["fc"]
+    lines = {i.line for i in p.items() if i.module == "fc"}
+    assert lines == {f"train.py:{_line_no(tmp_path, 'return x + self.proj')}"}, lines
+
+
+def torch_dynamo_reset():
+    import torch
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.clear_compilation_metrics()
+
+
+def _line_no(tmp_path, text: str) -> int:
+    lines = (tmp_path / "train.py").read_text().splitlines()
+    return next(i for i, x in enumerate(lines, 1) if text in x)
