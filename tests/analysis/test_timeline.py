@@ -191,8 +191,7 @@ def test_the_syncs_take_the_launch_gaps_judged_at_the_unprofiled_pace():
 
 
 def test_launches_from_a_thread_that_was_not_sampled_are_said():
-    from perfloop.analysis.profiling import _unsampled_launcher
-    from perfloop.analysis.stacks import CLOCK_RANGE
+    from perfloop.analysis.stacks import CLOCK_RANGE, unsampled_launcher
 
     def on(thread, name, t):
         return FunctionEvent(id=next(_ids), name=name, thread=thread, start_us=t, end_us=t + 1,
@@ -204,8 +203,8 @@ def test_launches_from_a_thread_that_was_not_sampled_are_said():
         on(3, "cudaLaunchKernel", t) for t in range(50, 60)
     ]
     worker = [on(7, "cudaLaunchKernel", t) for t in range(100, 110)]
-    assert _unsampled_launcher([clock, *mine, *backward]) is None  # autograd's thread: the caller's backward
-    why = _unsampled_launcher([clock, *mine, *backward, *worker])
+    assert unsampled_launcher([clock, *mine, *backward]) is None  # autograd's thread: the caller's backward
+    why = unsampled_launcher([clock, *mine, *backward, *worker])
     assert why.startswith("thread 7 issued 10 of the 30 launches")
 
 
