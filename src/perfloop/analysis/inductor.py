@@ -307,6 +307,6 @@ def unplaced_note(its: list) -> str:
     return (
         "compiled kernels are charged to the compiled function, not to its modules: Inductor kept no "
         "source for them (compile under `perfloop profile --script`, or with INDUCTOR_PROVENANCE=1; a "
-        "graph from Inductor's cache made before the file was edited keeps the old lines: "
-        "TORCHINDUCTOR_FX_GRAPH_CACHE=0)"
+        "graph from torch's compile caches made before the file was edited keeps the old lines: "
+        "TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0)"
     )
