@@ -185,3 +185,16 @@ def test_a_launch_inductor_kept_no_source_for_takes_the_module_of_its_placed_nei
     sites = [placed.get(id(u)) for u in call.cpu_children]
     assert [s.module for s in sites] == ["blocks.*.proj", "blocks.*", "blocks.*.fc"]
     assert sites[1].line.endswith("by its neighbours")
+
+
+def test_a_graphs_record_holding_another_models_launches_first_is_read_for_this_models_own():
+    """torch adds a lazily compiled backward's launches to what it kept of the one before: the
+    record of this model's graph starts with another model's launches, of the same names."""
+    tree = inductor.ModuleTree(Net(), "Net")
+    loop = _frame(Net, "x = block(x)", "block(x)")
+    elsewhere = '  File "/elsewhere/model.py", line 3, in forward\n    y = self.w(x)\n'
+    other = inductor.Launch("extern:mm", (elsewhere,))
+    fc = inductor.Launch("extern:mm", (loop + _frame(MLP, "self.proj(", "self.fc(h)"),))
+    call = _Event(inductor.GRAPH_CALL + " f ##", 0, [_Event("aten::mm", 1)])
+    placed = inductor.placements([call], [(other, fc)], [tree])
+    assert placed[id(call.cpu_children[0])].module == "blocks.*.fc"

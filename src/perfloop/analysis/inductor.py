@@ -241,16 +241,19 @@ def _align(keys: tuple, launches: tuple) -> list[tuple[int, int]]:
 
 
 def placements(events, graphs: list[tuple[Launch, ...]], trees: list[ModuleTree]) -> dict[int, Site]:
-    """id of each launching event under a compiled graph's call -> the Site it came from. A
+    """id of each launching event under a compiled graph's call -> the Site it came from. Each
+    graph is read with only the launches whose traces lie in these models (a lazily compiled
+    backward's record can hold an earlier graph's launches too: torch keeps adding to it). A
     launch Inductor recorded no source for (a mix-order reduction's kernel, the aten ops that
     finish it) between two placed ones of one module gets that module, its line marked so."""
     if not graphs or not trees:
         return {}
+    sites = {launch: site(launch, trees) for g in graphs for launch in g}
+    graphs = [g for g in (tuple(x for x in g if sites[x] is not None) for g in graphs) if g]
     out: dict[int, Site] = {}
     matched: dict[tuple, list] = {}
-    sites: dict[Launch, Site | None] = {}
     for call in events:
-        if not call.name.startswith(GRAPH_CALL):
+        if not call.name.startswith(GRAPH_CALL) or not graphs:
             continue
         units = _units(call)
         keys = tuple(_key(kernel_name(u.name) or u.name) for u in units)
@@ -258,8 +261,6 @@ def placements(events, graphs: list[tuple[Launch, ...]], trees: list[ModuleTree]
             graph = max(graphs, key=lambda g: len(_align(keys, g)))
             placed_at: list[Site | None] = [None] * len(keys)
             for i, j in _align(keys, graph):
-                if graph[j] not in sites:
-                    sites[graph[j]] = site(graph[j], trees)
                 placed_at[i] = sites[graph[j]]
             matched[keys] = _between(placed_at)
         for unit, at in zip(units, matched[keys], strict=True):
