@@ -198,3 +198,22 @@ def test_a_graphs_record_holding_another_models_launches_first_is_read_for_this_
     call = _Event(inductor.GRAPH_CALL + " f ##", 0, [_Event("aten::mm", 1)])
     placed = inductor.placements([call], [(other, fc)], [tree])
     assert placed[id(call.cpu_children[0])].module == "blocks.*.fc"
+
+
+def test_a_model_first_compiled_inside_pl_profile_has_its_kernels_placed_without_a_switch():
+    import torch._inductor.config as inductor_config
+
+    torch.manual_seed(0)
+    with (
+        inductor_config.patch({"fx_graph_cache": False}),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        torch._dynamo.reset()
+        torch._dynamo.utils.clear_compilation_metrics()
+        assert not inductor_config.trace.provenance_tracking_level
+        model, x = torch.compile(Net()), torch.randn(32, 64)
+        p = pl.profile(lambda: model(x).backward(), calls=1)  # its warm-up compiles the model
+        assert not inductor_config.trace.provenance_tracking_level  # put back as it was
+    torch._dynamo.reset()
+    modules = {r.name for r in p.breakdown(by="module")}
+    assert {"blocks.*.fc", "blocks.*.proj"} <= modules and "_orig_mod" not in modules, modules

@@ -23,7 +23,7 @@ from perfloop import device as _device
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
 from perfloop.analysis.compilation import live_break_reasons, live_metrics
 from perfloop.analysis.counting import counted_call
-from perfloop.analysis.inductor import module_trees, placed, unplaced_note
+from perfloop.analysis.inductor import module_trees, placed, tracking_sources, unplaced_note
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.recording import (
     peak_memory,
@@ -480,6 +480,13 @@ def profile(
     call = functools.partial(fn, *args, **kwargs)
     on_cuda = _device.has_cuda()
     sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    with tracking_sources():  # a model first compiled here: its kernels placed in its modules
+        return _profiled(
+            call, calls, warmup, on_cuda, sync, memory_snapshot, cuda_profiler_range, count_work, work
+        )
+
+
+def _profiled(call, calls, warmup, on_cuda, sync, memory_snapshot, cuda_profiler_range, count_work, work):
     for _ in range(max(warmup, 1)):
         call()
     sync()
