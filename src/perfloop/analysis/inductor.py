@@ -40,6 +40,8 @@ _SELF_CALL = re.compile(r"^self\.([A-Za-z_][\w.]*)\s*\(")
 
 def kernel_name(event_name: str) -> str | None:
     """The Inductor kernel a profiler range is the launch of, None for any other range."""
+    if not event_name.startswith(("triton_", "cpp_", "graph_")):  # most names: no regex run
+        return None
     m = _KERNEL.match(event_name)
     return m.group(1) if m else None
 
