@@ -2,6 +2,7 @@
 trained patched follows the unpatched one's loss curve."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -162,3 +163,43 @@ def test_measure_tries_the_kinds_that_paid_alone_together(train_gpt, monkeypatch
         isinstance(model.transformer.ln_f, pnn.LayerNorm) and type(model.transformer.h[0].mlp.gelu) is nn.GELU
     )
     assert "only CrossEntropyLoss+LayerNorm" in str(report)
+
+
+class NewGELU(nn.Module):
+    """minGPT's: the tanh approximation written out."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class QuickGELU(nn.Module):
+    """CLIP's: another curve, named GELU too."""
+
+    def forward(self, x):
+        return x * torch.sigmoid(1.702 * x)
+
+
+class _MLP(nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.c_fc, self.act, self.c_proj = nn.Linear(32, 128), act, nn.Linear(128, 32)
+
+    def forward(self, x):
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+def test_a_gelu_written_out_in_the_models_own_module_is_checked_then_replaced():
+    """Issue 40: the GELU chain minGPT writes in its own module is the fused GELU's tanh form;
+    a module named GELU that computes another curve is left alone."""
+    from perfloop.nn.patch import plan
+
+    torch.manual_seed(0)
+    model, x = _MLP(NewGELU()), torch.randn(4, 7, 32)
+    want = model(x)
+    assert plan(model)["act"]["gelu"] == "NewGELU module: pl.patch swaps it"
+    report = pl.patch(model, (x,))
+    assert isinstance(model.act, pnn.GELU) and model.act.approximate == "tanh", str(report)
+    torch.testing.assert_close(model(x), want, atol=1e-5, rtol=1e-5)
+    quick = _MLP(QuickGELU())
+    assert "act" not in plan(quick) and not pl.patch(quick, (x,)).replaced
+    assert isinstance(quick.act, QuickGELU)

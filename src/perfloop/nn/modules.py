@@ -301,6 +301,8 @@ def fused_like(module: nn.Module) -> nn.Module | None:
         new = RMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
     elif type(module) is nn.GELU:
         return GELU(module.approximate)
+    elif form := written_gelu(module):
+        return GELU(form)
     elif type(module) is nn.CrossEntropyLoss:
         new = CrossEntropyLoss(module.weight, ignore_index=module.ignore_index, reduction=module.reduction,
                                label_smoothing=module.label_smoothing)  # fmt: skip
@@ -314,6 +316,29 @@ def fused_like(module: nn.Module) -> nn.Module | None:
         setattr(new, name, p)
     new.train(module.training)
     return new
+
+
+def written_gelu(module: nn.Module) -> str | None:
+    """The form of GELU ("tanh" or "none") a model's own GELU module writes out op by op
+    (minGPT's NewGELU: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))), found by running
+    it in float64 on a probe: a class named ...GELU..., not torch's, with no parameters,
+    buffers or submodules. None where it is not one, or computes neither form."""
+    if (type(module).__module__.startswith("torch.") or "gelu" not in type(module).__name__.lower()
+            or next(module.parameters(), None) is not None or next(module.buffers(), None) is not None
+            or next(module.children(), None) is not None):  # fmt: skip
+        return None
+    probe = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)
+    try:
+        with torch.no_grad():
+            y = module(probe)
+    except Exception:  # noqa: BLE001 -- a module that takes no tensor alone is not one
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != probe.shape or y.dtype != probe.dtype:
+        return None
+    for form in ("tanh", "none"):
+        if torch.allclose(y, F.gelu(probe, approximate=form), rtol=1e-10, atol=1e-12):
+            return form
+    return None
 
 
 def _llama_rmsnorm(module: nn.Module) -> bool:

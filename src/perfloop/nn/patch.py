@@ -275,7 +275,7 @@ def _check(name: str, original: nn.Module, fused: nn.Module, args, kwargs, autoc
     from perfloop import ops
 
     kind = kind or type(original).__name__
-    op = ops.get(op_name or OPS.get(kind, "rmsnorm"))
+    op = ops.get(op_name or OPS.get(kind) or OPS.get(type(fused).__name__, "rmsnorm"))
     original = _hookless(original)
     ref = _copy(original).double()
     dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
@@ -537,9 +537,8 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
     out: dict = {}
     root = root or type(model).__name__
     prefix = lambda n: root if n in ("", root) else n  # noqa: E731 -- the names module ranges use
-    for name, m, _fused in _candidates(model):
-        torchs = isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GELU, nn.CrossEntropyLoss))
-        kind = _KIND_OF[type(m).__name__ if torchs else "RMSNorm"]  # else: a Llama-style RMSNorm class
+    for name, m, fused in _candidates(model):
+        kind = _KIND_OF.get(type(m).__name__) or _KIND_OF[type(fused).__name__]  # a model's own class
         why = why_not(m)
         label = f"{type(m).__name__} module" + (f": not reached ({why})" if why else ": pl.patch swaps it")
         out.setdefault(prefix(name), {})[kind] = label
