@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from perfloop.analysis.attribution import NO_MODULE
+from perfloop.analysis.inductor import COMPILED_OP
 from perfloop.workflows.script import profile_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,39 +48,11 @@ def main() -> None:
         "graphs_with_provenance": sum(
             1 for m in p.compile_metrics or () if getattr(m, "inductor_provenance", None)
         ),
-        "compiled_kernel_items": sum(1 for i in p.items() if i.op.startswith("(compiled) ")),
-        "counted_items_with_work": sum(1 for i in (p._counted[1] if p._counted else ()) if i.work),
+        "compiled_kernel_items": sum(1 for i in p.items() if i.op.startswith(COMPILED_OP + " ")),
     }
-    from perfloop.analysis import inductor
-
-    unplaced = [
-        {"key": launch.key, "traces": [t[-700:] for t in launch.traces[:2]]}
-        for graph in inductor.graph_launches(p.compile_metrics)
-        for launch in graph
-        if inductor.site(launch, p._trees) is None
-    ]
-    calls = {}
-    graphs = inductor.graph_launches(p.compile_metrics)
-    longest = max(graphs, key=len) if graphs else ()
-    for e in p._prof.events():
-        if not e.name.startswith(inductor.GRAPH_CALL):
-            continue
-        names = tuple(inductor.kernel_name(u.name) or u.name for u in inductor._units(e))
-        keys = tuple(inductor._key(k) for k in names)
-        if names not in calls:
-            matched = {i for i, _ in inductor._align(keys, longest)}
-            calls[names] = {
-                "units": len(names),
-                "graph_lengths": [len(g) for g in graphs],
-                "aligned": [len(inductor._align(keys, g)) for g in graphs],
-                "first_units": list(names[:8]),
-                "unmatched": [k for i, k in enumerate(names) if i not in matched][:10],
-            }
     unplaced_items = sorted({(i.kernel, i.op, i.phase) for i in p.items() if i.module in UNPLACED})[:15]
     result = {
-        "graph_calls": list(calls.values()),
         "unplaced_items": unplaced_items,
-        "unplaced_launches": unplaced[:12],
         "step_ms": p.wall_ms_per_call,
         "device_ms": p.device_ms_per_call,
         "share": share,

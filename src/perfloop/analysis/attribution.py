@@ -22,7 +22,7 @@ from torch.autograd import DeviceType
 
 from perfloop.analysis import roofline
 from perfloop.analysis.bound import Bound
-from perfloop.analysis.inductor import fused_ops, kernel_name, launch_work
+from perfloop.analysis.inductor import COMPILED_OP, fused_ops, kernel_name, launch_work
 from perfloop.analysis.modules import PREFIX as MODULE
 from perfloop.analysis.spans import Spans
 from perfloop.analysis.work import MARKER
@@ -32,7 +32,6 @@ BACKWARD = "autograd::engine::evaluate_function: "
 OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
 NO_MODULE = "(no module)"
 COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
-COMPILED_OP = "(compiled)"  # a kernel of a torch.compile graph: no aten op launched it
 WORK_FROM = "flops: torch's formulas; bytes: the op's tensors"
 
 # (category, pattern over the op's or kernel's lower-cased name); the first match wins
@@ -220,9 +219,22 @@ def items(events, kind: str, placed: dict | None = None) -> list[Item]:
             op, module, phase, _ = call_context(e, seq_module)
             marks = tuple(int(c.name[len(MARKER) :]) for c in _descendants(e) if c.name.startswith(MARKER))
             r, at, kernel = e.time_range, placed.get(id(e)), kernel_name(e.name)
-            out.append(Item(kernel or e.name, op, at.module if at else module, phase, r.elapsed_us() / 1e3,
-                            r.start, r.end, marks, r.start, e.name, at.line if at else "",
-                            launch_work(e) if kernel else None))  # fmt: skip
+            out.append(
+                Item(
+                    kernel or e.name,
+                    op,
+                    at.module if at else module,
+                    phase,
+                    r.elapsed_us() / 1e3,
+                    r.start,
+                    r.end,
+                    marks,
+                    r.start,
+                    e.name,
+                    at.line if at else "",
+                    launch_work(e) if kernel else None,
+                )
+            )
         return sorted(out, key=lambda i: i.start_us)
     launches: dict[str, deque] = defaultdict(deque)
     for e in sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start):
@@ -243,8 +255,22 @@ def items(events, kind: str, placed: dict | None = None) -> list[Item]:
             work = launch_work(unit)
         start = _launched(launch, d.time_range.start) if launch else d.time_range.start
         r, outer = d.time_range, _outer_op(launch) if launch else ""
-        out.append(Item(d.name, op, at.module if at else module, phase, r.elapsed_us() / 1e3, r.start, r.end,
-                        marks, start, outer, at.line if at else "", work))  # fmt: skip
+        out.append(
+            Item(
+                d.name,
+                op,
+                at.module if at else module,
+                phase,
+                r.elapsed_us() / 1e3,
+                r.start,
+                r.end,
+                marks,
+                start,
+                outer,
+                at.line if at else "",
+                work,
+            )
+        )
     return out
 
 
@@ -322,8 +348,14 @@ def group(
     total = sum(a["ms"] for a in agg.values()) or 1e-12
     rows = []
     for name, a in agg.items():
-        row = Row(name=name, calls=a["calls"], device_ms=a["ms"], share=a["ms"] / total, backward_ms=a["bwd"],
-                  note=a["note"])  # fmt: skip
+        row = Row(
+            name=name,
+            calls=a["calls"],
+            device_ms=a["ms"],
+            share=a["ms"] / total,
+            backward_ms=a["bwd"],
+            note=a["note"],
+        )
         if work is not None and by != "kernel":
             ws = [work[k] for k in seen_keys[name] if k in work]
             if ws:

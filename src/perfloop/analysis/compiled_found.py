@@ -14,15 +14,25 @@ from perfloop.analysis.findings import Kind, Site, count_words
 from perfloop.harness.measurement import fmt_ms
 
 
-class Step(Protocol):
+class StepView(Protocol):
     """What these analyzers read of opportunities.Step, and add to it."""
 
     compiled: CompiledCode | None
     idle: timeline.Idle | None
     calls: int
 
-    def add(self, kind: Kind | str, title: str, saves: float, bound: Bound, evidence: str, advice: str,
-            where: str = "", site: Site | None = None, **values) -> None: ...  # fmt: skip
+    def add(
+        self,
+        kind: Kind | str,
+        title: str,
+        saves: float,
+        bound: Bound,
+        evidence: str,
+        advice: str,
+        where: str = "",
+        site: Site | None = None,
+        **values,
+    ) -> None: ...
 
 
 COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
@@ -44,7 +54,7 @@ COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
 }
 
 
-def graph_blockers(s: Step) -> str:
+def graph_blockers(s: StepView) -> str:
     """What in this step keeps CUDA graphs from replaying it (syncs, graph breaks, recompiles)."""
     said = []
     if s.compiled is not None and s.compiled.breaks:
@@ -62,7 +72,7 @@ def graph_blockers(s: Step) -> str:
     return "; in this step, first remove: " + ", ".join(said)
 
 
-def compilation_found(s: Step) -> None:
+def compilation_found(s: StepView) -> None:
     """Compilation inside the profiled calls: a recompile (its failed guard, said plainly, and
     the fix that fits it), or a first compile (warm-up, not the step's cost)."""
     made = s.compiled.compiles if s.compiled is not None else []
@@ -90,7 +100,7 @@ def compilation_found(s: Step) -> None:
         s.add(kind, title, ms, Bound.HOST, evidence, advice, where, Site(line=where), compiles=len(cs))
 
 
-def graph_breaks_found(s: Step) -> None:
+def graph_breaks_found(s: StepView) -> None:
     """Each graph break of the compiled code that ran: the GPU's idle while the host ran the
     eager code between the graphs after it, its reason and the fix for that reason."""
     if s.compiled is None or s.idle is None:

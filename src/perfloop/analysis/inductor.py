@@ -32,6 +32,7 @@ from perfloop.analysis.findings import Site
 from perfloop.analysis.work import shape_work
 
 GRAPH_CALL = "## Call CompiledFxGraph"
+COMPILED_OP = "(compiled)"  # a compiled kernel's op: no aten op launched it; its rows "(compiled) <kernel>"
 _KERNEL = re.compile(r"^(?:graph_\d+_)?((?:triton|cpp)_\w+_\d+)$")
 _FUSED = re.compile(r"^(?:triton|cpp)_(?:[a-z]+_)?fused_(\w+?)_\d+$")
 _FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (\S+)')
@@ -303,7 +304,7 @@ UNPLACED = 0.05  # of the device time: compiled kernels left to the compiled fun
 def unplaced_note(its: list) -> str:
     """A warning where compiled kernels (attribution.Item) carry no source line: charged to
     the compiled function, not to its modules. "" where they are placed."""
-    compiled = [i for i in its if kernel_name(i.kernel) or i.op.startswith("(compiled) ")]
+    compiled = [i for i in its if kernel_name(i.kernel) or i.op.startswith(COMPILED_OP + " ")]
     lost = sum(i.ms for i in compiled if not i.line)
     if not compiled or lost <= UNPLACED * (sum(i.ms for i in its) or 1.0):
         return ""

@@ -323,9 +323,13 @@ def written_gelu(module: nn.Module) -> str | None:
     (minGPT's NewGELU: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))), found by running
     it in float64 on a probe: a class named ...GELU..., not torch's, with no parameters,
     buffers or submodules. None where it is not one, or computes neither form."""
-    if (type(module).__module__.startswith("torch.") or "gelu" not in type(module).__name__.lower()
-            or next(module.parameters(), None) is not None or next(module.buffers(), None) is not None
-            or next(module.children(), None) is not None):  # fmt: skip
+    if (
+        type(module).__module__.startswith("torch.")
+        or "gelu" not in type(module).__name__.lower()
+        or next(module.parameters(), None) is not None
+        or next(module.buffers(), None) is not None
+        or next(module.children(), None) is not None
+    ):
         return None
     probe = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)
     try:

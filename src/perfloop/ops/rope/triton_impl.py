@@ -19,8 +19,19 @@ TUNED = load_table(Path(__file__).parent)  # elements a program, warps (tuned.js
 
 
 @triton.jit
-def rope_kernel(X, COS, SIN, Y, rows, T, HALF, SIGN: tl.constexpr, INTERLEAVED: tl.constexpr,
-                ROWS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def rope_kernel(
+    X,
+    COS,
+    SIN,
+    Y,
+    rows,
+    T,
+    HALF,
+    SIGN: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     c = tl.arange(0, BLOCK)[None, :]
     mask = (r < rows) & (c < HALF)
@@ -47,8 +58,22 @@ def rotate(x, cos, sin, interleaved: bool, sign: float = 1.0) -> torch.Tensor:
     if rows:
         block = triton.next_power_of_2(half)
         per = max(1, min(TUNED["rows_max"], TUNED["elements"] // block))
-        launch(rope_kernel, (cdiv(rows, per),), x, cos, sin, y, rows, x.shape[-2], half, SIGN=sign,
-               INTERLEAVED=interleaved, ROWS=per, BLOCK=block, num_warps=TUNED["num_warps"])  # fmt: skip
+        launch(
+            rope_kernel,
+            (cdiv(rows, per),),
+            x,
+            cos,
+            sin,
+            y,
+            rows,
+            x.shape[-2],
+            half,
+            SIGN=sign,
+            INTERLEAVED=interleaved,
+            ROWS=per,
+            BLOCK=block,
+            num_warps=TUNED["num_warps"],
+        )
     return y
 
 
