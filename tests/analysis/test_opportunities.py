@@ -141,6 +141,21 @@ def test_attention_written_out_is_one_opportunity_with_sdpa_advice_not_fusion_ch
     assert not any("in a row in 0 " in o.title for o in d.opportunities), str(d)  # not as chains
 
 
+def test_written_attention_says_where_it_is_and_that_pl_patch_rewrites_it():
+    """Issue 40: the finding's where line, from pl.patch's plan of the model."""
+    import dataclasses
+
+    from perfloop.nn.patch import plan
+
+    torch.manual_seed(0)
+    net = nn.Sequential(WrittenOutAttention(t=64))
+    x = torch.randn(4, 64, 64, requires_grad=True)
+    p = pl.profile(lambda: net(x).sum().backward(), calls=2)
+    d = dataclasses.replace(p, sites=plan(net)).diagnose(ceilings={"copy_gbps": 20.0})
+    [top] = [o for o in d.findings if o.kind == "attention"]
+    assert "test_opportunities.py:" in top.where and "pl.patch rewrites it" in top.where, top.where
+
+
 def test_attention_through_sdpa_is_not_called_written_out():
     class Fused(WrittenOutAttention):
         def forward(self, x):

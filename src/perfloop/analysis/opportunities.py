@@ -213,6 +213,7 @@ def written_attention(s: Step) -> dict:
             f"{fmt_ms(ms / s.calls)} per call" + (f" in {len(mods)} modules" if len(mods) > 1 else ""),
             ADVICE["attention"] + ": one kernel, the scores never written (is_causal=True for a causal "
             "mask, attn_mask= for another; dropout_p= for attention dropout)",
+            where=where_called(pattern, "attention", s.sites),
             site=Site(pattern),
             ops=n_ops,
             modules=len(mods),

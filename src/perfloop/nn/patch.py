@@ -20,18 +20,18 @@ shared module goes by pointing at the one fused module; a call that fails swaps 
 from __future__ import annotations
 
 import contextlib
-import copy
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from perfloop.nn import functional as _functional
-from perfloop.nn import modules as _modules
+from perfloop.nn import rewrite as _rewrite
+from perfloop.nn import verify as _verify
 from perfloop.nn.modules import fused_like, why_not
+from perfloop.nn.verify import Swap
 
 # One row per fused op: its folder in perfloop.ops, the torch module class it replaces, the
 # functional call it replaces (nn.functional's name), and the kind the analysis names its chains by.
@@ -50,17 +50,6 @@ KINDS = {  # kind -> its functional calls
     kind: tuple(call for _, _, call, k in FUSED_OPS if k == kind)
     for kind in dict.fromkeys(k for *_, k in FUSED_OPS if k)
 }
-
-
-@dataclass
-class Swap:
-    name: str  # qualified name in the model
-    kind: str  # the original's class
-    replaced: bool
-    reason: str = ""  # why not, when not
-    errors: dict = field(default_factory=dict)  # tensor -> (fused error, original's error), normalized
-    aliases: list = field(default_factory=list)  # the other names the same module goes by
-    site: tuple | None = None  # a functional call: (module's name, function, source line)
 
 
 @dataclass
@@ -86,7 +75,7 @@ class PatchReport:
                 else ""
             )
             also = f" (also {', '.join(s.aliases)})" if s.aliases else ""
-            kind = "" if s.site else f" ({s.kind})"
+            kind = "" if s.site else f" ({s.kind}{': ' + s.via if s.via else ''})"
             lines.append(f"  {'replaced' if s.replaced else 'kept    '} {s.name}{also}{kind}{err}"
                          + (f": {s.reason}" if s.reason else ""))  # fmt: skip
         if self.timing:
@@ -154,29 +143,16 @@ def _preserved(model: nn.Module):
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
-def _first_device(args, kwargs) -> str:
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    return tensors[0].device.type if tensors else "cpu"
-
-
-def _recorded(args, kwargs) -> tuple:
-    """(args, kwargs, autocast dtype or None) of a call, its tensors copied."""
-    keep = lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
-    dev = _first_device(args, kwargs)
-    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-    return tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}, dtype
-
-
 def _capture(model, batch, loss_fn, modules: dict, sites: list) -> tuple[dict, dict, object]:
     """One run of the step on the example batch, torch's own code computing: (each candidate
     module's first call by id, each functional call site's first call by (module name, function,
-    line) -- both as _recorded gives them --, the step's output)."""
+    line) -- both as _verify.recorded gives them --, the step's output)."""
     seen: dict = {}
     calls: dict = {}
 
     def hook(m, args, kwargs):
         if id(m) not in seen:
-            seen[id(m)] = _recorded(args, kwargs)
+            seen[id(m)] = _verify.recorded(args, kwargs)
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules.values()]
     routed = []
@@ -184,7 +160,7 @@ def _capture(model, batch, loss_fn, modules: dict, sites: list) -> tuple[dict, d
 
         def record(fname, line, args, kwargs, name=name):
             if (name, fname, line) not in calls:
-                calls[(name, fname, line)] = _recorded(args, kwargs)
+                calls[(name, fname, line)] = _verify.recorded(args, kwargs)
             return _functional.torch_function(fname)(*args, **kwargs)
 
         _functional.reroute(m, {}).record = record
@@ -200,67 +176,16 @@ def _capture(model, batch, loss_fn, modules: dict, sites: list) -> tuple[dict, d
     return seen, calls, out
 
 
-def _copy(model: nn.Module) -> nn.Module:
-    """A deep copy of the model; a tensor with a graph that a module keeps (a last loss) copied
-    without its graph (deepcopy refuses those)."""
-    memo = {id(v): v.detach().clone() for m in model.modules() for v in vars(m).values()
-            if isinstance(v, torch.Tensor) and not v.is_leaf}  # fmt: skip
-    return copy.deepcopy(model, memo)
-
-
 def _run(model, batch, loss_fn):
     if loss_fn is not None:
         return loss_fn(model, batch)
     return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
 
 
-def _forward_backward(module, args, kwargs, autocast_dtype, seed: int):
-    """(output, {tensor name: gradient}) of module(*args, **kwargs) and one backward with a
-    seeded dy."""
-    fresh = lambda a: a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(  # noqa: E731
-        a, torch.Tensor) else a  # fmt: skip
-    args = [fresh(a) for a in args]
-    kwargs = {k: fresh(v) for k, v in kwargs.items()}
-    for p in module.parameters():
-        p.grad = None
-    dev = _first_device(args, kwargs)
-    ctx = torch.autocast(dev, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    with ctx:
-        y = module(*args, **kwargs)
-    g = torch.Generator(device=y.device).manual_seed(seed)
-    dy = torch.randn(y.shape, generator=g, device=y.device, dtype=torch.float32).to(y.dtype)
-    y.backward(dy)
-    inputs = [(f"input {i}", a) for i, a in enumerate(args)] + [(f"input {k}", v) for k, v in kwargs.items()]
-    grads = {n: a.grad for n, a in inputs if isinstance(a, torch.Tensor) and a.grad is not None}
-    grads.update({n: p.grad for n, p in module.named_parameters() if p.grad is not None})
-    return y.detach(), grads
-
-
-def _err(got: torch.Tensor, want: torch.Tensor) -> float:
-    """Largest absolute difference, relative to the largest reference value."""
-    want = want.double().cpu()
-    return float((got.double().cpu() - want).abs().max() / want.abs().max().clamp_min(1e-12))
-
-
-_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-          "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
-          "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-          "_load_state_dict_post_hooks")  # fmt: skip
-
-
-def _hookless(module: nn.Module) -> nn.Module:
-    """The module (its parameters, the same objects) without the user's hooks, for the checks."""
-    m = copy.copy(module)
-    for h in _HOOKS:
-        if hasattr(m, h):
-            setattr(m, h, OrderedDict())
-    return m
-
-
 def _adopt(original: nn.Module, fused: nn.Module) -> nn.Module:
     """The fused module takes over the original's hooks (the same dicts: the user's handles still
     remove them) and the attributes the user set on it."""
-    for h in _HOOKS:
+    for h in _verify.HOOKS:
         if hasattr(original, h):
             setattr(fused, h, getattr(original, h))
     fused._is_full_backward_hook = getattr(original, "_is_full_backward_hook", None)
@@ -268,47 +193,6 @@ def _adopt(original: nn.Module, fused: nn.Module) -> nn.Module:
         if k not in fused.__dict__ and not k.startswith("_perfloop"):
             fused.__dict__[k] = v
     return fused
-
-
-def _check(name: str, original: nn.Module, fused: nn.Module, args, kwargs, autocast_dtype, kind=None,
-           op_name=None) -> Swap:  # fmt: skip
-    from perfloop import ops
-
-    kind = kind or type(original).__name__
-    op = ops.get(op_name or OPS.get(kind) or OPS.get(type(fused).__name__, "rmsnorm"))
-    original = _hookless(original)
-    ref = _copy(original).double()
-    dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
-    want_y, want_g = _forward_backward(ref, [dbl(a) for a in args], {k: dbl(v) for k, v in kwargs.items()},
-                                       None, seed=0)  # fmt: skip
-    orig_y, orig_g = _forward_backward(original, args, kwargs, autocast_dtype, seed=0)
-    try:
-        with _modules.recording_fallbacks() as fallbacks:
-            got_y, got_g = _forward_backward(fused, args, kwargs, autocast_dtype, seed=0)
-    except Exception as exc:  # noqa: BLE001 -- a kernel that cannot run here is a refusal, not a crash
-        return Swap(name, kind, False, f"the fused module failed on this input: {exc}")
-    finally:
-        for p in original.parameters():
-            p.grad = None
-    if fallbacks:
-        return Swap(name, kind, False, f"no fused kernel takes this call ({fallbacks[0]}): torch's forward "
-                    "would run, nothing gained")  # fmt: skip
-    if got_y.dtype != orig_y.dtype or got_y.shape != orig_y.shape:
-        return Swap(name, kind, False, f"output {got_y.dtype} {tuple(got_y.shape)} where the original gives "
-                    f"{orig_y.dtype} {tuple(orig_y.shape)}")  # fmt: skip
-    dtype = orig_y.dtype if orig_y.dtype in op.tolerances else torch.float32
-    errors = {"output": (_err(got_y, want_y), _err(orig_y, want_y))}
-    for t in want_g:
-        if t not in got_g:
-            return Swap(name, kind, False, f"no gradient for {t}", errors)
-        errors[f"grad {t}"] = (_err(got_g[t], want_g[t]), _err(orig_g[t], want_g[t]) if t in orig_g else 0.0)
-    for t, (fused_err, orig_err) in errors.items():
-        atol, rtol = (op.tolerances if t == "output" else op.grad_tolerances)[dtype]
-        limit = max(atol + rtol, 2 * orig_err)
-        if not fused_err <= limit:
-            why = f"{t} off by {fused_err:.3g} of its largest value (limit {limit:.3g})"
-            return Swap(name, kind, False, why, errors)
-    return Swap(name, kind, True, "", errors)
 
 
 class _Call(nn.Module):
@@ -337,7 +221,7 @@ def _check_call(label: str, fname: str, args, kwargs, autocast_dtype) -> Swap:
         return Swap(label, _CALL_SHOWN.get(fname, f"F.{fname}"), False, why)
     torch_fn, fused = _Call(_functional.torch_function(fname)), _Call(_functional.FUSED[fname])
     kind = _CALL_SHOWN.get(fname, f"F.{fname}")
-    return _check(label, torch_fn, fused, args, kwargs, autocast_dtype, kind=kind, op_name=_CALL_OPS[fname])
+    return _verify.check(label, torch_fn, fused, args, kwargs, autocast_dtype, _CALL_OPS[fname], kind)
 
 
 def _route_sites(model: nn.Module, swaps) -> list:
@@ -352,6 +236,11 @@ def _route_sites(model: nn.Module, swaps) -> list:
         _functional.reroute(m, sites)
         out.append(m)
     return out
+
+
+def _restore_forward(module: nn.Module) -> None:
+    _functional.restore(module)
+    _rewrite.restore(module)
 
 
 def _set(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -383,27 +272,33 @@ def patch(
     unreachable = [Swap(n or type(m).__name__, "forward", False, _functional.why_not_rerouted(m))
                    for n, m in sites if _functional.why_not_rerouted(m)]  # fmt: skip
     sites = [(n, m) for n, m in sites if not _functional.why_not_rerouted(m)]
-    if not cands and not sites:
+    attention = [
+        (n, m) for n, m in model.named_modules() if id(m) not in taken and _rewrite.writes_attention(m)
+    ]
+    if not cands and not sites and not attention:
         return PatchReport(unreachable)
     names = _names(model)
     swapped: list = []  # (name, original) of each attribute set, (None, module) rerouted: undone on failure
     try:
         with _preserved(model):
-            report = _patch(model, cands, sites, names, example_batch, loss_fn, measure, budget_s, swapped)
+            found = (cands, sites, attention)
+            report = _patch(model, found, names, example_batch, loss_fn, measure, budget_s, swapped)
             report.swaps += unreachable
     except BaseException:
         for name, original in reversed(swapped):
             if name is None:
-                _functional.restore(original)
+                _restore_forward(original)
             else:
                 _set(model, name, original)
         raise
     return report
 
 
-def _patch(model, cands, sites, names, example_batch, loss_fn, measure, budget_s, swapped) -> PatchReport:
-    before = _copy(model) if measure else None
-    seen, calls, out = _capture(model, example_batch, loss_fn, {n: m for n, m, _ in cands}, sites)
+def _patch(model, found, names, example_batch, loss_fn, measure, budget_s, swapped) -> PatchReport:
+    cands, sites, attention = found
+    before = _verify.copy_module(model) if measure else None
+    watched = {n: m for n, m, _ in cands} | dict(attention)
+    seen, calls, out = _capture(model, example_batch, loss_fn, watched, sites)
     if measure and not (isinstance(out, torch.Tensor) and out.is_floating_point()):
         raise ValueError(f"loss_fn: measure=True times forward and backward of the step, which must give a "
                          f"float tensor; the step gave a {type(out).__name__}. Pass loss_fn=lambda m, b: "
@@ -419,7 +314,8 @@ def _patch(model, cands, sites, names, example_batch, loss_fn, measure, budget_s
                               aliases=aliases))  # fmt: skip
             continue
         args, kwargs, autocast_dtype = seen[id(original)]
-        swap = _check(name, original, fused, args, kwargs, autocast_dtype)
+        op = OPS.get(type(original).__name__) or OPS.get(type(fused).__name__, "rmsnorm")
+        swap = _verify.check(name, original, fused, args, kwargs, autocast_dtype, op)
         swap.aliases = aliases
         if swap.replaced and original is not model:
             _adopt(original, fused)
@@ -435,7 +331,15 @@ def _patch(model, cands, sites, names, example_batch, loss_fn, measure, budget_s
         swap = _check_call(_site_label(mname, m, fname, line), fname, args, kwargs, autocast_dtype)
         swap.site = (mname, fname, line)
         swaps.append(swap)
-    swapped.extend((None, m) for m in _route_sites(model, swaps))
+    rerouted = _route_sites(model, swaps)
+    swapped.extend((None, m) for m in rerouted)
+    for name, m in attention:
+        swap = _verify.check_attention(name, m, seen.get(id(m)), rerouted)
+        swap.aliases = [n for n in names[id(m)] if n != name and n]
+        if swap.replaced:
+            _rewrite.rewrite(m)
+            swapped.append((None, m))
+        swaps.append(swap)
     report = PatchReport(swaps)
     if measure and report.replaced:
         report.timing = _keep_what_pays(report, originals, before, model, example_batch, loss_fn, budget_s)
@@ -466,6 +370,8 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
         if s.replaced and s.kind not in keep:
             if s.site is not None:
                 _functional.restore(model.get_submodule(s.site[0]))
+            elif s.kind == _rewrite.ATTENTION:
+                _rewrite.restore(model.get_submodule(s.name))
             else:
                 for n in (s.name, *s.aliases):
                     _set(model, n, originals[s.name])
@@ -482,9 +388,11 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
 
 def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
     """A copy of the unpatched model with the checked swaps of these kinds made."""
-    m = _copy(before)
+    m = _verify.copy_module(before)
     for s in report.swaps:
-        if s.replaced and s.kind in kinds and s.site is None:
+        if s.replaced and s.kind in kinds and s.kind == _rewrite.ATTENTION:
+            _rewrite.rewrite(m.get_submodule(s.name))
+        elif s.replaced and s.kind in kinds and s.site is None:
             fused = fused_like(m.get_submodule(s.name))
             for n in (s.name, *s.aliases):
                 _set(m, n, fused)
@@ -531,8 +439,9 @@ def step_peak(model: nn.Module, run) -> int:
 def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
     """What pl.patch would check in this model, read from its modules and code (nothing run):
     {module name (as module ranges name them, the root by `root` or its class): {kind
-    ("cross_entropy", "normalization", "gelu"): where, and whether pl.patch reaches it}}: a
-    module of a kind pl.patch swaps, or a functional call in a module's own forward (file:line).
+    ("cross_entropy", "normalization", "gelu", "attention"): where, and whether pl.patch reaches
+    it}}: a module of a kind pl.patch swaps, a functional call in a module's own forward
+    (file:line), or attention written out there.
     Code pl.patch cannot see (a loss computed outside forward) is absent."""
     out: dict = {}
     root = root or type(model).__name__
@@ -542,6 +451,13 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
         why = why_not(m)
         label = f"{type(m).__name__} module" + (f": not reached ({why})" if why else ": pl.patch swaps it")
         out.setdefault(prefix(name), {})[kind] = label
+    for name, m in model.named_modules():
+        if _rewrite.writes_attention(m):
+            lines = ", ".join(_rewrite.softmax_lines(_functional.forward_function(m)))
+            out.setdefault(prefix(name), {})["attention"] = (
+                f"attention written out at {lines} ({type(m).__name__}.forward): pl.patch rewrites it to "
+                "F.scaled_dot_product_attention where it takes one call"
+            )
     for name, m in _functional.site_modules(model):
         fn = _functional.forward_function(m)
         where = fn.__code__.co_filename.rsplit("/", 1)[-1]

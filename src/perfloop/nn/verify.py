@@ -1,0 +1,213 @@
+"""A swap checked on the model's own activations: the original module, its replacement and a
+float64 run of the original, forward and backward on recorded inputs, each output and gradient
+within the op's tolerances (or twice the original's own error in its dtype, where larger)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from perfloop.nn import modules as _modules
+from perfloop.nn import rewrite as _rewrite
+
+
+@dataclass
+class Swap:
+    name: str  # qualified name in the model
+    kind: str  # the original's class
+    replaced: bool
+    reason: str = ""  # why not, when not
+    errors: dict = field(default_factory=dict)  # tensor -> (fused error, original's error), normalized
+    aliases: list = field(default_factory=list)  # the other names the same module goes by
+    site: tuple | None = None  # a functional call: (module's name, function, source line)
+    via: str = ""  # a rewritten pattern: where, and what it became
+
+
+def first_device(args, kwargs) -> str:
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    return tensors[0].device.type if tensors else "cpu"
+
+
+def recorded(args, kwargs) -> tuple:
+    """(args, kwargs, autocast dtype or None) of a call, its tensors copied."""
+    keep = lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
+    dev = first_device(args, kwargs)
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+    return tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}, dtype
+
+
+def copy_module(model: nn.Module) -> nn.Module:
+    """A deep copy of the model; a tensor with a graph that a module keeps (a last loss) copied
+    without its graph (deepcopy refuses those)."""
+    memo = {id(v): v.detach().clone() for m in model.modules() for v in vars(m).values()
+            if isinstance(v, torch.Tensor) and not v.is_leaf}  # fmt: skip
+    return copy.deepcopy(model, memo)
+
+
+def forward_backward(module, args, kwargs, autocast_dtype, seed: int, frozen=()):
+    """(output, {tensor name: gradient}) of module(*args, **kwargs) and one backward with a
+    seeded dy; every floating input takes a gradient but those `frozen` names ("input 1")."""
+
+    def fresh(name, a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        return a.detach().clone().requires_grad_(a.is_floating_point() and f"input {name}" not in frozen)
+
+    args = [fresh(i, a) for i, a in enumerate(args)]
+    kwargs = {k: fresh(k, v) for k, v in kwargs.items()}
+    for p in module.parameters():
+        p.grad = None
+    dev = first_device(args, kwargs)
+    ctx = torch.autocast(dev, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    with ctx:
+        ys = float_leaves(module(*args, **kwargs))
+    if not ys:
+        raise ValueError("the module gives no floating tensor")
+    g = torch.Generator(device=ys[0].device).manual_seed(seed)
+    dys = [torch.randn(y.shape, generator=g, device=y.device, dtype=torch.float32).to(y.dtype) for y in ys]
+    pairs = [(y, dy) for y, dy in zip(ys, dys, strict=True) if y.requires_grad]
+    if pairs:
+        torch.autograd.backward([y for y, _ in pairs], [dy for _, dy in pairs])
+    inputs = [(f"input {i}", a) for i, a in enumerate(args)] + [(f"input {k}", v) for k, v in kwargs.items()]
+    grads = {n: a.grad for n, a in inputs if isinstance(a, torch.Tensor) and a.grad is not None}
+    grads.update({n: p.grad for n, p in module.named_parameters() if p.grad is not None})
+    return [y.detach() for y in ys], grads
+
+
+def float_leaves(out) -> list:
+    """The floating tensors of a module's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    return [t for item in items for t in float_leaves(item)]
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest absolute difference, relative to the largest reference value."""
+    want = want.double().cpu()
+    return float((got.double().cpu() - want).abs().max() / want.abs().max().clamp_min(1e-12))
+
+
+HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+          "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
+          "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+          "_load_state_dict_post_hooks")  # fmt: skip
+
+
+def hookless(module: nn.Module) -> nn.Module:
+    """The module (its parameters, the same objects) without the user's hooks, for the checks."""
+    m = copy.copy(module)
+    for h in HOOKS:
+        if hasattr(m, h):
+            setattr(m, h, OrderedDict())
+    return m
+
+
+def check(
+    name: str,
+    original: nn.Module,
+    fused: nn.Module,
+    args,
+    kwargs,
+    autocast_dtype,
+    op_name: str,
+    kind=None,
+    unlearned=(),
+) -> Swap:
+    from perfloop import ops
+
+    kind = kind or type(original).__name__
+    op = ops.get(op_name)
+    original = hookless(original)
+    ref = copy_module(original).double()
+    dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
+    want_y, want_g = forward_backward(ref, [dbl(a) for a in args], {k: dbl(v) for k, v in kwargs.items()},
+                                       None, seed=0, frozen=unlearned)  # fmt: skip
+    orig_y, orig_g = forward_backward(original, args, kwargs, autocast_dtype, seed=0, frozen=unlearned)
+    try:
+        with _modules.recording_fallbacks() as fallbacks:
+            got_y, got_g = forward_backward(fused, args, kwargs, autocast_dtype, seed=0, frozen=unlearned)
+    except Exception as exc:  # noqa: BLE001 -- a kernel that cannot run here is a refusal, not a crash
+        return Swap(name, kind, False, f"the fused module failed on this input: {exc}")
+    finally:
+        for p in original.parameters():
+            p.grad = None
+    if fallbacks:
+        return Swap(name, kind, False, f"no fused kernel takes this call ({fallbacks[0]}): torch's forward "
+                    "would run, nothing gained")  # fmt: skip
+    said = lambda ys: ", ".join(f"{y.dtype} {tuple(y.shape)}" for y in ys)  # noqa: E731
+    if [(y.dtype, y.shape) for y in got_y] != [(y.dtype, y.shape) for y in orig_y]:
+        return Swap(name, kind, False, f"output {said(got_y)} where the original gives {said(orig_y)}")
+    tols = op.tolerances or {d: op.tolerance(d) for d in (torch.float32, torch.float16, torch.bfloat16)}
+    dtype = orig_y[0].dtype if orig_y[0].dtype in tols else torch.float32
+    errors = {f"output{f' {i}' if i else ''}": (relative_error(got, want), relative_error(orig, want))
+              for i, (got, orig, want) in enumerate(zip(got_y, orig_y, want_y, strict=True))}  # fmt: skip
+    for t in want_g:
+        if t not in got_g:
+            return Swap(name, kind, False, f"no gradient for {t}", errors)
+        orig_err = relative_error(orig_g[t], want_g[t]) if t in orig_g else 0.0
+        errors[f"grad {t}"] = (relative_error(got_g[t], want_g[t]), orig_err)
+    for t, (fused_err, orig_err) in errors.items():
+        atol, rtol = (tols if t.startswith("output") else op.grad_tolerances or tols)[dtype]
+        limit = max(atol + rtol, 2 * orig_err)
+        if not fused_err <= limit:
+            why = f"{t} off by {fused_err:.3g} of its largest value (limit {limit:.3g})"
+            return Swap(name, kind, False, why, errors)
+    return Swap(name, kind, True, "", errors)
+
+
+@contextlib.contextmanager
+def eval_mode(module: nn.Module):
+    """Within: the module and its children in eval mode (dropout off); after: as they were."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def is_mask(a) -> bool:
+    """A float input holding -inf or values that hide a position (an additive attention mask):
+    training code does not learn it, so its gradient is not compared."""
+    return isinstance(a, torch.Tensor) and a.is_floating_point() and bool((a <= _rewrite.HIDDEN).any())
+
+
+def check_attention(name: str, original: nn.Module, recorded, rerouted: list) -> Swap:
+    """A module whose forward writes attention out: its forward captured and rewritten to SDPA
+    (nn.rewrite), then checked like a swap, in eval mode (dropout off: the random draws of SDPA
+    and of the written-out dropout differ)."""
+    kind = _rewrite.ATTENTION
+    if recorded is None:
+        return Swap(name, kind, False, "not called by the example batch")
+    if any(m is original for m in rerouted):
+        return Swap(name, kind, False, "its functional calls are rerouted to fused ones already")
+    args, kwargs, autocast_dtype = recorded
+    fused = copy.copy(original)
+    r = _rewrite.Rewritten(fused, type(original).forward)
+    fused.forward = r
+    masks = [f"input {i}" for i, a in enumerate(args) if is_mask(a)]
+    masks += [f"input {k}" for k, a in kwargs.items() if is_mask(a)]
+    try:
+        with eval_mode(original):
+            fused.training = False
+            swap = check(name, original, fused, args, kwargs, autocast_dtype, "attention", kind, masks)
+    except Exception as exc:  # noqa: BLE001 -- a module the check cannot run is kept as written
+        return Swap(name, kind, False, f"the check could not run it: {type(exc).__name__}: {exc}")
+    done = [f for f in r.backend.found if f.replaced]
+    if not done:
+        why = "; ".join(dict.fromkeys(f"{f.line}: {f.reason}" for f in r.backend.found)) or (
+            "Dynamo captured no graph of its forward"
+        )
+        return Swap(name, kind, False, f"no attention SDPA can take: {why}", swap.errors)
+    f = done[-1]
+    said = ["attn_mask"] if f.form["attn_mask"] else []
+    said += [f"{k}={v}" for k, v in f.form.items() if k != "attn_mask" and v not in (False, None, 0.0)]
+    swap.via = f"{f.line} -> F.scaled_dot_product_attention(q, k, v{''.join(', ' + a for a in said)})"
+    return swap
