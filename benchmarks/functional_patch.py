@@ -8,7 +8,7 @@ the graph as perfloop's ops; and with every fused op in the graph); with --curve
 steps (bf16 autocast, fused AdamW) patched and not, from the same weights on the same batches.
 
     PYTHONPATH=src python3 benchmarks/functional_patch.py --out DIR [--model gpt2|llama] [--small]
-        [--compiled] [--curves N] [--no-measure]
+        [--compiled] [--curves N] [--no-measure] [--four-ways]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import llama_model  # noqa: E402
+import mingpt_model  # noqa: E402
 import nanogpt_model  # noqa: E402
 
 import perfloop as pl  # noqa: E402
@@ -58,6 +59,10 @@ def mechanism_cost() -> dict:
 def build(name: str, small: bool, dev: str):
     """(model, batch size, sequence length, vocabulary) of the named model, seeded."""
     torch.manual_seed(0)
+    if name == "mingpt":  # GPT-2 small written out (attention, GELU), dropout 0.1, batch 12 x 1024
+        cfg = (mingpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
+               if small else mingpt_model.GPTConfig())  # fmt: skip
+        return mingpt_model.GPT(cfg).to(dev), cfg, *((2, 64) if small else (12, 1024)), cfg.vocab_size
     if name == "gpt2":  # GPT-2 small, batch 12 x 1024
         cfg = (nanogpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
                if small else nanogpt_model.GPTConfig())  # fmt: skip
@@ -145,6 +150,53 @@ def compiled_comparison(name: str, small: bool, dev: str, budget_s: float) -> di
     return out
 
 
+def four_ways(name: str, small: bool, dev: str, budget_s: float) -> dict:
+    """Eager, patched (measure=True: what pays kept), compiled and patched+compiled, the step
+    (forward, backward) timed interleaved in one run, with peak memory."""
+    import copy
+
+    from perfloop.harness.timing import compare
+    from perfloop.nn.patch import step_peak
+
+    loss_fn = make_loss_fn(dev)
+    torch._dynamo.reset()
+    base, _, bsz, seq, vocab = build(name, small, dev)
+    g = torch.Generator(device=dev).manual_seed(1)
+    batch = tuple(torch.randint(0, vocab, (bsz, seq), device=dev, generator=g) for _ in range(2))
+    patched = copy.deepcopy(base)
+    t0 = time.perf_counter()
+    report = pl.patch(patched, batch, loss_fn=loss_fn, measure=True, budget_s=budget_s)
+    patch_s = time.perf_counter() - t0
+    models = {"eager": base, "patched": patched, "compiled": torch.compile(copy.deepcopy(base)),
+              "patched+compiled": torch.compile(patched)}  # fmt: skip
+
+    def step(m):
+        def run():
+            loss_fn(m, batch).backward()
+
+        return run
+
+    t0 = time.perf_counter()
+    for m in models.values():  # compile outside the timing
+        for _ in range(2):
+            step(m)()
+    compile_s = time.perf_counter() - t0
+    peaks = {k: step_peak(m, step(m)) for k, m in models.items()} if dev == "cuda" else {}
+    c = compare({k: step(m) for k, m in models.items()}, baseline="eager", budget_s=budget_s)
+    ms = {k: c.measurements[k].median_ms for k in models}
+    out = {"replaced": report.replaced, "kept": (report.timing or {}).get("kept"), "patch_s": patch_s,
+           "compile_s": compile_s, "ms": ms, "peak_bytes": peaks, "report": str(report),
+           "patched_vs_eager": ms["eager"] / ms["patched"], "compiled_vs_eager": ms["eager"] / ms["compiled"],
+           "patched_vs_compiled": ms["compiled"] / ms["patched"],
+           "patched_compiled_vs_compiled": ms["compiled"] / ms["patched+compiled"]}  # fmt: skip
+    print(report, flush=True)
+    times = ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items())
+    print(f"{name}: {times}; patched {out['patched_vs_eager']:.2f}x eager, {out['patched_vs_compiled']:.2f}x "
+          f"compiled; compiled {out['compiled_vs_eager']:.2f}x eager; patched+compiled "
+          f"{out['patched_compiled_vs_compiled']:.3f}x compiled", flush=True)  # fmt: skip
+    return out
+
+
 def curves(name: str, small: bool, dev: str, steps: int) -> dict:
     """`steps` training steps from the same weights on the same batches, torch's code and the
     patched model (every verified swap kept): each step's loss both ways."""
@@ -199,10 +251,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--small", action="store_true", help="a tiny model (to test the script on a CPU)")
-    ap.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
+    ap.add_argument("--model", choices=["gpt2", "llama", "mingpt"], default="gpt2")
     ap.add_argument("--no-measure", action="store_true", help="skip pl.patch(measure=True)")
     ap.add_argument("--compiled", action="store_true", help="compiled against patched+compiled")
     ap.add_argument("--curves", type=int, default=0, help="training steps for the loss curves")
+    ap.add_argument("--four-ways", action="store_true", help="eager, patched, compiled, patched+compiled")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     budget = 4.0 if dev == "cuda" else 1.0
@@ -243,6 +296,9 @@ def main() -> None:
         save()
     if a.compiled:
         out["compiled"] = compiled_comparison(a.model, a.small, dev, budget)
+        save()
+    if a.four_ways:
+        out["four_ways"] = four_ways(a.model, a.small, dev, budget)
         save()
     if a.curves:
         out["curves"] = curves(a.model, a.small, dev, a.curves)

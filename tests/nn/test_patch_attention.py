@@ -230,3 +230,30 @@ def test_a_patched_model_compiles_whole_with_no_graph_break(mingpt):
     got = torch.compile(model)(idx)[0]
     assert dict(counters["graph_break"]) == {}
     assert (got - want).abs().max() < 1e-4
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_in_bf16_the_written_attention_runs_as_one_fused_kernel(mingpt):
+    """bf16 autocast on CUDA: the rewritten attention runs SDPA's fused kernel (flash or
+    memory-efficient), no softmax kernel is left, and the model's output matches torch's code."""
+    torch.manual_seed(0)
+    cfg = mingpt.GPTConfig(block_size=256, vocab_size=512, n_layer=2, n_head=4, n_embd=256)
+    model = mingpt.GPT(cfg).cuda()
+    idx = torch.randint(0, 512, (4, 256), device="cuda")
+    before = copy.deepcopy(model).eval()
+
+    def loss_fn(m, b):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return m(*b)[1]
+
+    report = pl.patch(model, (idx, torch.roll(idx, -1, 1)), loss_fn=loss_fn)
+    assert {"transformer.h.0.attn", "transformer.h.1.attn"} <= set(report.replaced), report
+    model.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        want, got = before(idx)[0].float(), model(idx)[0].float()
+        with torch.profiler.profile() as prof:
+            model(idx)
+    names = {e.key for e in prof.key_averages()}
+    assert any("flash" in n or "efficient_attention" in n for n in names), names
+    assert not any("softmax" in n.lower() for n in names), names
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
