@@ -203,3 +203,33 @@ def test_a_gelu_written_out_in_the_models_own_module_is_checked_then_replaced():
     quick = _MLP(QuickGELU())
     assert "act" not in plan(quick) and not pl.patch(quick, (x,)).replaced
     assert isinstance(quick.act, QuickGELU)
+
+
+class PowGELU(nn.Module):
+    """A written GELU whose cube autocast runs in fp32 (torch.pow is on CUDA autocast's fp32 list;
+    on the CPU the cast is written out here): fp32 out of bf16 in."""
+
+    def forward(self, x):
+        cube = torch.pow(x.to(torch.promote_types(x.dtype, torch.float32)), 3.0)
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * cube)))
+
+
+def test_a_written_gelu_that_autocast_makes_fp32_is_replaced_by_one_that_writes_fp32():
+    """H200 run30: minGPT's NewGELU under bf16 autocast gives fp32 (its torch.pow runs in fp32),
+    the fused GELU gave bf16, so the swap was refused for its dtype; the fused kernel now writes
+    fp32 there, and the kept swap gives the original's dtype."""
+    torch.manual_seed(0)
+    model, x = _MLP(PowGELU()), torch.randn(4, 7, 32)
+
+    def loss_fn(m, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(*b).float().square().mean()
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model.act(model.c_fc(x))
+    report = pl.patch(model, (x,), loss_fn=loss_fn)
+    assert isinstance(model.act, pnn.GELU) and report.swaps[0].options == {"autocast_fp32": True}, str(report)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = model.act(model.c_fc(x))
+    assert want.dtype == got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

@@ -181,7 +181,7 @@ def where_called(pattern: str, kind: str | None, sites: dict | None) -> str:
     rx = re.compile("^" + re.escape(pattern).replace(r"\.\*", r"\.\d+") + "$")
     found = [sites[m][kind] for m in sites if rx.match(m) and kind in sites[m]]
     if not found:
-        what = {"cross_entropy": "cross entropy call", "normalization": "norm", "attention": "attention"}[kind]
+        what = {"cross_entropy": "cross entropy call", "normalization": "norm"}.get(kind, kind)
         return (
             f"no {what} pl.patch can reach in {pattern}: no fusable module there and no F call in its "
             "forward's own code (computed elsewhere?)"

@@ -126,7 +126,10 @@ class RMSNorm(_FusedNorm, nn.RMSNorm):
 
 class GELU(nn.GELU):
     """nn.GELU, either form (exact erf, torch's default, or approximate="tanh", GPT-2's): one fused
-    kernel forward, one backward, the slope recomputed from x."""
+    kernel forward, one backward, the slope recomputed from x. `autocast_fp32`: under autocast the
+    output in fp32, as a GELU written out with torch.pow (on autocast's fp32 list) gives it."""
+
+    autocast_fp32 = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 -- torch's keyword
         from perfloop.ops.gelu.triton_impl import gelu
@@ -137,7 +140,8 @@ class GELU(nn.GELU):
         if why:
             _fallback(self, why)
             return super().forward(x)
-        y = gelu(x if x.ndim else x.reshape(1), approximate=self.approximate)
+        out_dtype = torch.float32 if self.autocast_fp32 and autocast_on(x.device.type) else None
+        y = gelu(x if x.ndim else x.reshape(1), approximate=self.approximate, out_dtype=out_dtype)
         return y if x.ndim else y.reshape(())
 
 

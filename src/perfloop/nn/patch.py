@@ -394,6 +394,8 @@ def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
             _rewrite.rewrite(m.get_submodule(s.name))
         elif s.replaced and s.kind in kinds and s.site is None:
             fused = fused_like(m.get_submodule(s.name))
+            for k, v in s.options.items():
+                setattr(fused, k, v)
             for n in (s.name, *s.aliases):
                 _set(m, n, fused)
     _route_sites(m, [s for s in report.swaps if s.kind in kinds])

@@ -26,6 +26,7 @@ class Swap:
     aliases: list = field(default_factory=list)  # the other names the same module goes by
     site: tuple | None = None  # a functional call: (module's name, function, source line)
     via: str = ""  # a rewritten pattern: where, and what it became
+    options: dict = field(default_factory=dict)  # attributes the check set on the fused module
 
 
 def first_device(args, kwargs) -> str:
@@ -140,6 +141,10 @@ def check(
     if fallbacks:
         return Swap(name, kind, False, f"no fused kernel takes this call ({fallbacks[0]}): torch's forward "
                     "would run, nothing gained")  # fmt: skip
+    options = {}
+    if _promoted(fused, autocast_dtype, got_y, orig_y):  # the written form's pow makes its output fp32
+        fused.autocast_fp32 = options["autocast_fp32"] = True
+        got_y, got_g = forward_backward(fused, args, kwargs, autocast_dtype, seed=0, frozen=unlearned)
     said = lambda ys: ", ".join(f"{y.dtype} {tuple(y.shape)}" for y in ys)  # noqa: E731
     if [(y.dtype, y.shape) for y in got_y] != [(y.dtype, y.shape) for y in orig_y]:
         return Swap(name, kind, False, f"output {said(got_y)} where the original gives {said(orig_y)}")
@@ -158,7 +163,19 @@ def check(
         if not fused_err <= limit:
             why = f"{t} off by {fused_err:.3g} of its largest value (limit {limit:.3g})"
             return Swap(name, kind, False, why, errors)
-    return Swap(name, kind, True, "", errors)
+    return Swap(name, kind, True, "", errors, options=options)
+
+
+def _promoted(fused: nn.Module, autocast_dtype, got_y: list, orig_y: list) -> bool:
+    """Whether the original gives fp32 under autocast where the fused module gives the autocast
+    dtype, and the fused module can write fp32 instead."""
+    return (
+        getattr(fused, "autocast_fp32", None) is False
+        and autocast_dtype is not None
+        and len(got_y) == len(orig_y) == 1
+        and orig_y[0].dtype == torch.float32
+        and got_y[0].dtype == autocast_dtype
+    )
 
 
 @contextlib.contextmanager

@@ -96,10 +96,10 @@ def _forward(x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: i
 
 class GeluFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, block, num_warps, exact=False):
+    def forward(ctx, x, block, num_warps, exact=False, out_dtype=None):
         ctx.save_for_backward(x)
         ctx.config, ctx.exact = (block, num_warps), exact
-        return _forward(x, torch.empty_like(x), block, num_warps, exact)
+        return _forward(x, torch.empty_like(x, dtype=out_dtype), block, num_warps, exact)
 
     @staticmethod
     def backward(ctx, dy):
@@ -111,7 +111,7 @@ class GeluFunction(torch.autograd.Function):
             block, num_warps = _config(x, *ctx.config)
             launch(gelu_bwd_kernel, (cdiv(n, block),), x, dy, dx, n, EXACT=ctx.exact, BLOCK=block,
                    num_warps=num_warps)  # fmt: skip
-        return dx, None, None, None
+        return dx, None, None, None, None
 
 
 def gelu(
@@ -121,16 +121,21 @@ def gelu(
     block: int | None = None,
     num_warps: int | None = None,
     approximate: str = "tanh",
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """GELU of x: the tanh form (GPT-2's, the default) or approximate="none", the exact erf form."""
+    """GELU of x: the tanh form (GPT-2's, the default) or approximate="none", the exact erf form;
+    written in `out_dtype` (default x's: fp32 from bf16 x where the code it replaces gives fp32)."""
     check_tensor("x", x)
     if approximate not in ("tanh", "none"):
         raise ValueError(f"approximate: {approximate!r} is neither 'tanh' nor 'none' (torch's two forms)")
     exact = approximate == "none"
     x = x.contiguous()
-    if out is not None and (out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous()):
-        raise ValueError(f"out: need a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    dtype = out_dtype or x.dtype
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"out_dtype: {dtype} is not a float dtype the kernel writes (fp32, fp16, bf16)")
+    if out is not None and (out.shape != x.shape or out.dtype != dtype or not out.is_contiguous()):
+        raise ValueError(f"out: need a contiguous {dtype} tensor of shape {tuple(x.shape)}")
     if needs_grad(x):
-        y = GeluFunction.apply(x, block, num_warps, exact)
+        y = GeluFunction.apply(x, block, num_warps, exact, dtype)
         return y if out is None else out.copy_(y)
-    return _forward(x, torch.empty_like(x) if out is None else out, block, num_warps, exact)
+    return _forward(x, torch.empty_like(x, dtype=dtype) if out is None else out, block, num_warps, exact)
