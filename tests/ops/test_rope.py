@@ -82,3 +82,27 @@ def test_bad_shapes_are_refused_naming_the_argument(args, said):
         rope(*args)
     with pytest.raises(ValueError, match="interleaved: "):
         rope(torch.randn(1, 1, 3, 8), *angles(3, 8), interleaved="yes")
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_positions_before_the_heads_and_an_fp32_output_from_bf16(interleaved):
+    """x as (B, T, H, D) (Meta's Llama rotates before the heads move forward): position_dim=-3
+    gives the rotation of the transposed layout, and out_dtype=fp32 writes what x * fp32 tables
+    promote to; the gradient comes back in x's dtype."""
+    if OP.variant("triton").why_unavailable("cpu"):
+        pytest.skip(OP.variant("triton").why_unavailable("cpu"))
+    from perfloop.ops.rope.triton_impl import rope
+
+    x = torch.randn(2, 9, 3, 16, generator=torch.Generator().manual_seed(5)).bfloat16().requires_grad_()
+    cos, sin = angles(9, 16)
+    y = rope(x, cos, sin, interleaved, position_dim=-3, out_dtype=torch.float32)
+    want = reference(x.detach().transpose(1, 2), cos, sin, interleaved).transpose(1, 2)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), want, atol=1e-5, rtol=1e-5)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6))
+    y.backward(dy)
+    back = reference(dy.transpose(1, 2), cos, -sin, interleaved).transpose(1, 2)
+    assert x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(x.grad.double(), back, atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="position_dim"):
+        rope(x, cos, sin, interleaved, position_dim=-1)

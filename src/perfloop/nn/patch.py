@@ -272,9 +272,7 @@ def patch(
     unreachable = [Swap(n or type(m).__name__, "forward", False, _functional.why_not_rerouted(m))
                    for n, m in sites if _functional.why_not_rerouted(m)]  # fmt: skip
     sites = [(n, m) for n, m in sites if not _functional.why_not_rerouted(m)]
-    attention = [
-        (n, m) for n, m in model.named_modules() if id(m) not in taken and _rewrite.writes_attention(m)
-    ]
+    attention = [(n, m) for n, m in model.named_modules() if id(m) not in taken and _rewrite.writes(m)]
     if not cands and not sites and not attention:
         return PatchReport(unreachable)
     names = _names(model)
@@ -334,7 +332,7 @@ def _patch(model, found, names, example_batch, loss_fn, measure, budget_s, swapp
     rerouted = _route_sites(model, swaps)
     swapped.extend((None, m) for m in rerouted)
     for name, m in attention:
-        swap = _verify.check_attention(name, m, seen.get(id(m)), rerouted)
+        swap = _verify.check_written(name, m, seen.get(id(m)), rerouted)
         swap.aliases = [n for n in names[id(m)] if n != name and n]
         if swap.replaced:
             _rewrite.rewrite(m)
@@ -370,7 +368,7 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
         if s.replaced and s.kind not in keep:
             if s.site is not None:
                 _functional.restore(model.get_submodule(s.site[0]))
-            elif s.kind == _rewrite.ATTENTION:
+            elif _rewrite.is_written(s.kind):
                 _rewrite.restore(model.get_submodule(s.name))
             else:
                 for n in (s.name, *s.aliases):
@@ -390,7 +388,7 @@ def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
     """A copy of the unpatched model with the checked swaps of these kinds made."""
     m = _verify.copy_module(before)
     for s in report.swaps:
-        if s.replaced and s.kind in kinds and s.kind == _rewrite.ATTENTION:
+        if s.replaced and s.kind in kinds and _rewrite.is_written(s.kind):
             _rewrite.rewrite(m.get_submodule(s.name))
         elif s.replaced and s.kind in kinds and s.site is None:
             fused = fused_like(m.get_submodule(s.name))
@@ -454,7 +452,12 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
         label = f"{type(m).__name__} module" + (f": not reached ({why})" if why else ": pl.patch swaps it")
         out.setdefault(prefix(name), {})[kind] = label
     for name, m in model.named_modules():
-        if _rewrite.writes_attention(m):
+        if _rewrite.ROPE in _rewrite.writes(m):
+            out.setdefault(prefix(name), {})["rope"] = (
+                f"rotary embedding written out ({type(m).__name__}.forward): pl.patch rewrites it to "
+                "perfloop's fused RoPE where it takes one call"
+            )
+        if _rewrite.ATTENTION in _rewrite.writes(m):
             lines = ", ".join(_rewrite.softmax_lines(_functional.forward_function(m)))
             out.setdefault(prefix(name), {})["attention"] = (
                 f"attention written out at {lines} ({type(m).__name__}.forward): pl.patch rewrites it to "

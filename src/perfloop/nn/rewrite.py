@@ -22,12 +22,16 @@ from __future__ import annotations
 import math
 import operator
 import re
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Interpreter, Node
+
+from perfloop.nn import rotary
+from perfloop.nn.rotary import ROPE as ROPE  # the kind nn.patch names
 
 ATTENTION = "attention written out"
 HIDDEN = -1e4  # a fill value at or under this hides its position after softmax as -inf does
@@ -37,10 +41,11 @@ HIDDEN = -1e4  # a fill value at or under this hides its position after softmax 
 class Found:
     """One softmax of a captured graph: whether it became SDPA, and how or why not."""
 
-    line: str  # file:line of the softmax in the user's code
+    line: str  # file:line of the softmax in the user's code ("" for a RoPE: its graph has no lines)
     replaced: bool
     reason: str = ""
-    form: dict = field(default_factory=dict)  # is_causal, attn_mask, dropout_p, scale
+    form: dict = field(default_factory=dict)  # is_causal, attn_mask, dropout_p, scale; a RoPE's layout
+    pattern: str = ATTENTION
 
 
 def _is(n: Any, *targets) -> bool:
@@ -354,10 +359,10 @@ def softmax_lines(fn) -> list[str]:
     return [f"{where}:{n}" for n in dict.fromkeys(lines)]
 
 
-def rewrite_attention(gm: GraphModule, inputs: list, lines: list | None = None) -> list[Found]:
-    """Replace each written-out attention in `gm` by SDPA (in place, recompiled where any was);
-    what each softmax became, or why not. `lines`: the softmaxes' file:line where the graph
-    keeps no stack traces (in order)."""
+def rewrite_graph(gm: GraphModule, inputs: list, lines: list | None = None) -> list[Found]:
+    """Replace each written-out attention in `gm` by SDPA and each written-out RoPE by the fused
+    op (in place, recompiled where any was); what each became, or why not. `lines`: the
+    softmaxes' file:line where the graph keeps no stack traces (in order)."""
     found, matches = [], []
     softmaxes = [n for n in gm.graph.nodes if _is(n, *_SOFTMAX)]
     for i, sm in enumerate(softmaxes):
@@ -369,9 +374,7 @@ def rewrite_attention(gm: GraphModule, inputs: list, lines: list | None = None) 
             found.append(Found(_line(sm), False, why))
         else:
             matches.append(m)
-    if not matches:
-        return found
-    values = _values(gm, inputs, [n for m in matches if m.mask for n in m.mask[1:]])
+    values = _values(gm, inputs, [n for m in matches if m.mask for n in m.mask[1:]]) if matches else {}
     for m in matches:
         attn_mask, causal = None, False
         if m.mask is not None:
@@ -390,13 +393,29 @@ def rewrite_attention(gm: GraphModule, inputs: list, lines: list | None = None) 
         line = _line(m.softmax)
         _replace(gm, m, causal, attn_mask)
         found.append(Found(line, True, "", form))
-    gm.graph.lint()
-    gm.recompile()
+    found += _rewrite_ropes(gm, inputs)
+    if any(f.replaced for f in found):
+        gm.graph.lint()
+        gm.recompile()
+    return found
+
+
+def _rewrite_ropes(gm: GraphModule, inputs: list) -> list[Found]:
+    ropes = rotary.find(gm.graph)
+    values = _values(gm, inputs, [n for r in ropes for n in (r.cos, r.sin)]) if ropes else {}
+    found = []
+    for r in ropes:
+        why = rotary.why_not(r, values)
+        form = {"interleaved": r.interleaved, "form": "complex" if r.complex else "rotate_half" if r.doubled
+                else "real"}  # fmt: skip
+        found.append(Found("", not why, why, form, rotary.ROPE))
+        if not why:
+            rotary.replace(gm.graph, r, values)
     return found
 
 
 class Backend:
-    """A torch.compile backend that runs each captured graph eager after `rewrite_attention`;
+    """A torch.compile backend that runs each captured graph eager after `rewrite_graph`;
     `found` keeps what every capture held. One per forward function: the instances of a class
     share its captures."""
 
@@ -406,7 +425,7 @@ class Backend:
 
     def __call__(self, gm: GraphModule, example_inputs: list):
         try:
-            self.found += rewrite_attention(gm, example_inputs, self.lines)
+            self.found += rewrite_graph(gm, example_inputs, self.lines)
         except Exception as exc:  # noqa: BLE001 -- a graph the rewrite cannot read runs as written
             self.found.append(Found("?", False, f"the captured graph could not be rewritten: {exc}"))
         return gm.forward
@@ -423,12 +442,19 @@ def backend_for(fn) -> Backend:
 
 class Rewritten:
     """A module instance's forward: the class's own, captured and run with its written-out
-    attention as SDPA. Under an outer torch.compile the class's own code is traced (Inductor
-    fuses it its own way)."""
+    attention as SDPA and RoPE fused. Under an outer torch.compile the class's own code is
+    traced (Inductor fuses it its own way). `alone`: captured apart from the class's other
+    instances (Dynamo keeps its captures by code object: here a copy of it), so that `found`
+    says what this instance's captures held, for the check."""
 
-    def __init__(self, owner: torch.nn.Module, fn) -> None:
+    def __init__(self, owner: torch.nn.Module, fn, alone: bool = False) -> None:
         self.owner, self.fn = owner, fn
-        self.backend = backend_for(fn)
+        if alone:
+            fn = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
+                                    fn.__closure__)  # fmt: skip
+            self.backend = Backend(fn)
+        else:
+            self.backend = backend_for(fn)
         self._compiled = torch.compile(fn, backend=self.backend)
 
     def __call__(self, *args, **kwargs):
@@ -455,17 +481,60 @@ def restore(module: torch.nn.Module) -> None:
         del module.forward
 
 
-def writes_attention(module: torch.nn.Module) -> bool:
-    """Whether the module's own forward (its class's) calls a softmax and a matmul: a candidate."""
+def _code_names(fn, depth: int = 1) -> tuple[set, set, bool]:
+    """(the global names fn's code and its nested code load, the other names it uses, whether it
+    uses the @ operator), taken down `depth` levels of the global functions it calls."""
+    import dis
+    import types
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return set(), set(), False
+    globs, names, matmul, todo = set(), set(), False, [code]
+    while todo:
+        c = todo.pop()
+        for i in dis.get_instructions(c):
+            if i.opname == "LOAD_GLOBAL":
+                globs.add(i.argval)
+            elif isinstance(i.argval, str) and i.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME"):
+                names.add(i.argval)
+            matmul = matmul or (i.opname == "BINARY_OP" and i.argrepr in ("@", "@="))
+        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    if depth:
+        for n in list(globs):
+            f = fn.__globals__.get(n)
+            if isinstance(f, types.FunctionType) and not f.__module__.startswith("torch"):
+                g2, n2, m2 = _code_names(f, depth - 1)
+                globs, names, matmul = globs | g2, names | n2, matmul or m2
+    return globs, names, matmul
+
+
+_ROPE_NAMES = ("rotary", "rope", "rotate_half")
+
+
+def writes(module: torch.nn.Module) -> set[str]:
+    """What the module's own forward (its class's, and the functions it calls) may write out op
+    by op: ATTENTION (a softmax and a matmul), ROPE (a global function named for rotary
+    embeddings, rotate_half, or view_as_complex). Candidates only: the capture decides."""
     import inspect
 
     fn = inspect.unwrap(type(module).forward)
-    code = getattr(fn, "__code__", None)
-    if code is None or getattr(fn, "__module__", "").startswith("torch."):
-        return False
-    names = set(code.co_names)
-    import dis
+    if getattr(fn, "__code__", None) is None or getattr(fn, "__module__", "").startswith("torch."):
+        return set()
+    globs, names, matmul = _code_names(fn)
+    out = set()
+    if "softmax" in globs | names and (matmul or (globs | names) & {"matmul", "bmm"}):
+        out.add(ATTENTION)
+    if any(r in g.lower() for g in globs for r in _ROPE_NAMES) or "view_as_complex" in names:
+        out.add(rotary.ROPE)
+    return out
 
-    matmul = "matmul" in names or "bmm" in names or any(
-        i.opname == "BINARY_OP" and i.argrepr in ("@", "@=") for i in dis.get_instructions(code))  # fmt: skip
-    return "softmax" in names and matmul
+
+def written_kind(patterns: set) -> str:
+    """The kind a swap of these patterns goes by ("attention written out", "RoPE written out",
+    or both joined)."""
+    return " and ".join(sorted(patterns)) or ATTENTION
+
+
+def is_written(kind: str) -> bool:
+    return all(p in (ATTENTION, rotary.ROPE) for p in kind.split(" and "))

@@ -196,18 +196,18 @@ def is_mask(a) -> bool:
     return isinstance(a, torch.Tensor) and a.is_floating_point() and bool((a <= _rewrite.HIDDEN).any())
 
 
-def check_attention(name: str, original: nn.Module, recorded, rerouted: list) -> Swap:
-    """A module whose forward writes attention out: its forward captured and rewritten to SDPA
+def check_written(name: str, original: nn.Module, recorded, rerouted: list) -> Swap:
+    """A module whose forward writes attention or RoPE out: its forward captured and rewritten
     (nn.rewrite), then checked like a swap, in eval mode (dropout off: the random draws of SDPA
     and of the written-out dropout differ)."""
-    kind = _rewrite.ATTENTION
+    kind = _rewrite.written_kind(_rewrite.writes(original))
     if recorded is None:
         return Swap(name, kind, False, "not called by the example batch")
     if any(m is original for m in rerouted):
         return Swap(name, kind, False, "its functional calls are rerouted to fused ones already")
     args, kwargs, autocast_dtype = recorded
     fused = copy.copy(original)
-    r = _rewrite.Rewritten(fused, type(original).forward)
+    r = _rewrite.Rewritten(fused, type(original).forward, alone=True)
     fused.forward = r
     masks = [f"input {i}" for i, a in enumerate(args) if is_mask(a)]
     masks += [f"input {k}" for k, a in kwargs.items() if is_mask(a)]
@@ -219,12 +219,19 @@ def check_attention(name: str, original: nn.Module, recorded, rerouted: list) ->
         return Swap(name, kind, False, f"the check could not run it: {type(exc).__name__}: {exc}")
     done = [f for f in r.backend.found if f.replaced]
     if not done:
-        why = "; ".join(dict.fromkeys(f"{f.line}: {f.reason}" for f in r.backend.found)) or (
+        why = "; ".join(dict.fromkeys(f"{f.line or f.pattern}: {f.reason}" for f in r.backend.found)) or (
             "Dynamo captured no graph of its forward"
         )
-        return Swap(name, kind, False, f"no attention SDPA can take: {why}", swap.errors)
-    f = done[-1]
-    said = ["attn_mask"] if f.form["attn_mask"] else []
-    said += [f"{k}={v}" for k, v in f.form.items() if k != "attn_mask" and v not in (False, None, 0.0)]
-    swap.via = f"{f.line} -> F.scaled_dot_product_attention(q, k, v{''.join(', ' + a for a in said)})"
+        return Swap(name, kind, False, f"nothing one fused call can take: {why}", swap.errors)
+    swap.kind = _rewrite.written_kind({f.pattern for f in done})
+    swap.via = "; ".join(dict.fromkeys(_said(f) for f in done))
     return swap
+
+
+def _said(f) -> str:
+    if f.pattern == _rewrite.ATTENTION:
+        said = ["attn_mask"] if f.form["attn_mask"] else []
+        said += [f"{k}={v}" for k, v in f.form.items() if k != "attn_mask" and v not in (False, None, 0.0)]
+        return f"{f.line} -> F.scaled_dot_product_attention(q, k, v{''.join(', ' + a for a in said)})"
+    pairs = "neighbouring pairs" if f.form["interleaved"] else "halves"
+    return f"RoPE ({f.form['form']} form, {pairs}) -> perfloop's fused RoPE"

@@ -4,6 +4,7 @@ from the (T, D/2) cos and sin tables; the backward is the same kernel rotating t
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ def rope_kernel(
     Y,
     rows,
     T,
+    HEADS,
     HALF,
     SIGN: tl.constexpr,
     INTERLEAVED: tl.constexpr,
@@ -42,7 +44,7 @@ def rope_kernel(
     row = X + r * (2 * HALF)
     x1 = tl.load(row + i1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(row + i2, mask=mask, other=0.0).to(tl.float32)
-    at = (r % T) * HALF + c
+    at = ((r // HEADS) % T) * HALF + c
     cs = tl.load(COS + at, mask=mask, other=0.0).to(tl.float32)
     sn = tl.load(SIN + at, mask=mask, other=0.0).to(tl.float32) * SIGN
     out = Y + r * (2 * HALF)
@@ -50,9 +52,10 @@ def rope_kernel(
     tl.store(out + i2, (x1 * sn + x2 * cs).to(Y.dtype.element_ty), mask=mask)
 
 
-def rotate(x, cos, sin, interleaved: bool, sign: float = 1.0) -> torch.Tensor:
-    """x (contiguous, (..., T, D)) with each pair rotated by sign times its angle."""
-    y = torch.empty_like(x)
+def rotate(x, cos, sin, interleaved: bool, sign: float = 1.0, heads: int = 1, out_dtype=None) -> torch.Tensor:
+    """x (contiguous, (..., T, heads..., D): `heads` rows a position) with each pair rotated by
+    sign times its angle, written in out_dtype (x's by default)."""
+    y = torch.empty_like(x, dtype=out_dtype)
     half = x.shape[-1] // 2
     rows = x.numel() // (2 * half) if half else 0
     if rows:
@@ -66,7 +69,8 @@ def rotate(x, cos, sin, interleaved: bool, sign: float = 1.0) -> torch.Tensor:
             sin,
             y,
             rows,
-            x.shape[-2],
+            cos.shape[0],
+            heads,
             half,
             SIGN=sign,
             INTERLEAVED=interleaved,
@@ -77,40 +81,51 @@ def rotate(x, cos, sin, interleaved: bool, sign: float = 1.0) -> torch.Tensor:
     return y
 
 
-def _table_grads(x, dy, cos, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gradients of cos and sin (where a model learns its angles): each pair's products
-    summed over everything but the position and the frequency."""
+def _table_grads(x, dy, cos, interleaved: bool, position_dim: int = -2) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of cos and sin (where a model learns its angles, or a check asks): each
+    pair's products summed over everything but the position and the frequency."""
     h = x.shape[-1] // 2
     xf, df = x.float(), dy.float()
     x1, x2 = (xf[..., 0::2], xf[..., 1::2]) if interleaved else (xf[..., :h], xf[..., h:])
     d1, d2 = (df[..., 0::2], df[..., 1::2]) if interleaved else (df[..., :h], df[..., h:])
-    lead = tuple(range(x.dim() - 2))
-    dcos, dsin = (d1 * x1 + d2 * x2).sum(lead), (d2 * x1 - d1 * x2).sum(lead)
+    t = x.shape[position_dim]
+
+    def per_position(v):
+        return v.movedim(position_dim, -2).reshape(-1, t, h).sum(0)
+
+    dcos, dsin = per_position(d1 * x1 + d2 * x2), per_position(d2 * x1 - d1 * x2)
     return dcos.to(cos.dtype), dsin.to(cos.dtype)
 
 
 class RopeFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, cos, sin, interleaved):
+    def forward(ctx, x, cos, sin, interleaved, position_dim=-2, out_dtype=None):
         tables = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         ctx.save_for_backward(cos, sin, *((x,) if tables else ()))
-        ctx.interleaved = interleaved
-        return rotate(x, cos, sin, interleaved)
+        heads = math.prod(x.shape[position_dim + 1 : -1])
+        ctx.interleaved, ctx.heads, ctx.position_dim, ctx.x_dtype = interleaved, heads, position_dim, x.dtype
+        return rotate(x, cos, sin, interleaved, heads=heads, out_dtype=out_dtype)
 
     @staticmethod
     def backward(ctx, dy):
         cos, sin, *x = ctx.saved_tensors
         dy = dy.contiguous()
-        dx = rotate(dy, cos, sin, ctx.interleaved, sign=-1.0) if ctx.needs_input_grad[0] else None
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = rotate(dy, cos, sin, ctx.interleaved, sign=-1.0, heads=ctx.heads, out_dtype=ctx.x_dtype)
         dcos = dsin = None
         if x:
-            dcos, dsin = _table_grads(x[0], dy, cos, ctx.interleaved)
-        return dx, dcos, dsin, None
+            dcos, dsin = _table_grads(x[0], dy, cos, ctx.interleaved, ctx.position_dim)
+        return dx, dcos, dsin, None, None, None
 
 
-def rope(x, cos, sin, interleaved: bool = False):
-    validate(x, cos, sin, interleaved)
+def rope(x, cos, sin, interleaved: bool = False, *, position_dim: int = -2, out_dtype=None):
+    """x with each pair of its last dim rotated by its position's angle; the positions on
+    `position_dim` ((B, H, T, D): -2, the default; (B, T, H, D): -3); written in out_dtype (x's
+    by default: fp32 where the code it replaces promotes to the tables' fp32)."""
+    validate(x, cos, sin, interleaved, position_dim)
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     if needs_grad(x, cos, sin):
-        return RopeFunction.apply(x, cos, sin, interleaved)
-    return rotate(x, cos, sin, interleaved)
+        return RopeFunction.apply(x, cos, sin, interleaved, position_dim, out_dtype)
+    heads = math.prod(x.shape[position_dim + 1 : -1])
+    return rotate(x, cos, sin, interleaved, heads=heads, out_dtype=out_dtype)
