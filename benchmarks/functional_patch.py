@@ -197,9 +197,49 @@ def four_ways(name: str, small: bool, dev: str, budget_s: float) -> dict:
     return out
 
 
-def curves(name: str, small: bool, dev: str, steps: int) -> dict:
+def for_compile(name: str, small: bool, dev: str, budget_s: float) -> dict:
+    """pl.patch(measure=True, compiled=True) (each candidate timed compiled, only what pays kept),
+    then compiled, against the model compiled: one interleaved run."""
+    import copy
+
+    from perfloop.harness.timing import compare
+
+    loss_fn = make_loss_fn(dev)
+    torch._dynamo.reset()
+    base, _, bsz, seq, vocab = build(name, small, dev)
+    g = torch.Generator(device=dev).manual_seed(1)
+    batch = tuple(torch.randint(0, vocab, (bsz, seq), device=dev, generator=g) for _ in range(2))
+    patched = copy.deepcopy(base)
+    t0 = time.perf_counter()
+    report = pl.patch(patched, batch, loss_fn=loss_fn, measure=True, compiled=True, budget_s=budget_s)
+    patch_s = time.perf_counter() - t0
+    models = {"compiled": torch.compile(base), "patched for compile, compiled": torch.compile(patched)}
+
+    def step(m):
+        def run():
+            loss_fn(m, batch).backward()
+
+        return run
+
+    for m in models.values():
+        for _ in range(2):
+            step(m)()
+    c = compare({k: step(m) for k, m in models.items()}, baseline="compiled", budget_s=budget_s)
+    s = c.speedups["patched for compile, compiled"]
+    out = {"kept": report.timing["kept"] if report.timing else [], "patch_s": patch_s, "report": str(report),
+           "speedup": s.speedup, "ci": s.ci, "significant": s.significant,
+           "ms": {k: c.measurements[k].median_ms for k in models}}  # fmt: skip
+    print(report, flush=True)
+    print(f"{name}: patched for compile then compiled {s.speedup:.3f}x compiled [{s.ci[0]:.3f}, "
+          f"{s.ci[1]:.3f}]; kept {out['kept']}; patch took {patch_s:.0f} s", flush=True)  # fmt: skip
+    return out
+
+
+def curves(name: str, small: bool, dev: str, steps: int, seeds: int = 1) -> dict:
     """`steps` training steps from the same weights on the same batches, torch's code and the
-    patched model (every verified swap kept): each step's loss both ways."""
+    patched model (every verified swap kept): each step's loss both ways. With `seeds` > 1 each
+    way runs that many times, its random draws (dropout) from another seed: the spread of
+    torch's own runs is what the patched runs are held to."""
     loss_fn = make_loss_fn(dev)
     model, _, bsz, seq, vocab = build(name, small, dev)
     g = torch.Generator().manual_seed(3)
@@ -222,7 +262,14 @@ def curves(name: str, small: bool, dev: str, steps: int) -> dict:
         for q in nudged.parameters():
             q.mul_(1 + 1e-6 * torch.randn(q.shape, device=dev, generator=gn))
     out = {"replaced": report.replaced}
-    for label, m in (("torch", model), ("patched", patched), ("torch, nudged", nudged)):
+    runs = [("torch", model), ("patched", patched), ("torch, nudged", nudged)]
+    for seed in range(1, seeds):
+        runs += [(f"torch, seed {seed}", __import__("copy").deepcopy(model)),
+                 (f"patched, seed {seed}", __import__("copy").deepcopy(patched))]  # fmt: skip
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    for label, m in runs:
+        m.load_state_dict(start) if label != "torch, nudged" else None
+        torch.manual_seed(int(label.rsplit(" ", 1)[-1]) if "seed" in label else 0)
         opt = torch.optim.AdamW(m.parameters(), lr=6e-4, fused=dev == "cuda")
         losses = []
         for b in batches:
@@ -240,6 +287,15 @@ def curves(name: str, small: bool, dev: str, steps: int) -> dict:
     out["mean_signed_diff"] = sum(b - a for a, b in zip(out["torch"], out["patched"], strict=True)) / steps
     out["first_last"] = {"torch": [out["torch"][0], out["torch"][-1]],
                          "patched": [out["patched"][0], out["patched"][-1]]}  # fmt: skip
+    tail = lambda v: sum(v[-20:]) / len(v[-20:])  # noqa: E731
+    out["last20"] = {label: tail(out[label]) for label, _ in runs}
+    if seeds > 1:
+        mine = [v for k, v in out["last20"].items() if k.startswith("torch")]
+        theirs = [v for k, v in out["last20"].items() if k.startswith("patched")]
+        out["spread"] = {"torch": [min(mine), max(mine)], "patched": [min(theirs), max(theirs)],
+                         "mean_gap": sum(theirs) / len(theirs) - sum(mine) / len(mine)}  # fmt: skip
+        print(f"{name} last-20 mean loss: torch {sorted(round(v, 3) for v in mine)}, patched "
+              f"{sorted(round(v, 3) for v in theirs)}", flush=True)  # fmt: skip
     t, p = out["torch"], out["patched"]
     print(f"{name} curves over {steps} steps: loss {t[0]:.3f} -> {t[-1]:.3f} (torch), -> {p[-1]:.3f} "
           f"(patched); largest gap {out['max_abs_diff']:.4f} (torch from weights 1e-6 away: "
@@ -255,7 +311,9 @@ def main() -> None:
     ap.add_argument("--no-measure", action="store_true", help="skip pl.patch(measure=True)")
     ap.add_argument("--compiled", action="store_true", help="compiled against patched+compiled")
     ap.add_argument("--curves", type=int, default=0, help="training steps for the loss curves")
+    ap.add_argument("--curve-seeds", type=int, default=1, help="runs each way, their random draws apart")
     ap.add_argument("--four-ways", action="store_true", help="eager, patched, compiled, patched+compiled")
+    ap.add_argument("--for-compile", action="store_true", help="pl.patch(compiled=True) then compiled")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     budget = 4.0 if dev == "cuda" else 1.0
@@ -300,8 +358,11 @@ def main() -> None:
     if a.four_ways:
         out["four_ways"] = four_ways(a.model, a.small, dev, budget)
         save()
+    if a.for_compile:
+        out["for_compile"] = for_compile(a.model, a.small, dev, budget)
+        save()
     if a.curves:
-        out["curves"] = curves(a.model, a.small, dev, a.curves)
+        out["curves"] = curves(a.model, a.small, dev, a.curves, a.curve_seeds)
         save()
 
 

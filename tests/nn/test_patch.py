@@ -141,7 +141,7 @@ def test_measure_tries_the_kinds_that_paid_alone_together(train_gpt, monkeypatch
     alone = {"after": 0.95, "only CrossEntropyLoss": 1.12, "only LayerNorm": 1.03, "only GELU": 0.96}
     calls = []
 
-    def fake_measure(models, batch, loss_fn, budget_s):  # the step's timings, as the H200 gave them
+    def fake_measure(models, batch, loss_fn, budget_s, compiled=False):  # as the H200 gave them
         calls.append(sorted(models))
         speed = {k: alone.get(k, 1.16) for k in models if k != "before"}
         cands = {k: {"ms": 35 / v, "speedup": v, "ci": (v - 0.01, v + 0.01), "p_value": 0.001,
@@ -233,3 +233,40 @@ def test_a_written_gelu_that_autocast_makes_fp32_is_replaced_by_one_that_writes_
         got = model.act(model.c_fc(x))
     assert want.dtype == got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_measure_compiled_times_each_step_compiled_and_keeps_only_what_pays_there(train_gpt, monkeypatch):
+    """Issue 39 item 6: on the H200 (run31) the Llama-style model patched then compiled ran 0.949x
+    compiled. `compiled=True` times every candidate compiled, so a swap kept for eager but slower
+    under compile is put back. The compiles are counted: the timed models really ran compiled."""
+    import importlib
+
+    from torch._dynamo.utils import counters
+
+    P = importlib.import_module("perfloop.nn.patch")
+    real = P._measure
+    seen = []
+
+    def recording(models, batch, loss_fn, budget_s, compiled=False):
+        before = counters["stats"]["unique_graphs"]
+        t = real(models, batch, loss_fn, budget_s, compiled)
+        seen.append((sorted(models), compiled, counters["stats"]["unique_graphs"] - before))
+        return t
+
+    monkeypatch.setattr(P, "_measure", recording)
+    model, batch = _gpt(train_gpt)
+    torch._dynamo.reset()
+    report = pl.patch(model, batch, measure=True, compiled=True, budget_s=0.2)
+    assert seen and all(c for _, c, _ in seen)
+    assert all(graphs >= len(names) for names, _, graphs in seen), seen  # at least a graph a timed model
+    assert "each step timed compiled" in str(report)
+    cands = report.timing["candidates"]
+    for kind in report.timing["kept"]:  # each kept kind paid compiled, alone or with the rest
+        assert any(
+            c["significant"] and c["speedup"] > 1 and (k == "after" or kind in k) for k, c in cands.items()
+        )
+    for s in report.swaps:  # what was put back says it was timed compiled
+        if not s.replaced and s.reason.startswith("equal"):
+            assert "the step compiled was not faster" in s.reason
+    with pytest.raises(ValueError, match="compiled: True times the step compiled, which needs measure=True"):
+        pl.patch(model, batch, compiled=True)

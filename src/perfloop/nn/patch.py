@@ -80,6 +80,8 @@ class PatchReport:
                          + (f": {s.reason}" if s.reason else ""))  # fmt: skip
         if self.timing:
             t = self.timing
+            if t.get("compiled"):
+                lines.append("each step timed compiled (torch.compile, default options)")
             for k, c in t["candidates"].items():
                 sig = " (significant)" if c["significant"] else ""
                 lines.append(f"step {k}: {c.get('before_ms', t['before_ms']):.3f} ms -> {c['ms']:.3f} ms, "
@@ -255,6 +257,7 @@ def patch(
     *,
     measure: bool = False,
     budget_s: float = 3.0,
+    compiled: bool = False,
 ) -> PatchReport:
     """Replace the modules of `model` that have a fused perfloop.nn version, each only after it
     matched the original on this model's own activations and gradients (see the module
@@ -262,8 +265,13 @@ def patch(
     `model(*example_batch)`). With `measure=True` the training step (forward, backward) is
     timed before and after, interleaved (`compare`), with peak memory both ways; where more
     than one kind of module was swapped, each kind alone is timed too, and a kind whose swap
-    does not make the step faster is put back (the report says so).
+    does not make the step faster is put back (the report says so). `compiled=True` (for a
+    model that will run under torch.compile): each of those steps is timed compiled
+    (torch.compile, default options, compiled before the timing), so only what pays under
+    compile is kept.
     """
+    if compiled and not measure:
+        raise ValueError("compiled: True times the step compiled, which needs measure=True as well")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     cands = _candidates(model)
@@ -280,7 +288,8 @@ def patch(
     try:
         with _preserved(model):
             found = (cands, sites, attention)
-            report = _patch(model, found, names, example_batch, loss_fn, measure, budget_s, swapped)
+            timing = {"budget_s": budget_s, "compiled": compiled} if measure else None
+            report = _patch(model, found, names, example_batch, loss_fn, timing, swapped)
             report.swaps += unreachable
     except BaseException:
         for name, original in reversed(swapped):
@@ -292,7 +301,7 @@ def patch(
     return report
 
 
-def _patch(model, found, names, example_batch, loss_fn, measure, budget_s, swapped) -> PatchReport:
+def _patch(model, found, names, example_batch, loss_fn, measure: dict | None, swapped) -> PatchReport:
     cands, sites, attention = found
     before = _verify.copy_module(model) if measure else None
     watched = {n: m for n, m, _ in cands} | dict(attention)
@@ -340,26 +349,27 @@ def _patch(model, found, names, example_batch, loss_fn, measure, budget_s, swapp
         swaps.append(swap)
     report = PatchReport(swaps)
     if measure and report.replaced:
-        report.timing = _keep_what_pays(report, originals, before, model, example_batch, loss_fn, budget_s)
+        report.timing = _keep_what_pays(report, originals, before, model, example_batch, loss_fn, **measure)
     return report
 
 
-def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budget_s: float) -> dict:
+def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budget_s: float,
+                    compiled: bool = False) -> dict:  # fmt: skip
     """Time the step unpatched, patched, and (with several kinds swapped) patched with each kind
-    alone, interleaved; keep the fastest that beats the unpatched step, put the rest back."""
+    alone, interleaved (each compiled, with `compiled`); keep the fastest that beats the
+    unpatched step, put the rest back."""
     kinds = sorted({s.kind for s in report.swaps if s.replaced})
     models = {"before": before, "after": model}
     if len(kinds) > 1:
         for kind in kinds:
             models[f"only {kind}"] = _with(before, report, {kind})
-    t = _measure(models, batch, loss_fn, budget_s)
+    t = _measure(models, batch, loss_fn, budget_s, compiled)
     pays = lambda c: c["significant"] and c["speedup"] > 1  # noqa: E731
     winners = [k for k in kinds if pays(t["candidates"].get(f"only {k}", {"significant": False}))]
     if 1 < len(winners) < len(kinds):  # the kinds that paid alone, together
         label = "only " + "+".join(winners)
-        t2 = _measure(
-            {"before": before, label: _with(before, report, set(winners))}, batch, loss_fn, budget_s
-        )
+        pair = {"before": before, label: _with(before, report, set(winners))}
+        t2 = _measure(pair, batch, loss_fn, budget_s, compiled)
         t["candidates"][label] = t2["candidates"][label] | {"before_ms": t2["before_ms"]}
     faster = {k: v for k, v in t["candidates"].items() if pays(v)}
     best = max(faster, key=lambda k: faster[k]["speedup"]) if faster else None
@@ -374,10 +384,13 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
                 for n in (s.name, *s.aliases):
                     _set(model, n, originals[s.name])
             s.replaced = False
-            s.reason = "equal, but the step was not faster with it (measured: --measure)"
+            s.reason = (
+                f"equal, but the step{' compiled' if compiled else ''} was not faster with it (measured)"
+            )
     chosen = best or "before"
     _route_sites(model, report.swaps)  # the kept functional sites, per module (a put-back cleared all)
-    t.update({"after_ms": t["candidates"].get(chosen, {"ms": t["before_ms"]})["ms"], "kept": sorted(keep)})
+    t.update({"after_ms": t["candidates"].get(chosen, {"ms": t["before_ms"]})["ms"], "kept": sorted(keep),
+              "compiled": compiled})  # fmt: skip
     c = t["candidates"].get(chosen)
     t.update({"speedup": c["speedup"] if c else 1.0, "ci": c["ci"] if c else (1.0, 1.0),
               "verdict": "significant" if c else "no swap made the step faster: none kept"})  # fmt: skip
@@ -400,7 +413,7 @@ def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
     return m
 
 
-def _measure(models: dict, batch, loss_fn, budget_s: float) -> dict:
+def _measure(models: dict, batch, loss_fn, budget_s: float, compiled: bool = False) -> dict:
     from perfloop.harness.timing import compare
 
     def step(m):
@@ -409,6 +422,12 @@ def _measure(models: dict, batch, loss_fn, budget_s: float) -> dict:
             (out if out.ndim == 0 else out.float().mean()).backward()
 
         return run
+
+    if compiled:  # compiled (two steps each: a first and a recompile) before the timing
+        models = {k: torch.compile(m) for k, m in models.items()}
+        for m in models.values():
+            for _ in range(2):
+                step(m)()
 
     dev = next(models["before"].parameters()).device
     peaks = {label: step_peak(m, step(m)) for label, m in models.items()} if dev.type == "cuda" else {}
