@@ -62,6 +62,8 @@ def build(name: str, small: bool, dev: str):
     if name == "mingpt":  # GPT-2 small written out (attention, GELU), dropout 0.1, batch 12 x 1024
         cfg = (mingpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
                if small else mingpt_model.GPTConfig())  # fmt: skip
+        if os.environ.get("NO_DROPOUT"):  # the curves with nothing random in the step
+            cfg.embd_pdrop = cfg.resid_pdrop = cfg.attn_pdrop = 0.0
         return mingpt_model.GPT(cfg).to(dev), cfg, *((2, 64) if small else (12, 1024)), cfg.vocab_size
     if name == "gpt2":  # GPT-2 small, batch 12 x 1024
         cfg = (nanogpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
