@@ -236,7 +236,7 @@ def test_a_written_gelu_that_autocast_makes_fp32_is_replaced_by_one_that_writes_
 
 
 def test_measure_compiled_times_each_step_compiled_and_keeps_only_what_pays_there(train_gpt, monkeypatch):
-    """Issue 39 item 6: on the H200 (run31) the Llama-style model patched then compiled ran 0.949x
+    """Issue 39 item 6: on the H200 (run30, call2) the Llama-style model patched then compiled ran 0.949x
     compiled. `compiled=True` times every candidate compiled, so a swap kept for eager but slower
     under compile is put back. The compiles are counted: the timed models really ran compiled."""
     import importlib
