@@ -476,6 +476,12 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
                 f"rotary embedding written out ({type(m).__name__}.forward): pl.patch rewrites it to "
                 "perfloop's fused RoPE where it takes one call"
             )
+        if _rewrite.GELU in _rewrite.writes(m) and fused_like(m) is None:
+            out.setdefault(prefix(name), {}).setdefault(
+                "gelu",
+                f"tanh or erf written out ({type(m).__name__}.forward): pl.patch rewrites it to the "
+                "fused GELU where it computes GELU",
+            )
         if _rewrite.ATTENTION in _rewrite.writes(m):
             lines = ", ".join(_rewrite.softmax_lines(_functional.forward_function(m)))
             out.setdefault(prefix(name), {})["attention"] = (

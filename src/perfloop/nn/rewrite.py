@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Interpreter, Node
 
-from perfloop.nn import rotary
+from perfloop.nn import pointwise, rotary
+from perfloop.nn.pointwise import GELU as GELU  # the kind nn.patch names
 from perfloop.nn.rotary import ROPE as ROPE  # the kind nn.patch names
 
 ATTENTION = "attention written out"
@@ -394,6 +395,7 @@ def rewrite_graph(gm: GraphModule, inputs: list, lines: list | None = None) -> l
         _replace(gm, m, causal, attn_mask)
         found.append(Found(line, True, "", form))
     found += _rewrite_ropes(gm, inputs)
+    found += _rewrite_gelus(gm)
     if any(f.replaced for f in found):
         gm.graph.lint()
         gm.recompile()
@@ -414,6 +416,16 @@ def _rewrite_ropes(gm: GraphModule, inputs: list) -> list[Found]:
     return found
 
 
+def _rewrite_gelus(gm: GraphModule) -> list[Found]:
+    found = []
+    for x, out, nodes, form in pointwise.find(gm.graph):
+        why = pointwise.why_not(x, out, nodes)
+        found.append(Found("", not why, why, {"form": form}, GELU))
+        if not why:
+            pointwise.replace(gm.graph, x, out, nodes, form)
+    return found
+
+
 class Backend:
     """A torch.compile backend that runs each captured graph eager after `rewrite_graph`;
     `found` keeps what every capture held. One per forward function: the instances of a class
@@ -421,9 +433,11 @@ class Backend:
 
     def __init__(self, fn) -> None:
         self.found: list[Found] = []
+        self.graphs = 0  # captures so far
         self.lines = softmax_lines(fn)
 
     def __call__(self, gm: GraphModule, example_inputs: list):
+        self.graphs += 1
         try:
             self.found += rewrite_graph(gm, example_inputs, self.lines)
         except Exception as exc:  # noqa: BLE001 -- a graph the rewrite cannot read runs as written
@@ -527,6 +541,8 @@ def writes(module: torch.nn.Module) -> set[str]:
         out.add(ATTENTION)
     if any(r in g.lower() for g in globs for r in _ROPE_NAMES) or "view_as_complex" in names:
         out.add(rotary.ROPE)
+    if {"tanh", "erf"} & (names | globs):
+        out.add(GELU)
     return out
 
 
@@ -537,4 +553,4 @@ def written_kind(patterns: set) -> str:
 
 
 def is_written(kind: str) -> bool:
-    return all(p in (ATTENTION, rotary.ROPE) for p in kind.split(" and "))
+    return all(p in (ATTENTION, rotary.ROPE, GELU) for p in kind.split(" and "))

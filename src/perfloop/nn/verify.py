@@ -219,9 +219,10 @@ def check_written(name: str, original: nn.Module, recorded, rerouted: list) -> S
         return Swap(name, kind, False, f"the check could not run it: {type(exc).__name__}: {exc}")
     done = [f for f in r.backend.found if f.replaced]
     if not done:
-        why = "; ".join(dict.fromkeys(f"{f.line or f.pattern}: {f.reason}" for f in r.backend.found)) or (
-            "Dynamo captured no graph of its forward"
-        )
+        why = "; ".join(dict.fromkeys(f"{f.line or f.pattern}: {f.reason}" for f in r.backend.found))
+        if not why:
+            why = "its captured graph holds none of the written forms" if r.backend.graphs else (
+                "Dynamo captured no graph of its forward")  # fmt: skip
         return Swap(name, kind, False, f"nothing one fused call can take: {why}", swap.errors)
     swap.kind = _rewrite.written_kind({f.pattern for f in done})
     swap.via = "; ".join(dict.fromkeys(_said(f) for f in done))
@@ -233,5 +234,7 @@ def _said(f) -> str:
         said = ["attn_mask"] if f.form["attn_mask"] else []
         said += [f"{k}={v}" for k, v in f.form.items() if k != "attn_mask" and v not in (False, None, 0.0)]
         return f"{f.line} -> F.scaled_dot_product_attention(q, k, v{''.join(', ' + a for a in said)})"
+    if f.pattern == _rewrite.GELU:
+        return f"GELU ({f.form['form']} form) -> perfloop's fused GELU"
     pairs = "neighbouring pairs" if f.form["interleaved"] else "halves"
     return f"RoPE ({f.form['form']} form, {pairs}) -> perfloop's fused RoPE"

@@ -1,0 +1,80 @@
+"""Issue 40: GELU written out inline in a forward (nanoGPT's early `new_gelu`, an erf form),
+found in Dynamo's capture by what it computes and replaced by the fused GELU, checked like every
+swap; a tanh that is not a GELU is left alone. The kernels run under TRITON_INTERPRET=1."""
+
+import math
+
+import torch
+import torch.nn as nn
+
+import perfloop as pl
+from perfloop.nn import rewrite
+
+
+def new_gelu(x):
+    """
+    Implementation of the GELU activation function currently in Google BERT repo (identical to OpenAI GPT).
+    Reference: Gaussian Error Linear Units (GELU) paper: https://arxiv.org/abs/1606.08415
+    """
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class MLP(nn.Module):
+    """nanoGPT's MLP before nn.GELU: the activation a function of the model's file."""
+
+    def __init__(self, n_embd=32):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        x = self.c_fc(x)
+        x = new_gelu(x)
+        x = self.c_proj(x)
+        return x
+
+
+class ErfMLP(MLP):
+    def forward(self, x):
+        h = self.c_fc(x)
+        return self.c_proj(h * 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0))))
+
+
+class TanhMLP(MLP):
+    def forward(self, x):
+        return self.c_proj(torch.tanh(self.c_fc(x)) * 2.0)
+
+
+def _ops(fn) -> set:
+    fn()  # the first call captures
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+def test_gelu_written_inline_in_either_form_is_replaced_by_the_fused_gelu():
+    for cls, form in ((MLP, "tanh"), (ErfMLP, "none")):
+        torch.manual_seed(0)
+        model, x = cls(), torch.randn(3, 5, 32)
+        want = model(x)
+        report = pl.patch(model, (x,), loss_fn=lambda m, b: m(*b).square().mean())
+        [swap] = report.swaps
+        assert swap.replaced and swap.kind == rewrite.GELU, str(report)
+        assert swap.via == f"GELU ({form} form) -> perfloop's fused GELU"
+        torch.testing.assert_close(model(x), want, atol=1e-5, rtol=1e-5)
+        ops = _ops(lambda m=model, x=x: m(x))
+        assert "aten::tanh" not in ops and "aten::erf" not in ops, ops
+
+
+def test_plan_says_patch_reaches_an_inline_gelu():
+    from perfloop.nn.patch import plan
+
+    assert "pl.patch rewrites it to the fused GELU" in plan(MLP())["MLP"]["gelu"]
+
+
+def test_a_tanh_that_is_not_gelu_is_left_alone_with_the_reason():
+    model = TanhMLP()
+    report = pl.patch(model, (torch.randn(2, 3, 32),), loss_fn=lambda m, b: m(*b).sum())
+    [swap] = report.swaps
+    assert not swap.replaced and "holds none of the written forms" in swap.reason, str(report)
+    assert "forward" not in vars(model)
