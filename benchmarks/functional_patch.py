@@ -108,6 +108,31 @@ def device_ms(model, batch, loss_fn, steps: int = 3) -> dict:
     return {"kernel_ms": total, "kernels": len(kernels) // steps, "wall_ms_profiled": wall}
 
 
+def seeded_batch(name: str, small: bool, dev: str) -> tuple:
+    """(the named model, seeded; a batch of (tokens, targets) for it)."""
+    base, _, bsz, seq, vocab = build(name, small, dev)
+    g = torch.Generator(device=dev).manual_seed(1)
+    return base, tuple(torch.randint(0, vocab, (bsz, seq), device=dev, generator=g) for _ in range(2))
+
+
+def step_of(m, batch, loss_fn):
+    """One training step's forward and backward, as a call."""
+
+    def run():
+        loss_fn(m, batch).backward()
+
+    return run
+
+
+def warmed(models: dict, batch, loss_fn) -> float:
+    """Run each model's step twice (a compiled one compiles, and recompiles once); seconds taken."""
+    t0 = time.perf_counter()
+    for m in models.values():
+        for _ in range(2):
+            step_of(m, batch, loss_fn)()
+    return time.perf_counter() - t0
+
+
 def compiled_comparison(name: str, small: bool, dev: str, budget_s: float) -> dict:
     """torch.compile(model) against torch.compile(patched model): the losses in the graph as
     perfloop's ops (compiled.IN_GRAPH as shipped), then every fused op in the graph."""
@@ -121,25 +146,13 @@ def compiled_comparison(name: str, small: bool, dev: str, budget_s: float) -> di
     for label, in_graph in (("losses in graph", shipped), ("all in graph", every)):
         pc.IN_GRAPH = in_graph
         torch._dynamo.reset()
-        base, bsz, seq, vocab = build(name, small, dev)[0], *build(name, small, dev)[2:]
-        g = torch.Generator(device=dev).manual_seed(1)
-        batch = tuple(torch.randint(0, vocab, (bsz, seq), device=dev, generator=g) for _ in range(2))
+        base, batch = seeded_batch(name, small, dev)
         patched = __import__("copy").deepcopy(base)
         report = pl.patch(patched, batch, loss_fn=loss_fn)
         models = {"compiled": torch.compile(base), "patched+compiled": torch.compile(patched)}
-
-        def step(m, batch=batch):
-            def run():
-                loss_fn(m, batch).backward()
-
-            return run
-
-        t0 = time.perf_counter()
-        for m in models.values():  # compile outside the timing
-            for _ in range(2):
-                step(m)()
-        compile_s = time.perf_counter() - t0
-        c = compare({k: step(m) for k, m in models.items()}, baseline="compiled", budget_s=budget_s)
+        compile_s = warmed(models, batch, loss_fn)  # compiled outside the timing
+        steps = {k: step_of(m, batch, loss_fn) for k, m in models.items()}
+        c = compare(steps, baseline="compiled", budget_s=budget_s)
         s = c.speedups["patched+compiled"]
         out[label] = {"in_graph": sorted(in_graph), "replaced": report.replaced, "compile_s": compile_s,
                       "compiled_ms": c.measurements["compiled"].median_ms,
@@ -162,29 +175,17 @@ def four_ways(name: str, small: bool, dev: str, budget_s: float) -> dict:
 
     loss_fn = make_loss_fn(dev)
     torch._dynamo.reset()
-    base, _, bsz, seq, vocab = build(name, small, dev)
-    g = torch.Generator(device=dev).manual_seed(1)
-    batch = tuple(torch.randint(0, vocab, (bsz, seq), device=dev, generator=g) for _ in range(2))
+    base, batch = seeded_batch(name, small, dev)
     patched = copy.deepcopy(base)
     t0 = time.perf_counter()
     report = pl.patch(patched, batch, loss_fn=loss_fn, measure=True, budget_s=budget_s)
     patch_s = time.perf_counter() - t0
     models = {"eager": base, "patched": patched, "compiled": torch.compile(copy.deepcopy(base)),
               "patched+compiled": torch.compile(patched)}  # fmt: skip
-
-    def step(m):
-        def run():
-            loss_fn(m, batch).backward()
-
-        return run
-
-    t0 = time.perf_counter()
-    for m in models.values():  # compile outside the timing
-        for _ in range(2):
-            step(m)()
-    compile_s = time.perf_counter() - t0
-    peaks = {k: step_peak(m, step(m)) for k, m in models.items()} if dev == "cuda" else {}
-    c = compare({k: step(m) for k, m in models.items()}, baseline="eager", budget_s=budget_s)
+    compile_s = warmed(models, batch, loss_fn)  # compiled outside the timing
+    steps = {k: step_of(m, batch, loss_fn) for k, m in models.items()}
+    peaks = {k: step_peak(m, steps[k]) for k, m in models.items()} if dev == "cuda" else {}
+    c = compare(steps, baseline="eager", budget_s=budget_s)
     ms = {k: c.measurements[k].median_ms for k in models}
     out = {"replaced": report.replaced, "kept": (report.timing or {}).get("kept"), "patch_s": patch_s,
            "compile_s": compile_s, "ms": ms, "peak_bytes": peaks, "report": str(report),
@@ -208,25 +209,15 @@ def for_compile(name: str, small: bool, dev: str, budget_s: float) -> dict:
 
     loss_fn = make_loss_fn(dev)
     torch._dynamo.reset()
-    base, _, bsz, seq, vocab = build(name, small, dev)
-    g = torch.Generator(device=dev).manual_seed(1)
-    batch = tuple(torch.randint(0, vocab, (bsz, seq), device=dev, generator=g) for _ in range(2))
+    base, batch = seeded_batch(name, small, dev)
     patched = copy.deepcopy(base)
     t0 = time.perf_counter()
     report = pl.patch(patched, batch, loss_fn=loss_fn, measure=True, compiled=True, budget_s=budget_s)
     patch_s = time.perf_counter() - t0
     models = {"compiled": torch.compile(base), "patched for compile, compiled": torch.compile(patched)}
-
-    def step(m):
-        def run():
-            loss_fn(m, batch).backward()
-
-        return run
-
-    for m in models.values():
-        for _ in range(2):
-            step(m)()
-    c = compare({k: step(m) for k, m in models.items()}, baseline="compiled", budget_s=budget_s)
+    warmed(models, batch, loss_fn)
+    steps = {k: step_of(m, batch, loss_fn) for k, m in models.items()}
+    c = compare(steps, baseline="compiled", budget_s=budget_s)
     s = c.speedups["patched for compile, compiled"]
     out = {"kept": report.timing["kept"] if report.timing else [], "patch_s": patch_s, "report": str(report),
            "speedup": s.speedup, "ci": s.ci, "significant": s.significant,

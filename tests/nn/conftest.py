@@ -1,4 +1,4 @@
-"""The nanoGPT-style model of examples/, importable by name (a patched model pickles by reference)."""
+"""The models of examples/, importable by name (a patched model pickles by reference)."""
 
 import importlib.util
 import sys
@@ -9,10 +9,25 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.fixture(scope="module")
-def nanogpt():
-    spec = importlib.util.spec_from_file_location("nanogpt_model", EXAMPLES / "nanogpt_model.py")
+def example(name: str):
+    """examples/NAME.py as the module NAME."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["nanogpt_model"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def nanogpt():
+    return example("nanogpt_model")
+
+
+@pytest.fixture(scope="module")
+def mingpt():
+    return example("mingpt_model")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return example("llama_model")

@@ -2,10 +2,7 @@
 that forward, replaced by F.scaled_dot_product_attention, checked like every swap."""
 
 import copy
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,17 +12,6 @@ import torch.nn.functional as F
 import perfloop as pl
 from perfloop.nn import rewrite
 from perfloop.nn.patch import plan
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture(scope="module")
-def mingpt():
-    spec = importlib.util.spec_from_file_location("mingpt_model", EXAMPLES / "mingpt_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mingpt_model"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _tiny(mingpt, seed=0):

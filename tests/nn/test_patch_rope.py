@@ -2,29 +2,14 @@
 rotate_half, Meta's complex product) found in Dynamo's capture of a module's forward and replaced
 by the fused RoPE op, checked like every swap. The kernels run under TRITON_INTERPRET=1."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import perfloop as pl
 from perfloop.nn import rewrite
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture(scope="module")
-def llama():
-    spec = importlib.util.spec_from_file_location("llama_model", EXAMPLES / "llama_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["llama_model"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _ops(fn) -> set:
