@@ -3,7 +3,6 @@ GPT-2 written as popular training code writes it (examples/nanogpt_model.py) get
 F.layer_norm and F.cross_entropy calls fused, each verified at its call site."""
 
 import copy
-import importlib.util
 import pickle
 from pathlib import Path
 
@@ -153,10 +152,7 @@ def test_a_patched_model_compiles_to_torchs_own_code(nanogpt):
     torch.testing.assert_close(_loss(compiled, batch), want, atol=1e-5, rtol=1e-5)
 
 
-def test_a_llama_style_model_gets_its_norm_classes_its_swiglu_and_its_loss_call_fused(monkeypatch):
-    spec = importlib.util.spec_from_file_location("llama_model", EXAMPLES / "llama_model.py")
-    llama = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(llama)
+def test_a_llama_style_model_gets_its_norm_classes_its_swiglu_and_its_loss_call_fused(monkeypatch, llama):
     torch.manual_seed(0)
     args = llama.ModelArgs(dim=32, n_layers=2, n_heads=2, vocab_size=128, multiple_of=16, max_seq_len=16)
     model = llama.Transformer(args)

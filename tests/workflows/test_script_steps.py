@@ -295,3 +295,22 @@ def test_the_call_sites_are_read_while_the_model_lives_not_after_the_script_ends
     _clean()
     assert "LayerNorm module: pl.patch swaps it" in p.sites["1"]["normalization"], p.sites
     assert "CrossEntropyLoss module" in p.sites["CrossEntropyLoss"]["cross_entropy"], p.sites
+
+
+def test_a_gelu_or_rope_chain_says_where_pl_patch_reaches_it():
+    """Issue 40 item 3: the where line of a GELU chain (minGPT's NewGELU module) and of a RoPE
+    chain (the Llama example's rotation written out), from pl.patch's plan of the models."""
+    from helpers import example
+    from perfloop.analysis.patterns import chain_kind, where_called
+    from perfloop.nn.patch import plan
+
+    mingpt, llama = example("mingpt_model"), example("llama_model")
+    gpt = mingpt.GPT(mingpt.GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+    gelu_ops = ["pow", "mul", "add", "mul", "tanh", "add", "mul"]  # NewGELU's forward, as profiled
+    said = where_called("transformer.h.*.mlp.act", chain_kind(gelu_ops), plan(gpt))
+    assert said == "NewGELU module: pl.patch swaps it (x2 modules)", said
+    args = llama.ModelArgs(dim=32, n_layers=2, n_heads=2, vocab_size=64, multiple_of=16, max_seq_len=16)
+    rope_ops = ["aten::slice", "aten::mul", "aten::sub", "aten::add", "aten::stack"]
+    said = where_called("layers.*.attention", chain_kind(rope_ops), plan(llama.Transformer(args)))
+    assert said.startswith("rotary embedding written out (Attention.forward): pl.patch rewrites it"), said
+    assert chain_kind(["mul", "add", "sigmoid"]) is None

@@ -162,14 +162,32 @@ def chain_advice(ops: list[str]) -> str:
         )
     if kind == "normalization":
         return ADVICE["normalization"]
+    if kind == "gelu":
+        return (
+            "a fused GELU (one kernel each way, the slope recomputed): pl.patch(model, batch) swaps it "
+            "in where it checks equal; or torch.compile"
+        )
+    if kind == "rope":
+        return (
+            "a fused rotary embedding (one kernel each way, fp32 math): pl.patch(model, batch) swaps "
+            "it in where it checks equal; or torch.compile"
+        )
     return "torch.compile on the module, or one Triton kernel for the run"
 
 
 def chain_kind(ops: list[str]) -> str | None:
+    """What a run of ops computes, where it is one of the kinds pl.patch knows: by the ops
+    only that kind makes (a loss's log_softmax, a norm's rsqrt, GELU's tanh or erf, RoPE's stack
+    of the rotated pairs or the negated half it concatenates)."""
     if any("nll_loss" in o or "log_softmax" in o for o in ops):
         return "cross_entropy"
     if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in ops):
         return "normalization"
+    names = {o.removeprefix("aten::") for o in ops}
+    if names & {"tanh", "erf", "tanh_backward", "gelu", "gelu_backward"}:
+        return "gelu"
+    if "stack" in names or {"cat", "neg"} <= names or "view_as_complex" in names:
+        return "rope"
     return None
 
 
@@ -181,7 +199,11 @@ def where_called(pattern: str, kind: str | None, sites: dict | None) -> str:
     rx = re.compile("^" + re.escape(pattern).replace(r"\.\*", r"\.\d+") + "$")
     found = [sites[m][kind] for m in sites if rx.match(m) and kind in sites[m]]
     if not found:
-        what = {"cross_entropy": "cross entropy call", "normalization": "norm"}.get(kind, kind)
+        what = {
+            "cross_entropy": "cross entropy call",
+            "normalization": "norm",
+            "rope": "rotary embedding",
+        }.get(kind, kind)
         return (
             f"no {what} pl.patch can reach in {pattern}: no fusable module there and no F call in its "
             "forward's own code (computed elsewhere?)"
