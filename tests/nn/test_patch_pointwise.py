@@ -70,6 +70,7 @@ def test_plan_says_patch_reaches_an_inline_gelu():
     from perfloop.nn.patch import plan
 
     assert "pl.patch rewrites it to the fused GELU" in plan(MLP())["MLP"]["gelu"]
+    assert "pl.patch rewrites it to the fused norm" in plan(Block())["Block"]["normalization"]
 
 
 def test_a_tanh_that_is_not_gelu_is_left_alone_with_the_reason():
@@ -78,3 +79,37 @@ def test_a_tanh_that_is_not_gelu_is_left_alone_with_the_reason():
     [swap] = report.swaps
     assert not swap.replaced and "holds none of the written forms" in swap.reason, str(report)
     assert "forward" not in vars(model)
+
+
+class Block(nn.Module):
+    """A block that writes its RMSNorm inline (as some compact training code does) and a
+    LayerNorm by hand, each with its weight."""
+
+    def __init__(self, d=32, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.attn_norm_weight = nn.Parameter(torch.rand(d) + 0.5)
+        self.ln_weight, self.ln_bias = nn.Parameter(torch.rand(d) + 0.5), nn.Parameter(torch.randn(d))
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.attn_norm_weight
+        h = x + self.proj(h)
+        mean = h.mean(-1, keepdim=True)
+        var = ((h - mean) ** 2).mean(-1, keepdim=True)
+        return (h - mean) / torch.sqrt(var + 1e-5) * self.ln_weight + self.ln_bias
+
+
+def test_norms_written_inline_are_replaced_by_the_fused_norms():
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(3, 5, 32)
+    want = model(x)
+    report = pl.patch(model, (x,), loss_fn=lambda m, b: m(*b).square().mean())
+    [swap] = report.swaps
+    assert swap.replaced and swap.kind == rewrite.NORM, str(report)
+    rms = "RMS norm (eps 1e-06) with its weight -> perfloop's fused RMSNorm"
+    layer = "layer norm (eps 1e-05) with its weight and bias -> perfloop's fused LayerNorm"
+    assert swap.via == f"{rms}; {layer}", swap.via
+    torch.testing.assert_close(model(x), want, atol=1e-5, rtol=1e-5)
+    ops = _ops(lambda: model(x))
+    assert "aten::rsqrt" not in ops and "aten::sqrt" not in ops, ops

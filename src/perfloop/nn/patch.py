@@ -482,6 +482,12 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
                 f"tanh or erf written out ({type(m).__name__}.forward): pl.patch rewrites it to the "
                 "fused GELU where it computes GELU",
             )
+        if _rewrite.NORM in _rewrite.writes(m) and fused_like(m) is None:
+            out.setdefault(prefix(name), {}).setdefault(
+                "normalization",
+                f"a norm written out ({type(m).__name__}.forward): pl.patch rewrites it to the "
+                "fused norm where it computes one",
+            )
         if _rewrite.ATTENTION in _rewrite.writes(m):
             lines = ", ".join(_rewrite.softmax_lines(_functional.forward_function(m)))
             out.setdefault(prefix(name), {})["attention"] = (

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch.fx import GraphModule, Interpreter, Node
 
 from perfloop.nn import pointwise, rotary
-from perfloop.nn.pointwise import GELU as GELU  # the kind nn.patch names
+from perfloop.nn.pointwise import GELU as GELU  # the kinds nn.patch names
+from perfloop.nn.pointwise import NORM as NORM
 from perfloop.nn.rotary import ROPE as ROPE  # the kind nn.patch names
 
 ATTENTION = "attention written out"
@@ -396,6 +397,7 @@ def rewrite_graph(gm: GraphModule, inputs: list, lines: list | None = None) -> l
         found.append(Found(line, True, "", form))
     found += _rewrite_ropes(gm, inputs)
     found += _rewrite_gelus(gm)
+    found += _rewrite_norms(gm)
     if any(f.replaced for f in found):
         gm.graph.lint()
         gm.recompile()
@@ -423,6 +425,18 @@ def _rewrite_gelus(gm: GraphModule) -> list[Found]:
         found.append(Found("", not why, why, {"form": form}, GELU))
         if not why:
             pointwise.replace(gm.graph, x, out, nodes, form)
+    return found
+
+
+def _rewrite_norms(gm: GraphModule) -> list[Found]:
+    found = []
+    for m in pointwise.find_norms(gm.graph):
+        why = pointwise.why_not(m["x"], m["out"], m["nodes"])
+        form = {"form": "RMS" if m["rms"] else "layer", "eps": m["eps"], "weight": m["weight"] is not None,
+                "bias": m["bias"] is not None}  # fmt: skip
+        found.append(Found("", not why, why, form, NORM))
+        if not why:
+            pointwise.replace_norm(gm.graph, m)
     return found
 
 
@@ -543,6 +557,8 @@ def writes(module: torch.nn.Module) -> set[str]:
         out.add(rotary.ROPE)
     if {"tanh", "erf"} & (names | globs):
         out.add(GELU)
+    if "rsqrt" in names | globs or ("sqrt" in names | globs and {"mean", "var"} & (names | globs)):
+        out.add(NORM)
     return out
 
 
@@ -553,4 +569,4 @@ def written_kind(patterns: set) -> str:
 
 
 def is_written(kind: str) -> bool:
-    return all(p in (ATTENTION, rotary.ROPE, GELU) for p in kind.split(" and "))
+    return all(p in (ATTENTION, rotary.ROPE, GELU, NORM) for p in kind.split(" and "))

@@ -236,5 +236,9 @@ def _said(f) -> str:
         return f"{f.line} -> F.scaled_dot_product_attention(q, k, v{''.join(', ' + a for a in said)})"
     if f.pattern == _rewrite.GELU:
         return f"GELU ({f.form['form']} form) -> perfloop's fused GELU"
+    if f.pattern == _rewrite.NORM:
+        affine = " with its weight" + (" and bias" if f.form["bias"] else "") if f.form["weight"] else ""
+        fused = "RMSNorm" if f.form["form"] == "RMS" else "LayerNorm"
+        return f"{f.form['form']} norm (eps {f.form['eps']:g}){affine} -> perfloop's fused {fused}"
     pairs = "neighbouring pairs" if f.form["interleaved"] else "halves"
     return f"RoPE ({f.form['form']} form, {pairs}) -> perfloop's fused RoPE"
