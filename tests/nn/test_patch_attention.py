@@ -244,3 +244,29 @@ def test_on_the_gpu_in_bf16_the_written_attention_runs_as_one_fused_kernel(mingp
     assert any("flash" in n or "efficient_attention" in n for n in names), names
     assert not any("softmax" in n.lower() for n in names), names
     assert (got - want).abs().max() < 0.05 * want.abs().max()
+
+
+def test_a_rewritten_model_copies_and_falls_back_to_its_code_where_a_capture_fails(mingpt, monkeypatch):
+    """deepcopy gives a model whose rewritten modules run their own parameters; where Dynamo
+    cannot capture a forward (here: the backend raising), the module runs its code as written,
+    says so once, and gives torch's result."""
+    model, idx, tgt = _tiny(mingpt)
+    pl.patch(model, (idx, tgt), loss_fn=lambda m, b: m(*b)[1])
+    twin = copy.deepcopy(model).eval()
+    model.eval()
+    assert twin.transformer.h[0].attn.forward.owner is twin.transformer.h[0].attn
+    with torch.no_grad():
+        twin.transformer.h[0].attn.c_proj.weight.mul_(2)  # the copy's own parameters, not the original's
+        assert not torch.allclose(twin(idx)[0], model(idx)[0])
+
+    def broken(self, gm, example_inputs):
+        raise RuntimeError("no capture")
+
+    monkeypatch.setattr(rewrite.Backend, "__call__", broken)
+    torch._dynamo.reset()
+    fresh, _, _ = _tiny(mingpt)
+    fresh.load_state_dict(model.state_dict())
+    fresh.eval()
+    with pytest.warns(RuntimeWarning, match="rewritten forward could not be captured"):
+        got = model(idx)[0]
+    torch.testing.assert_close(got, fresh(idx)[0], atol=1e-5, rtol=1e-5)

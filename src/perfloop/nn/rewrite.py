@@ -23,6 +23,7 @@ import math
 import operator
 import re
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -486,9 +487,20 @@ class Rewritten:
         self._compiled = torch.compile(fn, backend=self.backend)
 
     def __call__(self, *args, **kwargs):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or self._compiled is None:
             return self.fn(self.owner, *args, **kwargs)
-        return self._compiled(self.owner, *args, **kwargs)
+        try:
+            return self._compiled(self.owner, *args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as exc:  # the capture failed: run the code as written
+            self._compiled = None
+            warnings.warn(
+                f"perfloop: {type(self.owner).__name__}'s rewritten forward could not be captured "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); it runs as "
+                "written from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self.fn(self.owner, *args, **kwargs)
 
     def __getstate__(self):
         return {"owner": self.owner, "fn": self.fn}
