@@ -24,12 +24,9 @@ GELU = "GELU written out"
 NORM = "norm written out"
 
 _ANCHORS = (torch.tanh, torch.erf, torch.special.erf, "tanh", "erf")
-_POINTWISE = {
-    operator.mul, operator.add, operator.sub, operator.truediv, operator.neg, operator.pow,
-    torch.mul, torch.add, torch.sub, torch.div, torch.pow, torch.neg, torch.tanh, torch.erf,
-    torch.special.erf, torch.sqrt, torch.rsqrt, torch.exp,
-    "mul", "add", "sub", "div", "pow", "neg", "tanh", "erf", "sqrt", "rsqrt", "exp",
-}  # fmt: skip
+_NAMES = ["mul", "add", "sub", "div", "pow", "neg", "tanh", "erf", "sqrt", "rsqrt", "exp"]
+_OPERATORS = (operator.mul, operator.add, operator.sub, operator.truediv, operator.neg, operator.pow)
+_POINTWISE = {*_NAMES, *(getattr(torch, n) for n in _NAMES), *_OPERATORS, torch.special.erf}
 _CASTS = ("float", "to", "type_as", "half", "bfloat16")
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
+from perfloop.nn.fxnodes import calls, example
 from perfloop.nn.modules import kernel_here
 
 ROPE = "RoPE written out"
@@ -39,17 +40,9 @@ class RopeMatch:
     chain: list  # the nodes the fused op replaces, in the graph's order
 
 
-def _is(n, *targets) -> bool:
-    return isinstance(n, Node) and n.op in ("call_function", "call_method") and n.target in targets
-
-
-def _ev(n):
-    return n.meta.get("example_value") if isinstance(n, Node) else None
-
-
 def _slice_of(n) -> tuple | None:
     """(x, start, stop, step) where n is x[..., start:stop:step]."""
-    if not _is(n, operator.getitem) or not isinstance(n.args[1], tuple) or len(n.args[1]) != 2:
+    if not calls(n, operator.getitem) or not isinstance(n.args[1], tuple) or len(n.args[1]) != 2:
         return None
     dots, s = n.args[1]
     if dots is not Ellipsis or not isinstance(s, slice):
@@ -62,7 +55,7 @@ def _pair_layout(p: Node, q: Node) -> tuple[Node, bool] | None:
     a, b = _slice_of(p), _slice_of(q)
     if a is None or b is None or a[0] is not b[0]:
         return None
-    x, d = a[0], _ev(a[0]).shape[-1]
+    x, d = a[0], example(a[0]).shape[-1]
     if (a[1:], b[1:]) == ((0, None, 2), (1, None, 2)):
         return x, True
     h = d // 2
@@ -72,7 +65,7 @@ def _pair_layout(p: Node, q: Node) -> tuple[Node, bool] | None:
 
 
 def _mul_parts(n) -> tuple | None:
-    if _is(n, operator.mul, torch.mul, "mul") and all(isinstance(a, Node) for a in n.args[:2]):
+    if calls(n, operator.mul, torch.mul, "mul") and all(isinstance(a, Node) for a in n.args[:2]):
         return n.args[0], n.args[1]
     return None
 
@@ -87,9 +80,9 @@ def _product(n, factor) -> Node | None:
 
 def _real_pairs(out: Node) -> RopeMatch | None:
     """stack((x1 c - x2 s, x1 s + x2 c), -1).flatten(-2), or cat((...), -1) of the halves."""
-    if _is(out, "flatten") and _is(out.args[0], torch.stack):
+    if calls(out, "flatten") and calls(out.args[0], torch.stack):
         joined, interleaved = out.args[0], True
-    elif _is(out, torch.cat):
+    elif calls(out, torch.cat):
         joined, interleaved = out, False
     else:
         return None
@@ -97,7 +90,7 @@ def _real_pairs(out: Node) -> RopeMatch | None:
     if not isinstance(parts, (list, tuple)) or len(parts) != 2:
         return None
     a, b = parts
-    if not (_is(a, operator.sub, torch.sub, "sub") and _is(b, operator.add, torch.add, "add")):
+    if not (calls(a, operator.sub, torch.sub, "sub") and calls(b, operator.add, torch.add, "add")):
         return None
     m1, m2 = a.args[:2]
     p_c, q_s = _mul_parts(m1), _mul_parts(m2)
@@ -122,20 +115,20 @@ def _real_pairs(out: Node) -> RopeMatch | None:
 
 def _rotate_half(out: Node) -> RopeMatch | None:
     """x * cos + cat((-x2, x1), -1) * sin (either order of each product and of the sum)."""
-    if not _is(out, operator.add, torch.add, "add") or not all(isinstance(a, Node) for a in out.args[:2]):
+    if not calls(out, operator.add, torch.add, "add") or not all(isinstance(a, Node) for a in out.args[:2]):
         return None
     for plain, turned in (out.args[:2], out.args[1::-1]):
         pc, ts = _mul_parts(plain), _mul_parts(turned)
         if pc is None or ts is None:
             continue
         for cat, s in (ts, ts[::-1]):
-            if not _is(cat, torch.cat) or len(cat.args[0]) != 2:
+            if not calls(cat, torch.cat) or len(cat.args[0]) != 2:
                 continue
             dim = cat.kwargs.get("dim", cat.args[1] if len(cat.args) > 1 else 0)
-            if dim not in (-1, _ev(cat).ndim - 1):
+            if dim not in (-1, example(cat).ndim - 1):
                 continue
             neg, x1 = cat.args[0]
-            if not _is(neg, operator.neg, torch.neg, "neg"):
+            if not calls(neg, operator.neg, torch.neg, "neg"):
                 continue
             layout = _pair_layout(x1, neg.args[0])
             if layout is None or layout[1] or layout[0] not in pc:
@@ -151,22 +144,22 @@ def _complex(out: Node) -> RopeMatch | None:
     """view_as_real(view_as_complex(x[.float()].reshape(..., -1, 2)) * freqs).flatten(k)
     [.type_as(x)]."""
     last = out
-    if _is(out, "type_as", "to"):
+    if calls(out, "type_as", "to"):
         out = out.args[0]
-    if not (_is(out, "flatten") and _is(out.args[0], torch.view_as_real)):
+    if not (calls(out, "flatten") and calls(out.args[0], torch.view_as_real)):
         return None
     prod = out.args[0].args[0]
     parts = _mul_parts(prod)
     if parts is None:
         return None
     for z, f in (parts, parts[::-1]):
-        if not _is(z, torch.view_as_complex):
+        if not calls(z, torch.view_as_complex):
             continue
         r = z.args[0]
-        if not _is(r, "reshape", "view") or r.args[-1] != 2:
+        if not calls(r, "reshape", "view") or r.args[-1] != 2:
             continue
         x = r.args[0]
-        cast = [x] if _is(x, "float") else []
+        cast = [x] if calls(x, "float") else []
         if cast:
             x = x.args[0]
         chain = [*cast, r, z, prod, out.args[0], out, *([last] if last is not out else [])]
@@ -198,7 +191,7 @@ def find(graph) -> list[RopeMatch]:
 
 def why_not(m: RopeMatch, values: dict) -> str:
     """Why the fused op cannot stand for this match, or ""."""
-    x, out = _ev(m.x), _ev(m.out)
+    x, out = example(m.x), example(m.out)
     if x is None or out is None or x.ndim < 2 or x.shape[-1] % 2:
         return "x is not (..., D) with D even"
     why = kernel_here(x)
@@ -229,14 +222,20 @@ def _rope_call(x, cos, sin, interleaved: bool, position_dim: int, out_dtype, dou
         cos, sin = torch.view_as_real(cos)[..., 0], torch.view_as_real(cos)[..., 1]
     if doubled:
         cos, sin = cos[..., : d // 2], sin[..., : d // 2]
-    return rope(x, cos.reshape(t, d // 2), sin.reshape(t, d // 2), interleaved, position_dim=position_dim,
-                out_dtype=out_dtype)  # fmt: skip
+    return rope(
+        x,
+        cos.reshape(t, d // 2),
+        sin.reshape(t, d // 2),
+        interleaved,
+        position_dim=position_dim,
+        out_dtype=out_dtype,
+    )
 
 
 def replace(graph, m: RopeMatch, values: dict) -> None:
-    x = _ev(m.x)
+    x = example(m.x)
     pd = _position_dim(values[m.cos], x)
-    args = (m.x, m.cos, m.sin, m.interleaved, pd, _ev(m.out).dtype, m.doubled, m.complex)
+    args = (m.x, m.cos, m.sin, m.interleaved, pd, example(m.out).dtype, m.doubled, m.complex)
     with graph.inserting_before(m.out):
         fused = graph.call_function(_rope_call, args)
     fused.meta = dict(m.out.meta)
