@@ -270,3 +270,112 @@ def test_a_rewritten_model_copies_and_falls_back_to_its_code_where_a_capture_fai
     with pytest.warns(RuntimeWarning, match="rewritten forward could not be captured"):
         got = model(idx)[0]
     torch.testing.assert_close(got, fresh(idx)[0], atol=1e-5, rtol=1e-5)
+
+
+class HFGPT2Attention(nn.Module):
+    """Hugging Face's GPT2Attention in its eager form (transformers 4.3x, no cache): the scale as
+    a 0-d tensor, the causal mask a bool buffer through torch.where with the dtype's minimum, the
+    weights returned only with output_attentions."""
+
+    def __init__(self, embed_dim=32, num_heads=4, max_positions=16):
+        super().__init__()
+        self.register_buffer(
+            "bias",
+            torch.tril(torch.ones((max_positions, max_positions), dtype=torch.bool)).view(
+                1, 1, max_positions, max_positions
+            ),
+            persistent=False,
+        )
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.c_attn = nn.Linear(embed_dim, 3 * embed_dim)
+        self.c_proj = nn.Linear(embed_dim, embed_dim)
+        self.attn_dropout = nn.Dropout(0.1)
+
+    def _attn(self, query, key, value):
+        attn_weights = torch.matmul(query, key.transpose(-1, -2))
+        attn_weights = attn_weights / torch.full(
+            [], value.size(-1) ** 0.5, dtype=attn_weights.dtype, device=attn_weights.device
+        )
+        query_length, key_length = query.size(-2), key.size(-2)
+        causal_mask = self.bias[:, :, key_length - query_length : key_length, :key_length]
+        mask_value = torch.finfo(attn_weights.dtype).min
+        mask_value = torch.full([], mask_value, dtype=attn_weights.dtype, device=attn_weights.device)
+        attn_weights = torch.where(causal_mask, attn_weights.to(attn_weights.dtype), mask_value)
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+        attn_weights = attn_weights.type(value.dtype)
+        attn_weights = self.attn_dropout(attn_weights)
+        attn_output = torch.matmul(attn_weights, value)
+        return attn_output, attn_weights
+
+    def _split_heads(self, tensor, num_heads, attn_head_size):
+        new_shape = tensor.size()[:-1] + (num_heads, attn_head_size)
+        tensor = tensor.view(new_shape)
+        return tensor.permute(0, 2, 1, 3)  # (batch, head, seq_length, head_features)
+
+    def _merge_heads(self, tensor, num_heads, attn_head_size):
+        tensor = tensor.permute(0, 2, 1, 3).contiguous()
+        new_shape = tensor.size()[:-2] + (num_heads * attn_head_size,)
+        return tensor.view(new_shape)
+
+    def forward(self, hidden_states, output_attentions=False):
+        query, key, value = self.c_attn(hidden_states).split(self.embed_dim, dim=2)
+        query = self._split_heads(query, self.num_heads, self.head_dim)
+        key = self._split_heads(key, self.num_heads, self.head_dim)
+        value = self._split_heads(value, self.num_heads, self.head_dim)
+        attn_output, attn_weights = self._attn(query, key, value)
+        attn_output = self._merge_heads(attn_output, self.num_heads, self.head_dim)
+        attn_output = self.c_proj(attn_output)
+        outputs = (attn_output,)
+        if output_attentions:
+            outputs += (attn_weights,)
+        return outputs
+
+
+def test_hugging_faces_eager_gpt2_attention_is_replaced_when_its_weights_are_not_asked_for():
+    torch.manual_seed(0)
+    model, x = HFGPT2Attention(), torch.randn(2, 11, 32)
+    model.eval()
+    want = model(x)[0]
+    model.train()
+    report = pl.patch(model, (x,), loss_fn=lambda m, b: m(*b)[0].square().mean())
+    [swap] = report.swaps
+    assert swap.replaced and swap.name == "HFGPT2Attention", str(report)
+    assert "is_causal=True, dropout_p=0.1 in training" in swap.via, swap.via
+    model.eval()
+    torch.testing.assert_close(model(x)[0], want, atol=1e-5, rtol=1e-5)
+    out, weights = model(x, output_attentions=True)  # asked for: captured again, left as written
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert weights.shape == (2, 4, 11, 11)
+
+
+def test_measure_times_the_rewritten_attention_as_its_own_kind(mingpt, monkeypatch):
+    """measure=True with several kinds swapped: the written attention is timed alone (a copy of
+    the model rewritten the same way) and kept where it alone paid; the other kinds are put back
+    (the timings faked, as the H200 gave them in run30: attention alone 2.01x)."""
+    import importlib
+
+    P = importlib.import_module("perfloop.nn.patch")
+    seen = {}
+
+    def fake_measure(models, batch, loss_fn, budget_s, compiled=False):
+        for label, m in models.items():
+            seen[label] = isinstance(m.transformer.h[0].attn.__dict__.get("forward"), rewrite.Rewritten)
+        speed = {k: 2.01 if k == f"only {rewrite.ATTENTION}" else 1.0 for k in models if k != "before"}
+        cands = {k: {"ms": 118 / v, "speedup": v, "ci": (v - 0.01, v + 0.01), "p_value": 0.001,
+                     "significant": v > 1, "peak": None} for k, v in speed.items()}  # fmt: skip
+        return {
+            "before_ms": 118.0,
+            "candidates": cands,
+            "device": "cuda",
+            "peak_before": None,
+            "peak_after": None,
+        }
+
+    monkeypatch.setattr(P, "_measure", fake_measure)
+    model, idx, tgt = _tiny(mingpt)
+    report = pl.patch(model, (idx, tgt), loss_fn=lambda m, b: m(*b)[1], measure=True)
+    assert seen[f"only {rewrite.ATTENTION}"] and not seen["only LayerNorm"] and not seen["before"], seen
+    assert report.timing["kept"] == [rewrite.ATTENTION], str(report)
+    assert isinstance(model.transformer.h[0].attn.__dict__.get("forward"), rewrite.Rewritten)
+    assert type(model.transformer.h[0].ln_1) is nn.LayerNorm  # put back: it did not pay

@@ -240,6 +240,11 @@ def _route_sites(model: nn.Module, swaps) -> list:
     return out
 
 
+def _named(model: nn.Module, name: str) -> nn.Module:
+    """The submodule of that name; the model itself under its class's name (as the report names it)."""
+    return model if name == type(model).__name__ and not hasattr(model, name) else model.get_submodule(name)
+
+
 def _restore_forward(module: nn.Module) -> None:
     _functional.restore(module)
     _rewrite.restore(module)
@@ -280,7 +285,8 @@ def patch(
     unreachable = [Swap(n or type(m).__name__, "forward", False, _functional.why_not_rerouted(m))
                    for n, m in sites if _functional.why_not_rerouted(m)]  # fmt: skip
     sites = [(n, m) for n, m in sites if not _functional.why_not_rerouted(m)]
-    attention = [(n, m) for n, m in model.named_modules() if id(m) not in taken and _rewrite.writes(m)]
+    written = [(n, m) for n, m in model.named_modules() if id(m) not in taken and _rewrite.writes(m)]
+    attention = [(n or type(m).__name__, m) for n, m in written]
     if not cands and not sites and not attention:
         return PatchReport(unreachable)
     names = _names(model)
@@ -379,7 +385,7 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
             if s.site is not None:
                 _functional.restore(model.get_submodule(s.site[0]))
             elif _rewrite.is_written(s.kind):
-                _rewrite.restore(model.get_submodule(s.name))
+                _rewrite.restore(_named(model, s.name))
             else:
                 for n in (s.name, *s.aliases):
                     _set(model, n, originals[s.name])
@@ -402,7 +408,7 @@ def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
     m = _verify.copy_module(before)
     for s in report.swaps:
         if s.replaced and s.kind in kinds and _rewrite.is_written(s.kind):
-            _rewrite.rewrite(m.get_submodule(s.name))
+            _rewrite.rewrite(_named(m, s.name))
         elif s.replaced and s.kind in kinds and s.site is None:
             fused = fused_like(m.get_submodule(s.name))
             for k, v in s.options.items():

@@ -11,6 +11,7 @@ parameters and hooks stay as they were.
 
 from __future__ import annotations
 
+import inspect
 import types
 import warnings
 
@@ -164,11 +165,11 @@ def restore(module: torch.nn.Module) -> None:
         del module.forward
 
 
-def _code_names(fn, depth: int = 1) -> tuple[set, set, bool]:
+def _code_names(fn, depth: int = 1, cls: type | None = None) -> tuple[set, set, bool]:
     """(the global names fn's code and its nested code load, the other names it uses, whether it
-    uses the @ operator), taken down `depth` levels of the global functions it calls."""
+    uses the @ operator), taken down `depth` levels of the global functions it calls and, with
+    `cls`, of the class's methods it calls (`self._attn(...)`)."""
     import dis
-    import types
 
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -184,10 +185,11 @@ def _code_names(fn, depth: int = 1) -> tuple[set, set, bool]:
             matmul = matmul or (i.opname == "BINARY_OP" and i.argrepr in ("@", "@="))
         todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
     if depth:
-        for n in list(globs):
-            f = fn.__globals__.get(n)
+        called = [fn.__globals__.get(n) for n in globs]
+        called += [inspect.getattr_static(cls, n, None) for n in names] if cls is not None else []
+        for f in called:
             if isinstance(f, types.FunctionType) and not f.__module__.startswith("torch"):
-                g2, n2, m2 = _code_names(f, depth - 1)
+                g2, n2, m2 = _code_names(f, depth - 1, cls)
                 globs, names, matmul = globs | g2, names | n2, matmul or m2
     return globs, names, matmul
 
@@ -199,12 +201,10 @@ def writes(module: torch.nn.Module) -> set[str]:
     """What the module's own forward (its class's, and the functions it calls) may write out op
     by op: ATTENTION (a softmax and a matmul), ROPE (a global function named for rotary
     embeddings, rotate_half, or view_as_complex). Candidates only: the capture decides."""
-    import inspect
-
     fn = inspect.unwrap(type(module).forward)
     if getattr(fn, "__code__", None) is None or getattr(fn, "__module__", "").startswith("torch."):
         return set()
-    globs, names, matmul = _code_names(fn)
+    globs, names, matmul = _code_names(fn, cls=type(module))
     out = set()
     if "softmax" in globs | names and (matmul or (globs | names) & {"matmul", "bmm"}):
         out.add(ATTENTION)

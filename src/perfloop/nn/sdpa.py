@@ -61,24 +61,29 @@ def _cast(n: Any) -> bool:
     return (calls(n, *_CASTS) and n.op == "call_method") or calls(n, torch.Tensor.float, torch.Tensor.to)
 
 
-def _const(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _const(x: Any) -> float | None:
+    """The number x is: a Python number, or a 0-d tensor the graph makes from one
+    (`torch.full([], c)`, `torch.tensor(c)`); None otherwise."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    if calls(x, torch.full) and len(x.args) >= 2 and x.args[0] in ([], ()):
+        return _const(x.args[1])
+    if calls(x, torch.tensor) and x.args:
+        return _const(x.args[0])
+    return None
 
 
 def _scaled(n: Node) -> tuple[Node, float] | None:
     """(input, factor) of a multiplication or division by a constant."""
     if calls(n, operator.mul, torch.mul, "mul"):
         a, b = n.args[:2]
-        if _const(b) and isinstance(a, Node):
-            return a, float(b)
-        if _const(a) and isinstance(b, Node):
-            return b, float(a)
-    if (
-        calls(n, operator.truediv, torch.div, "div")
-        and _const(n.args[1])
-        and not n.kwargs.get("rounding_mode")
-    ):
-        return n.args[0], 1.0 / float(n.args[1])
+        if _const(b) is not None and isinstance(a, Node):
+            return a, _const(b)
+        if _const(a) is not None and isinstance(b, Node):
+            return b, _const(a)
+    divides = calls(n, operator.truediv, torch.div, "div") and not n.kwargs.get("rounding_mode")
+    if divides and _const(n.args[1]):
+        return n.args[0], 1.0 / _const(n.args[1])
     return None
 
 
