@@ -52,16 +52,24 @@ def _ops(fn) -> set:
     return {e.key for e in prof.key_averages()}
 
 
+def _replaced(model: nn.Module, kind: str):
+    """The model's one swap, after checking it was made, of this kind, and left its output as it was."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 32)
+    want = model(x)
+    report = pl.patch(model, (x,), loss_fn=lambda m, b: m(*b).square().mean())
+    [swap] = report.swaps
+    assert swap.replaced and swap.kind == kind, str(report)
+    torch.testing.assert_close(model(x), want, atol=1e-5, rtol=1e-5)
+    return swap, x
+
+
 def test_gelu_written_inline_in_either_form_is_replaced_by_the_fused_gelu():
     for cls, form in ((MLP, "tanh"), (ErfMLP, "none")):
         torch.manual_seed(0)
-        model, x = cls(), torch.randn(3, 5, 32)
-        want = model(x)
-        report = pl.patch(model, (x,), loss_fn=lambda m, b: m(*b).square().mean())
-        [swap] = report.swaps
-        assert swap.replaced and swap.kind == rewrite.GELU, str(report)
+        model = cls()
+        swap, x = _replaced(model, rewrite.GELU)
         assert swap.via == f"GELU ({form} form) -> perfloop's fused GELU"
-        torch.testing.assert_close(model(x), want, atol=1e-5, rtol=1e-5)
         ops = _ops(lambda m=model, x=x: m(x))
         assert "aten::tanh" not in ops and "aten::erf" not in ops, ops
 
@@ -102,14 +110,10 @@ class Block(nn.Module):
 
 def test_norms_written_inline_are_replaced_by_the_fused_norms():
     torch.manual_seed(0)
-    model, x = Block(), torch.randn(3, 5, 32)
-    want = model(x)
-    report = pl.patch(model, (x,), loss_fn=lambda m, b: m(*b).square().mean())
-    [swap] = report.swaps
-    assert swap.replaced and swap.kind == rewrite.NORM, str(report)
+    model = Block()
+    swap, x = _replaced(model, rewrite.NORM)
     rms = "RMS norm (eps 1e-06) with its weight -> perfloop's fused RMSNorm"
     layer = "layer norm (eps 1e-05) with its weight and bias -> perfloop's fused LayerNorm"
     assert swap.via == f"{rms}; {layer}", swap.via
-    torch.testing.assert_close(model(x), want, atol=1e-5, rtol=1e-5)
     ops = _ops(lambda: model(x))
     assert "aten::rsqrt" not in ops and "aten::sqrt" not in ops, ops
