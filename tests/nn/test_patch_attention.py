@@ -205,6 +205,16 @@ def test_plan_says_patch_reaches_written_attention(mingpt):
     assert "mingpt_model.py:55" in said and "pl.patch rewrites it" in said, said
 
 
+def test_a_compiled_model_given_to_patch_is_told_what_compile_does_to_the_swaps(mingpt):
+    model, idx, tgt = _tiny(mingpt)
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    report = pl.patch(compiled, (idx, tgt), loss_fn=lambda m, b: m(*b)[1])
+    assert report.compiled and "_orig_mod.transformer.h.0.attn" in report.replaced, str(report)
+    assert "the model is compiled: under torch.compile the swapped modules" in str(report)
+    assert not pl.patch(model, (idx, tgt), loss_fn=lambda m, b: m(*b)[1]).compiled
+
+
 def test_a_patched_model_compiles_whole_with_no_graph_break(mingpt):
     from torch._dynamo.utils import counters
 

@@ -56,6 +56,7 @@ KINDS = {  # kind -> its functional calls
 class PatchReport:
     swaps: list[Swap]
     timing: dict | None = None  # measure=True: the step before and after
+    compiled: bool = False  # the model given was compiled (torch.compile's OptimizedModule)
 
     @property
     def replaced(self) -> list[str]:
@@ -93,6 +94,12 @@ class PatchReport:
             if t.get("peak_before") is not None:
                 peaks = ", ".join(f"{k} {c['peak'] / 2**20:.0f}" for k, c in t["candidates"].items())
                 lines.append(f"peak memory (MiB): before {t['peak_before'] / 2**20:.0f}, {peaks}")
+        if self.compiled and not (self.timing or {}).get("compiled"):
+            lines.append(
+                "the model is compiled: under torch.compile the swapped modules and rewritten forwards run "
+                "as Inductor compiles them, so what pays eager may not pay there; measure=True, "
+                "compiled=True keeps only what does"
+            )
         return "\n".join(lines)
 
 
@@ -297,6 +304,7 @@ def patch(
             timing = {"budget_s": budget_s, "compiled": compiled} if measure else None
             report = _patch(model, found, names, example_batch, loss_fn, timing, swapped)
             report.swaps += unreachable
+            report.compiled = isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
     except BaseException:
         for name, original in reversed(swapped):
             if name is None:
