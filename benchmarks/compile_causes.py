@@ -29,6 +29,8 @@ plant, fixed, out, small = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.arg
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 d = 64 if small or plant == "small" else 1024
 batch, length = (4, 16) if small or plant == "small" else (16, 512)
+if not small and plant in ("none", "none-wide"):  # controls the GPU, not the host, paces
+    d, batch, length = (2048, 16, 1024) if plant == "none" else (4096, 8, 512)
 if plant == "fp32" and fixed:
     torch.set_float32_matmul_precision("high")  # the advice: TF32 for fp32 matmuls
 
@@ -105,7 +107,7 @@ CASES = {
     "small compiled model, launch-bound (CUDA graphs fix it)": ("small", "launch", "", (10, 30)),
     "compiled model with fp32 matmuls, TF32 off": ("fp32", "precision", "TF32", (10, 30)),
     "control: warm compiled step": ("none", None, "", (10, 30)),
-    "control: warm compiled step, small": ("none-small", None, "", (10, 30)),
+    "control: warm compiled step, wide": ("none-wide", None, "", (10, 30)),
 }
 
 
