@@ -148,3 +148,26 @@ def test_metas_complex_rope_and_written_attention_are_both_replaced():
     torch.testing.assert_close(model(x, freqs, mask), want, atol=1e-5, rtol=1e-5)
     assert "aten::view_as_complex" not in _ops(lambda: model(x, freqs, mask))
     assert not any("softmax" in o for o in _ops(lambda: model(x, freqs, mask)))
+
+
+def apply_rotary_mixed(x, cos, sin):
+    """Not a rotation: the second part takes cos with x1 and sin with x2."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * cos + x2 * sin), dim=-1).flatten(-2)
+
+
+class Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x, cos, sin):
+        return apply_rotary_mixed(self.proj(x), cos, sin)
+
+
+def test_a_form_that_is_not_a_rotation_is_not_taken_for_one():
+    x = torch.randn(2, 3, 5, 16)
+    cos, sin = torch.rand(5, 8), torch.rand(5, 8)
+    report = pl.patch(Mixed(), (x, cos, sin), loss_fn=lambda m, b: m(*b).sum())
+    [swap] = report.swaps
+    assert not swap.replaced and "holds none of the written forms" in swap.reason, str(report)

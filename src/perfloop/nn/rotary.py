@@ -101,13 +101,9 @@ def _real_pairs(out: Node) -> RopeMatch | None:
             layout = _pair_layout(p, q)
             if layout is None or layout[1] != interleaved:
                 continue
-            b_parts = {
-                _product(b.args[0], p),
-                _product(b.args[1], p),
-                _product(b.args[0], q),
-                _product(b.args[1], q),
-            }
-            if s in b_parts and c in b_parts:
+            with_p = {_product(b.args[0], p), _product(b.args[1], p)}
+            with_q = {_product(b.args[0], q), _product(b.args[1], q)}
+            if s in with_p and c in with_q:  # b = x1 sin + x2 cos
                 chain = [p, q, m1, m2, a, *b.args[:2], b, *([joined] if joined is not out else []), out]
                 return RopeMatch(out, layout[0], c, s, interleaved, False, False, chain)
     return None
