@@ -367,8 +367,9 @@ def _patch(model, found, names, example_batch, loss_fn, measure: dict | None, sw
     return report
 
 
-def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budget_s: float,
-                    compiled: bool = False) -> dict:  # fmt: skip
+def _keep_what_pays(
+    report, originals: dict, before, model, batch, loss_fn, budget_s: float, compiled: bool = False
+) -> dict:
     """Time the step unpatched, patched, and (with several kinds swapped) patched with each kind
     alone, interleaved (each compiled, with `compiled`); keep the fastest that beats the
     unpatched step, put the rest back."""
@@ -403,8 +404,8 @@ def _keep_what_pays(report, originals: dict, before, model, batch, loss_fn, budg
             )
     chosen = best or "before"
     _route_sites(model, report.swaps)  # the kept functional sites, per module (a put-back cleared all)
-    t.update({"after_ms": t["candidates"].get(chosen, {"ms": t["before_ms"]})["ms"], "kept": sorted(keep),
-              "compiled": compiled})  # fmt: skip
+    after_ms = t["candidates"].get(chosen, {"ms": t["before_ms"]})["ms"]
+    t.update({"after_ms": after_ms, "kept": sorted(keep), "compiled": compiled})
     c = t["candidates"].get(chosen)
     t.update({"speedup": c["speedup"] if c else 1.0, "ci": c["ci"] if c else (1.0, 1.0),
               "verdict": "significant" if c else "no swap made the step faster: none kept"})  # fmt: skip

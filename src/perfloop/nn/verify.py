@@ -221,8 +221,8 @@ def check_written(name: str, original: nn.Module, recorded, rerouted: list) -> S
     if not done:
         why = "; ".join(dict.fromkeys(f"{f.line or f.pattern}: {f.reason}" for f in r.backend.found))
         if not why:
-            why = "its captured graph holds none of the written forms" if r.backend.graphs else (
-                "Dynamo captured no graph of its forward")  # fmt: skip
+            captured = "its captured graph holds none of the written forms"
+            why = captured if r.backend.graphs else "Dynamo captured no graph of its forward"
         return Swap(name, kind, False, f"nothing one fused call can take: {why}", swap.errors)
     swap.kind = _rewrite.written_kind({f.pattern for f in done})
     swap.via = "; ".join(dict.fromkeys(_said(f) for f in done))

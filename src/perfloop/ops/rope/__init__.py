@@ -66,8 +66,10 @@ def validate(x, cos, sin, interleaved: bool = False, position_dim: int = -2):
     if x.dim() < 2 or x.shape[-1] % 2:
         raise ValueError(f"x: needs (..., T, D) with D even, got {tuple(x.shape)}")
     if not isinstance(position_dim, int) or not -x.dim() <= position_dim <= -2:
-        raise ValueError(f"position_dim: a dim before the last of x {tuple(x.shape)}, counted from the end "
-                         f"(-2 for (B, H, T, D), -3 for (B, T, H, D)); got {position_dim!r}")  # fmt: skip
+        raise ValueError(
+            f"position_dim: a dim before the last of x {tuple(x.shape)}, counted from the end "
+            f"(-2 for (B, H, T, D), -3 for (B, T, H, D)); got {position_dim!r}"
+        )
     want = (x.shape[position_dim], x.shape[-1] // 2)
     for name, t in (("cos", cos), ("sin", sin)):
         if tuple(t.shape) != want:
