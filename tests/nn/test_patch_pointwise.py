@@ -45,6 +45,14 @@ class TanhMLP(MLP):
         return self.c_proj(torch.tanh(self.c_fc(x)) * 2.0)
 
 
+class AlmostGELU(MLP):
+    """The tanh form's constants, another curve (no 0.5 * x in front)."""
+
+    def forward(self, x):
+        h = self.c_fc(x)
+        return self.c_proj(torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+
+
 def _ops(fn) -> set:
     fn()  # the first call captures
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -82,7 +90,14 @@ def test_plan_says_patch_reaches_an_inline_gelu():
 
 
 def test_a_tanh_that_is_not_gelu_is_left_alone_with_the_reason():
-    model = TanhMLP()
+    """A plain tanh is no candidate (nothing captured, nothing said); one with the tanh form's
+    constants is captured, probed, and left alone with the reason."""
+    from perfloop.nn.patch import plan
+
+    plain = TanhMLP()
+    assert pl.patch(plain, (torch.randn(2, 3, 32),), loss_fn=lambda m, b: m(*b).sum()).swaps == []
+    assert not plan(plain) and "forward" not in vars(plain)
+    model = AlmostGELU()
     report = pl.patch(model, (torch.randn(2, 3, 32),), loss_fn=lambda m, b: m(*b).sum())
     [swap] = report.swaps
     assert not swap.replaced and "holds none of the written forms" in swap.reason, str(report)

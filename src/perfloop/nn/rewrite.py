@@ -166,9 +166,9 @@ def restore(module: torch.nn.Module) -> None:
 
 
 def _code_names(fn, depth: int = 1, cls: type | None = None) -> tuple[set, set, bool]:
-    """(the global names fn's code and its nested code load, the other names it uses, whether it
-    uses the @ operator), taken down `depth` levels of the global functions it calls and, with
-    `cls`, of the class's methods it calls (`self._attn(...)`)."""
+    """(the global names fn's code and its nested code load, the other names and the float
+    constants it uses, whether it uses the @ operator), taken down `depth` levels of the global
+    functions it calls and, with `cls`, of the class's methods it calls (`self._attn(...)`)."""
     import dis
 
     code = getattr(fn, "__code__", None)
@@ -184,6 +184,7 @@ def _code_names(fn, depth: int = 1, cls: type | None = None) -> tuple[set, set, 
                 names.add(i.argval)
             matmul = matmul or (i.opname == "BINARY_OP" and i.argrepr in ("@", "@="))
         todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        names |= {k for k in c.co_consts if isinstance(k, float)}
     if depth:
         called = [fn.__globals__.get(n) for n in globs]
         called += [inspect.getattr_static(cls, n, None) for n in names] if cls is not None else []
@@ -200,7 +201,8 @@ _ROPE_NAMES = ("rotary", "rope", "rotate_half")
 def writes(module: torch.nn.Module) -> set[str]:
     """What the module's own forward (its class's, and the functions it calls) may write out op
     by op: ATTENTION (a softmax and a matmul), ROPE (a global function named for rotary
-    embeddings, rotate_half, or view_as_complex). Candidates only: the capture decides."""
+    embeddings, rotate_half, or view_as_complex), GELU (erf, or tanh with the tanh form's
+    0.044715), NORM (rsqrt, or sqrt with a mean or var). Candidates only: the capture decides."""
     fn = inspect.unwrap(type(module).forward)
     if getattr(fn, "__code__", None) is None or getattr(fn, "__module__", "").startswith("torch."):
         return set()
@@ -210,7 +212,8 @@ def writes(module: torch.nn.Module) -> set[str]:
         out.add(ATTENTION)
     if any(r in g.lower() for g in globs for r in _ROPE_NAMES) or "view_as_complex" in names:
         out.add(rotary.ROPE)
-    if {"tanh", "erf"} & (names | globs):
+    cubic = any(isinstance(v, float) and abs(v - 0.044715) < 1e-9 for v in names)  # the tanh form's
+    if ("tanh" in names | globs and cubic) or "erf" in names | globs:
         out.add(GELU)
     if "rsqrt" in names | globs or ("sqrt" in names | globs and {"mean", "var"} & (names | globs)):
         out.add(NORM)
