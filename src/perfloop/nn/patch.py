@@ -293,14 +293,14 @@ def patch(
                    for n, m in sites if _functional.why_not_rerouted(m)]  # fmt: skip
     sites = [(n, m) for n, m in sites if not _functional.why_not_rerouted(m)]
     written = [(n, m) for n, m in model.named_modules() if id(m) not in taken and _rewrite.writes(m)]
-    attention = [(n or type(m).__name__, m) for n, m in written]
-    if not cands and not sites and not attention:
+    rewrites = [(n or type(m).__name__, m) for n, m in written]
+    if not cands and not sites and not rewrites:
         return PatchReport(unreachable)
     names = _names(model)
     swapped: list = []  # (name, original) of each attribute set, (None, module) rerouted: undone on failure
     try:
         with _preserved(model):
-            found = (cands, sites, attention)
+            found = (cands, sites, rewrites)
             timing = {"budget_s": budget_s, "compiled": compiled} if measure else None
             report = _patch(model, found, names, example_batch, loss_fn, timing, swapped)
             report.swaps += unreachable
@@ -316,9 +316,9 @@ def patch(
 
 
 def _patch(model, found, names, example_batch, loss_fn, measure: dict | None, swapped) -> PatchReport:
-    cands, sites, attention = found
+    cands, sites, rewrites = found
     before = _verify.copy_module(model) if measure else None
-    watched = {n: m for n, m, _ in cands} | dict(attention)
+    watched = {n: m for n, m, _ in cands} | dict(rewrites)
     seen, calls, out = _capture(model, example_batch, loss_fn, watched, sites)
     if measure and not (isinstance(out, torch.Tensor) and out.is_floating_point()):
         raise ValueError(f"loss_fn: measure=True times forward and backward of the step, which must give a "
@@ -354,7 +354,7 @@ def _patch(model, found, names, example_batch, loss_fn, measure: dict | None, sw
         swaps.append(swap)
     rerouted = _route_sites(model, swaps)
     swapped.extend((None, m) for m in rerouted)
-    for name, m in attention:
+    for name, m in rewrites:
         swap = _verify.check_written(name, m, seen.get(id(m)), rerouted)
         swap.aliases = [n for n in names[id(m)] if n != name and n]
         if swap.replaced:
@@ -393,7 +393,7 @@ def _keep_what_pays(
         if s.replaced and s.kind not in keep:
             if s.site is not None:
                 _functional.restore(model.get_submodule(s.site[0]))
-            elif _rewrite.is_written(s.kind):
+            elif s.rewritten:
                 _rewrite.restore(_named(model, s.name))
             else:
                 for n in (s.name, *s.aliases):
@@ -416,7 +416,7 @@ def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
     """A copy of the unpatched model with the checked swaps of these kinds made."""
     m = _verify.copy_module(before)
     for s in report.swaps:
-        if s.replaced and s.kind in kinds and _rewrite.is_written(s.kind):
+        if s.replaced and s.kind in kinds and s.rewritten:
             _rewrite.rewrite(_named(m, s.name))
         elif s.replaced and s.kind in kinds and s.site is None:
             fused = fused_like(m.get_submodule(s.name))

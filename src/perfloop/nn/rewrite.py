@@ -224,7 +224,3 @@ def written_kind(patterns: set) -> str:
     """The kind a swap of these patterns goes by ("attention written out", "RoPE written out",
     or both joined)."""
     return " and ".join(sorted(patterns)) or ATTENTION
-
-
-def is_written(kind: str) -> bool:
-    return all(p in (ATTENTION, rotary.ROPE, GELU, NORM) for p in kind.split(" and "))

@@ -27,6 +27,7 @@ class Swap:
     site: tuple | None = None  # a functional call: (module's name, function, source line)
     via: str = ""  # a rewritten pattern: where, and what it became
     options: dict = field(default_factory=dict)  # attributes the check set on the fused module
+    rewritten: bool = False  # a forward rewritten in place (nn.rewrite), not a module swapped
 
 
 def first_device(args, kwargs) -> str:
@@ -197,6 +198,12 @@ def is_mask(a) -> bool:
 
 
 def check_written(name: str, original: nn.Module, recorded, rerouted: list) -> Swap:
+    swap = _check_written(name, original, recorded, rerouted)
+    swap.rewritten = True
+    return swap
+
+
+def _check_written(name: str, original: nn.Module, recorded, rerouted: list) -> Swap:
     """A module whose forward writes attention or RoPE out: its forward captured and rewritten
     (nn.rewrite), then checked like a swap, in eval mode (dropout off: the random draws of SDPA
     and of the written-out dropout differ)."""
