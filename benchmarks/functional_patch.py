@@ -228,6 +228,35 @@ def for_compile(name: str, small: bool, dev: str, budget_s: float) -> dict:
     return out
 
 
+def breakdown(name: str, small: bool, dev: str, top: int = 20) -> dict:
+    """Where the step's device time goes, eager, patched (every verified swap) and compiled:
+    pl.profile's rows by op, and the patched step's findings."""
+    import copy
+
+    loss_fn = make_loss_fn(dev)
+    torch._dynamo.reset()
+    base, batch = seeded_batch(name, small, dev)
+    patched = copy.deepcopy(base)
+    pl.patch(patched, batch, loss_fn=loss_fn)
+    models = {"eager": base, "patched": patched, "compiled": torch.compile(copy.deepcopy(base))}
+    warmed(models, batch, loss_fn)
+    out = {}
+    for label, m in models.items():
+        p = pl.profile(step_of(m, batch, loss_fn))
+        rows = p.breakdown(by="op")
+        total = sum(r.device_ms for r in rows)
+        out[label] = {"device_ms": total, "rows": [
+            {"name": r.name, "calls": r.calls, "ms": round(r.device_ms, 3), "gb": round((r.bytes or 0) / 1e9, 3),
+             "bound": str(r.bound), "dtype": r.dtype} for r in rows[:top]]}  # fmt: skip
+        print(f"{name} {label}: {total:.2f} ms of device time by op", flush=True)
+        for r in rows[:top]:
+            print(f"  {r.device_ms:8.3f} ms {r.calls:5d}x {r.name} {r.dtype} {(r.bytes or 0) / 1e9:.3f} GB {r.bound}")
+        if label == "patched":
+            out[label]["diagnosis"] = str(p.diagnose())
+            print(out[label]["diagnosis"], flush=True)
+    return out
+
+
 def curves(name: str, small: bool, dev: str, steps: int, seeds: int = 1) -> dict:
     """`steps` training steps from the same weights on the same batches, torch's code and the
     patched model (every verified swap kept): each step's loss both ways. With `seeds` > 1 each
@@ -306,6 +335,7 @@ def main() -> None:
     ap.add_argument("--curves", type=int, default=0, help="training steps for the loss curves")
     ap.add_argument("--curve-seeds", type=int, default=1, help="runs each way, their random draws apart")
     ap.add_argument("--four-ways", action="store_true", help="eager, patched, compiled, patched+compiled")
+    ap.add_argument("--breakdown", action="store_true", help="device time by op: eager, patched, compiled")
     ap.add_argument("--for-compile", action="store_true", help="pl.patch(compiled=True) then compiled")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -353,6 +383,9 @@ def main() -> None:
         save()
     if a.for_compile:
         out["for_compile"] = for_compile(a.model, a.small, dev, budget)
+        save()
+    if a.breakdown:
+        out["breakdown"] = breakdown(a.model, a.small, dev)
         save()
     if a.curves:
         out["curves"] = curves(a.model, a.small, dev, a.curves, a.curve_seeds)
