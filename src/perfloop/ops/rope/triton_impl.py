@@ -37,19 +37,23 @@ def rope_kernel(
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     c = tl.arange(0, BLOCK)[None, :]
     mask = (r < rows) & (c < HALF)
-    if INTERLEAVED:
-        i1, i2 = 2 * c, 2 * c + 1
-    else:
-        i1, i2 = c, c + HALF
-    row = X + r * (2 * HALF)
-    x1 = tl.load(row + i1, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(row + i2, mask=mask, other=0.0).to(tl.float32)
     at = ((r // HEADS) % T) * HALF + c
     cs = tl.load(COS + at, mask=mask, other=0.0).to(tl.float32)
     sn = tl.load(SIN + at, mask=mask, other=0.0).to(tl.float32) * SIGN
-    out = Y + r * (2 * HALF)
-    tl.store(out + i1, (x1 * cs - x2 * sn).to(Y.dtype.element_ty), mask=mask)
-    tl.store(out + i2, (x1 * sn + x2 * cs).to(Y.dtype.element_ty), mask=mask)
+    if INTERLEAVED:  # the row read whole, its neighbours split apart in registers
+        w = tl.arange(0, 2 * BLOCK)[None, :]
+        wmask = (r < rows) & (w < 2 * HALF)
+        xy = tl.load(X + r * (2 * HALF) + w, mask=wmask, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(xy, (ROWS, BLOCK, 2)))
+        y = tl.reshape(tl.join(x1 * cs - x2 * sn, x1 * sn + x2 * cs), (ROWS, 2 * BLOCK))
+        tl.store(Y + r * (2 * HALF) + w, y.to(Y.dtype.element_ty), mask=wmask)
+    else:
+        row = X + r * (2 * HALF)
+        x1 = tl.load(row + c, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(row + c + HALF, mask=mask, other=0.0).to(tl.float32)
+        out = Y + r * (2 * HALF)
+        tl.store(out + c, (x1 * cs - x2 * sn).to(Y.dtype.element_ty), mask=mask)
+        tl.store(out + c + HALF, (x1 * sn + x2 * cs).to(Y.dtype.element_ty), mask=mask)
 
 
 def rotate(x, cos, sin, interleaved: bool, sign: float = 1.0, heads: int = 1, out_dtype=None) -> torch.Tensor:
