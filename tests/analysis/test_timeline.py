@@ -289,3 +289,28 @@ def test_the_stretch_between_two_compiled_graphs_and_the_emptied_queue_after_it_
     assert r.by_cause["eager code between compiled graphs"] == pytest.approx(0.21 + 0.02 + 0.01)
     assert r.by_cause["host launch overhead"] == 0
     assert {p for c, p, _ in r.places if c == "eager code between compiled graphs"} == {"4/0"}
+
+
+def test_a_graph_breaks_saving_is_the_sooner_end_without_every_stretch_of_eager_code_it_makes():
+    """The break at line 33 splits a block in two: the eager code before its resume region
+    (frame 2) and the eager code after it, up to the next block's graph (frame 1), both run only
+    because of it. Its saving is how much sooner the step would end without both stretches (the
+    launches after each that much earlier), not the idle before frame 2's region alone (run31:
+    0.73 ms predicted against 3.19 ms realized by torch.where)."""
+    from perfloop.analysis.compilation import CompiledCode, GraphBreak
+    from perfloop.analysis.compiled_found import graph_breaks_found
+    from perfloop.analysis.opportunities import Step
+
+    step = ev("step", 0, 1000)
+    kernels = [(0, 100), (310, 390), (610, 1000)]
+    launched = [0, 305, 605]
+    between = [(100, 300, "2/0", "1/0"), (400, 600, "1/1", "2/0")]
+    r = idle([step], kernels, launched_at=launched, compiled=([], between, {"train.py:33": {"2"}}))
+    # without them: the second kernel launched at 105 (starts 110, ends 190), the third at 205
+    # (starts 210, ends 600): the step ends at 600, not 1000
+    assert r.break_saving_ms == {"train.py:33": pytest.approx(0.4)}
+    b = GraphBreak("forward", "train.py:33", ("2",), "Data-dependent branching", "data-dependent branch", 1)
+    s = Step([], None, None, None, r, {}, 1, 1.0, 0, None, "cuda", CompiledCode([], [b], 2.0))
+    graph_breaks_found(s)
+    [f] = s.found
+    assert f.kind == "graph break" and f.saves_ms == pytest.approx(0.4) and f.where == "train.py:33"

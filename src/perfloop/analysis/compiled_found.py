@@ -101,19 +101,24 @@ def compilation_found(s: StepView) -> None:
 
 
 def graph_breaks_found(s: StepView) -> None:
-    """Each graph break of the compiled code that ran: the GPU's idle while the host ran the
-    eager code between the graphs after it, its reason and the fix for that reason."""
+    """Each graph break of the compiled code that ran: how much sooner the step would end without
+    the host's eager code between the graphs around it (on a CPU: the idle while it ran), its
+    reason and the fix for that reason."""
     if s.compiled is None or s.idle is None:
         return
     idle = s.idle
     for b in s.compiled.breaks:
-        ms = sum(v for c, p, v in idle.places if c == timeline.GRAPH_BREAK and p.split("/")[0] in b.frames)
+        ms = idle.break_saving_ms.get(b.where)
+        said = "the step would end {} per call sooner without the host's eager code between the graphs"
+        if ms is None:  # no launch times (a CPU's ops): the idle the break's places hold
+            ms = sum(v for c, p, v in idle.places if c == timeline.GRAPH_BREAK and p.split("/")[0] in b.frames)
+            said = f"the {idle.device} idle {{}} per call while the host ran the code between the graphs"
         again = [c for c in s.compiled.compiles if c.function.startswith(RESUME) and c.where == b.where]
         compile_ms = sum(c.ms for c in again)
         ms = (ms + compile_ms) / s.calls
         evidence = (
-            f"the {idle.device} idle {fmt_ms(ms - compile_ms / s.calls)} per call while the host ran the "
-            f"code between the graphs ({b.regions // max(s.calls, 1)} region(s) a call resume after it)"
+            said.format(fmt_ms(ms - compile_ms / s.calls))
+            + f" ({b.regions // max(s.calls, 1)} region(s) a call resume after it)"
             + (
                 f", and {len(again)} compile(s) of the code after it, {fmt_ms(compile_ms / s.calls)} per call"
                 if again

@@ -156,9 +156,9 @@ class Profile:
         found = graph_breaks(self.compile_metrics or [], self.break_reasons or [], ran)
         return [b for b in found if b.regions]
 
-    def _between_regions(self) -> list[tuple[float, float, str]]:
+    def _between_regions(self) -> list[tuple[float, float, str, str]]:
         """The host's stretches between two compiled graphs run in one call or step, each with
-        the compile id of the region (the innermost) that runs the next graph."""
+        the compile ids of the regions (the innermost) that run the next graph and the last one."""
         from perfloop.analysis.compilation import graph_calls
 
         ran = sorted(self.compiled_regions(), key=lambda r: (r[0], -r[1]))
@@ -169,8 +169,9 @@ class Profile:
             inner = [g for g in graphs if a <= g[0] <= b]
             for x, y in zip(inner, inner[1:], strict=False):
                 around = [r for r in ran if r[0] <= y[0] <= r[1]]
+                before = [r for r in ran if r[0] <= x[0] <= r[1]]
                 if y[0] > x[1] and around:
-                    out.append((x[1], y[0], around[-1][2]))
+                    out.append((x[1], y[0], around[-1][2], before[-1][2] if before else ""))
         return out
 
     def events(self) -> list:
@@ -264,7 +265,8 @@ class Profile:
             each = [r for r in each if r is not None]
             r = min(each, key=lambda x: x.idle_ms).times(len(spans)) if each else None
         else:
-            compiled = ([(c.start_us, c.end_us) for c in self.compiles()], self._between_regions())
+            breaks = {b.where: set(b.frames) for b in self.graph_breaks()}
+            compiled = ([(c.start_us, c.end_us) for c in self.compiles()], self._between_regions(), breaks)
             r = idle(
                 events,
                 intervals,

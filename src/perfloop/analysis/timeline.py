@@ -67,6 +67,7 @@ class Idle:
     sync_host_ms: float = 0.0  # the host's time in the torch ops that synchronized, their waits included
     outer: dict = field(default_factory=dict)  # synchronizing op -> the user's ops around it (aten::index)
     sync_places: dict = field(default_factory=dict)  # synchronizing op -> the line most samples in it held
+    break_saving_ms: dict = field(default_factory=dict)  # a graph break's line -> the sooner end without its eager code
 
     raw: Idle | None = field(default=None, repr=False)  # before the syncs took any launch gap
 
@@ -123,7 +124,8 @@ class Idle:
         return replace(self, by_cause={c: v * k for c, v in self.by_cause.items()},
                        syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
                        places=[(c, p, ms * k) for c, p, ms in self.places],
-                       sync_saving_ms=self.sync_saving_ms * k, **fields)  # fmt: skip
+                       sync_saving_ms=self.sync_saving_ms * k,
+                       break_saving_ms={w: ms * k for w, ms in self.break_saving_ms.items()}, **fields)  # fmt: skip
 
     def data_dependent(self) -> list[tuple[str, str]]:
         """(op, a user's op around it) of the synchronizing calls whose output size is data."""
@@ -327,6 +329,22 @@ def _before_first(device_intervals, spans):
     return lambda s, e: e <= first or any(a <= s and e <= f for a, f in waits.meeting(s, e))
 
 
+def _break_savings(breaks: dict, between, spans, device_intervals, launched_at, end) -> dict:
+    """A graph break's line -> how much sooner the work would end (ms) without the host's
+    stretches between graphs that its code makes: those before a region of the code resumed
+    after it, and those after one (up to the next graph)."""
+    if launched_at is None:
+        return {}
+    out = {}
+    for where, frames in breaks.items():
+        mine = [(a, b) for a, b, nxt, *prev in between
+                if nxt.split("/")[0] in frames or (prev and prev[0].split("/")[0] in frames)]  # fmt: skip
+        if spans:
+            mine = _clip(mine, spans)
+        out[where] = without(device_intervals, launched_at, mine, end) / 1e3 if mine else 0.0
+    return out
+
+
 def _sync_saving(syncs, spans, device_intervals, launched_at, end) -> float:
     """How much sooner the work would end (ms) without the synchronizing calls' waits."""
     waits = [(cs, ce) for cs, ce, *_ in syncs]
@@ -358,7 +376,7 @@ class _Host:
         blocking = [op for _, _, op, _ in self.syncs.meeting(s, e)]
         half = (e - s) / 2
         inside = [(c, a, b) for a, b, c in self.ranges.meeting(s, e) if min(e, b) - max(s, a) > half]
-        broken = [(a, b, r) for a, b, r in self.between.meeting(s, e) if min(e, b) - max(s, a) > half]
+        broken = [(a, b, r) for a, b, r, *_ in self.between.meeting(s, e) if min(e, b) - max(s, a) > half]
         if self.compiling.overlap(s, e) > half:
             cause = COMPILE
         elif broken:
@@ -383,7 +401,7 @@ class _Host:
 def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None,
          spans: list[tuple[float, float]] | None = None, *, launched_at: list[float] | None = None,
          pageable: list[tuple[float, float]] | None = None, samples=None,
-         compiled: tuple[list, list] = ((), ())) -> Idle | None:  # fmt: skip
+         compiled: tuple = ((), ())) -> Idle | None:  # fmt: skip
     """The idle breakdown of a profile (None when nothing ran on the device). `sites`: op ->
     source lines that made that synchronizing call (from the WorkCounter); `spans`: the host
     intervals the profile is limited to (the occurrences of a range), idle counted inside them;
@@ -391,8 +409,10 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     pageable host-to-device copies; `samples`: the launching thread's stack samples
     (stacks.Sample on this timeline); `compiled`: (the intervals Dynamo and Inductor compiled in,
     the host's stretches between two compiled regions of a call as (start, end, the next
-    region's compile id)) -- a stretch there is charged to the compile, or to the graph break
-    (its place: that id)."""
+    region's compile id[, the previous region's]) and, optionally, each graph break's line -> the
+    frames of the code resumed after it) -- a stretch there is charged to the compile, or to the
+    graph break (its place: the next region's id); each break's saving is the sooner end
+    without its stretches (timeline.without)."""
     if not device_intervals:
         return None
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
@@ -442,10 +462,13 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     busy = wall - sum((e - s) / 1e3 for s, e in holes)
     waited = sum(ce - cs for cs, ce, *_ in syncs) / 1e3
     sync_saving = _sync_saving(syncs, spans, device_intervals, launched_at, end)
+    breaks = compiled[2] if len(compiled) > 2 else {}
+    break_saving = _break_savings(breaks, compiled[1], spans, device_intervals, launched_at, end)
     calls = Counter(op for _, _, op, _ in syncs)
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
     ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
     out = Idle(wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows, places=ranked,
                sampled=bool(samples.samples), waited_ms=waited, sync_saving_ms=sync_saving,
-               sync_host_ms=sync_host, outer=outer, sync_places=sync_places)  # fmt: skip
+               sync_host_ms=sync_host, outer=outer, sync_places=sync_places,
+               break_saving_ms=break_saving)  # fmt: skip
     return out.charged()
