@@ -72,3 +72,28 @@ def test_cuda_graph_advice_for_compiled_code_names_what_in_the_step_blocks_them(
     )
     clean.add("launch", "the GPU waits on launches", 5.0, "launch", "e", "fewer launches: torch.compile")
     assert "this step has none of what blocks them" in clean.found[0].advice
+
+
+def test_a_compile_torch_names_no_id_is_the_one_before_it():
+    """A lazily compiled backward records its compile range with no compile id of its own: it
+    is the forward's compiled before it, not a second recompile of "?" with no guard (run31: "2.
+    recompiles in the profiled steps: ?: a guard failed" under the real finding)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from perfloop.analysis.compilation import compiles
+
+    def ev(i, name, start, end):
+        return FunctionEvent(id=i, name=name, thread=1, start_us=start, end_us=end, device_type=DeviceType.CPU)
+
+    events = [ev(1, "_compile.compile_inner (dynamo_timed)", 0, 100),
+              ev(2, "CompilationMetrics_data: compile_id=0/3", 10, 11),
+              ev(3, "compile_fx.<locals>.bw_compiler (dynamo_timed)", 200, 260)]  # fmt: skip
+    m = SimpleNamespace(compile_id="0/3", co_name="forward", co_filename="/w/train.py", co_firstlineno=26,
+                        recompile_reason="0/3: L['self'].step == 3", num_graph_breaks=0)  # fmt: skip
+    fwd, bwd = compiles(events, [m])
+    assert (fwd.compile_id, fwd.function, fwd.where) == ("0/3", "forward", "train.py:26")
+    assert (bwd.compile_id, bwd.function, bwd.where, bwd.reason) == ("0/3", "forward", "train.py:26", fwd.reason)
+    assert bwd.recompile and bwd.ms == 0.06

@@ -13,7 +13,7 @@ import functools
 import linecache
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.autograd import DeviceType
@@ -112,8 +112,9 @@ def _is_compile(e) -> bool:
 
 def compiles(events, metrics: list | None = None) -> list[Compile]:
     """The outermost compile ranges, in time order, each with its compile id (from the
-    `..._data: compile_id=F/A` ranges inside it) and, where `metrics` (Dynamo's
-    CompilationMetrics) hold that id, its function, line and recompile reason."""
+    `..._data: compile_id=F/A` ranges inside it; a range with none, a lazily compiled backward,
+    takes the compile before it) and, where `metrics` (Dynamo's CompilationMetrics) hold that
+    id, its function, line and recompile reason."""
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
     outer = []
     for e in cpu:
@@ -130,9 +131,12 @@ def compiles(events, metrics: list | None = None) -> list[Compile]:
     out = []
     for e in sorted(outer, key=lambda x: x.time_range.start):
         s, t = e.time_range.start, e.time_range.end
-        cid = next((i for at, i in ids if s <= at <= t), "?")
-        m = by_id.get(cid)
-        out.append(Compile(cid, s, t, *(_described(m) if m is not None else ())))
+        cid = next((i for at, i in ids if s <= at <= t), None)
+        if cid is None and out:  # a lazily compiled backward: its forward's, compiled before it
+            out.append(replace(out[-1], start_us=s, end_us=t))
+            continue
+        m = by_id.get(cid or "?")
+        out.append(Compile(cid or "?", s, t, *(_described(m) if m is not None else ())))
     return out
 
 
