@@ -146,3 +146,27 @@ def test_a_launch_is_charged_to_the_outermost_op_below_its_module_backward_or_op
     launch = _event("cudaLaunchKernel", _event("aten::addmm", outer))
     assert _outer_op(launch) == "aten::linear"
     assert _outer_op(_event("cudaLaunchKernel", wrapper)) == ""
+
+
+def test_a_launch_in_a_dynamo_region_that_ran_no_compiled_graph_is_not_a_compiled_kernel():
+    """pl.patch's rewritten forward runs under a Torch-Compiled Region, eager: a kernel launched
+    there by no aten op (perfloop's Triton RoPE) is not Inductor's (run31 labelled it
+    "(compiled) rope_kernel"); one launched inside a compiled graph's call is."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from perfloop.analysis.attribution import call_context
+
+    def chain(*names):
+        up = None
+        for i, name in enumerate(names):
+            e = FunctionEvent(id=100 + i, name=name, thread=1, start_us=i, end_us=50 - i,
+                              device_type=DeviceType.CPU)  # fmt: skip
+            e.cpu_parent = up
+            up = e
+        return up
+
+    eager = chain("Torch-Compiled Region: 3/0", "cuLaunchKernelEx")
+    assert call_context(eager, {})[0] == ""
+    graph = chain("Torch-Compiled Region: 3/0", "## Call CompiledFxGraph fabc ##", "cuLaunchKernelEx")
+    assert call_context(graph, {})[0] == "(compiled)"

@@ -389,3 +389,22 @@ def test_measure_times_the_rewritten_attention_as_its_own_kind(mingpt, monkeypat
     assert report.timing["kept"] == [rewrite.ATTENTION], str(report)
     assert isinstance(model.transformer.h[0].attn.__dict__.get("forward"), rewrite.Rewritten)
     assert type(model.transformer.h[0].ln_1) is nn.LayerNorm  # put back: it did not pay
+
+
+def test_a_patched_models_rewritten_forwards_are_not_taken_for_compiled_code(mingpt):
+    """pl.patch runs a rewritten forward through Dynamo's capture (a Torch-Compiled Region in the
+    profile), eager all the same: its profile is an eager model's, told eager advice (run31: the
+    patched Llama was told "the compiled step waits on its launches" and "in compiled code this
+    op ran as its own kernel: mode='max-autotune'")."""
+    model, idx, tgt = _tiny(mingpt)
+    pl.patch(model, (idx, tgt), loss_fn=lambda m, b: m(*b)[1])
+    model(idx, tgt)  # captured for this shape
+    p = pl.profile(lambda: model(idx, tgt)[1].backward(), calls=2, count_work=False)
+    assert p.compiled_regions()  # the capture shows as Dynamo's regions ...
+    assert p.compiled_code() is None  # ... but no code ran compiled
+    d = p.diagnose(ceilings={"copy_gbps": 20.0, "matmul_tflops": 1.0})
+    advice = " ".join(f.advice for f in d.findings)
+    assert "in compiled code" not in advice and "compiled step" not in advice, str(d)
+    compiled = torch.compile(copy.deepcopy(model))
+    compiled(idx, tgt)[1].backward()
+    assert pl.profile(lambda: compiled(idx, tgt)[1].backward(), calls=1, count_work=False).compiled_code()

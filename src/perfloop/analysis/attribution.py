@@ -31,7 +31,8 @@ BY = ("module", "op", "kernel", "category")
 BACKWARD = "autograd::engine::evaluate_function: "
 OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
 NO_MODULE = "(no module)"
-COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
+# a launch under these ran compiled code (a Dynamo region alone does not: pl.patch runs its rewrites eager)
+COMPILED = ("CompiledFunction", "## Call CompiledFxGraph")
 WORK_FROM = "flops: torch's formulas; bytes: the op's tensors"
 
 # (category, pattern over the op's or kernel's lower-cased name); the first match wins

@@ -368,11 +368,14 @@ class Profile:
         )
 
     def compiled_code(self) -> CompiledCode | None:
-        """compilation.CompiledCode of the profiled calls, None where nothing ran compiled."""
-        from perfloop.analysis.compilation import CompiledCode
+        """compilation.CompiledCode of the profiled calls, None where nothing ran compiled: a
+        region that ran no compiled graph (pl.patch's rewritten forwards, captured by Dynamo and
+        run eager; a backend that runs the graph as captured) is eager code."""
+        from perfloop.analysis.compilation import CompiledCode, graph_calls
 
         ran, made = self.compiled_regions(), self.compiles()
-        if not ran and not made:
+        starts = [g[0] for g in graph_calls(self.events())]
+        if not made and not any(a <= g <= b for a, b, _ in ran for g in starts):
             return None
         return CompiledCode(made, self.graph_breaks(), len(ran) / self.calls)
 
