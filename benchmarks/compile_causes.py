@@ -121,9 +121,9 @@ def _run(path: str, plant: str, fixed: bool, small: bool) -> list[float]:
 
 
 def case(name: str, path: str, small: bool) -> dict:
-    from perfloop.workflows.script import profile_script
-
     import torch
+
+    from perfloop.workflows.script import profile_script
 
     torch._dynamo.reset()  # the cases run in one process: no case starts on another's graphs or limit
     plant, kind, fragment, (a, b) = CASES[name]

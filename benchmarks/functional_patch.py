@@ -246,11 +246,12 @@ def breakdown(name: str, small: bool, dev: str, top: int = 20) -> dict:
         rows = p.breakdown(by="op")
         total = sum(r.device_ms for r in rows)
         out[label] = {"device_ms": total, "rows": [
-            {"name": r.name, "calls": r.calls, "ms": round(r.device_ms, 3), "gb": round((r.bytes or 0) / 1e9, 3),
-             "bound": str(r.bound), "dtype": r.dtype} for r in rows[:top]]}  # fmt: skip
+            {"name": r.name, "calls": r.calls, "ms": round(r.device_ms, 3), "dtype": r.dtype,
+             "gb": round((r.bytes or 0) / 1e9, 3), "bound": str(r.bound)} for r in rows[:top]]}  # fmt: skip
         print(f"{name} {label}: {total:.2f} ms of device time by op", flush=True)
         for r in rows[:top]:
-            print(f"  {r.device_ms:8.3f} ms {r.calls:5d}x {r.name} {r.dtype} {(r.bytes or 0) / 1e9:.3f} GB {r.bound}")
+            gb = (r.bytes or 0) / 1e9
+            print(f"  {r.device_ms:8.3f} ms {r.calls:5d}x {r.name} {r.dtype} {gb:.3f} GB {r.bound}")
         if label == "patched":
             out[label]["diagnosis"] = str(p.diagnose())
             print(out[label]["diagnosis"], flush=True)

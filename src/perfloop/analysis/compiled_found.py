@@ -111,7 +111,8 @@ def graph_breaks_found(s: StepView) -> None:
         ms = idle.break_saving_ms.get(b.where)
         said = "the step would end {} per call sooner without the host's eager code between the graphs"
         if ms is None:  # no launch times (a CPU's ops): the idle the break's places hold
-            ms = sum(v for c, p, v in idle.places if c == timeline.GRAPH_BREAK and p.split("/")[0] in b.frames)
+            mine = [v for c, p, v in idle.places if c == timeline.GRAPH_BREAK and p.split("/")[0] in b.frames]
+            ms = sum(mine)
             said = f"the {idle.device} idle {{}} per call while the host ran the code between the graphs"
         again = [c for c in s.compiled.compiles if c.function.startswith(RESUME) and c.where == b.where]
         compile_ms = sum(c.ms for c in again)

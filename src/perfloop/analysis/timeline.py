@@ -67,7 +67,7 @@ class Idle:
     sync_host_ms: float = 0.0  # the host's time in the torch ops that synchronized, their waits included
     outer: dict = field(default_factory=dict)  # synchronizing op -> the user's ops around it (aten::index)
     sync_places: dict = field(default_factory=dict)  # synchronizing op -> the line most samples in it held
-    break_saving_ms: dict = field(default_factory=dict)  # a graph break's line -> the sooner end without its eager code
+    break_saving_ms: dict = field(default_factory=dict)  # a break's line -> the sooner end without it
 
     raw: Idle | None = field(default=None, repr=False)  # before the syncs took any launch gap
 
@@ -124,8 +124,8 @@ class Idle:
         return replace(self, by_cause={c: v * k for c, v in self.by_cause.items()},
                        syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
                        places=[(c, p, ms * k) for c, p, ms in self.places],
-                       sync_saving_ms=self.sync_saving_ms * k,
-                       break_saving_ms={w: ms * k for w, ms in self.break_saving_ms.items()}, **fields)  # fmt: skip
+                       sync_saving_ms=self.sync_saving_ms * k, **fields,
+                       break_saving_ms={w: v * k for w, v in self.break_saving_ms.items()})  # fmt: skip
 
     def data_dependent(self) -> list[tuple[str, str]]:
         """(op, a user's op around it) of the synchronizing calls whose output size is data."""
