@@ -99,3 +99,23 @@ def test_a_compile_torch_names_no_id_is_the_one_before_it():
     assert (bwd.compile_id, bwd.function, bwd.where) == ("0/3", "forward", "train.py:26")
     assert bwd.reason == fwd.reason
     assert bwd.recompile and bwd.ms == 0.06
+
+
+def test_in_compiled_code_a_graph_break_goes_before_the_cuda_graphs_finding_it_blocks():
+    """run31's branch case: the launch gaps (3.4 ms) ranked above the graph break (1.8 ms) whose
+    removal realized 3.2 ms; CUDA graphs, the launch finding's fix, cannot replay the break, so
+    the break comes first. A finding that blocks nothing keeps its place by saving."""
+    from perfloop.analysis import timeline
+    from perfloop.analysis.compilation import CompiledCode, GraphBreak
+    from perfloop.analysis.opportunities import rank
+
+    brk = GraphBreak("forward", "train.py:33", ("2",), "Data-dependent branching", "data-dependent branch", 2)
+    causes = dict.fromkeys(timeline.CAUSES, 0.0)
+    causes[timeline.LAUNCH] = 3.4
+    idle = timeline.Idle(8.5, 4.1, causes, break_saving_ms={"train.py:33": 1.8})
+    d = rank([], None, None, None, idle, {}, 1, 8.5, compiled=CompiledCode([], [brk], 8.0))
+    assert [f.kind for f in d.findings] == ["graph break", "launch"], str(d)
+    assert d.findings[0].where == "train.py:33" and d.findings[0].saves_ms == 1.8
+    assert "largest first (what blocks CUDA graphs before them)" in str(d)
+    eager = rank([], None, None, None, idle, {}, 1, 8.5, compiled=None)
+    assert [f.kind for f in eager.findings] == ["launch"]

@@ -72,6 +72,22 @@ def graph_blockers(s: StepView) -> str:
     return "; in this step, first remove: " + ", ".join(said)
 
 
+BLOCKERS = (Kind.GRAPH_BREAK, Kind.RECOMPILE, Kind.SYNC, Kind.DATA_DEPENDENT)
+
+
+def blockers_first(found: list, compiled: CompiledCode | None) -> list:
+    """The findings, largest saving first, except that in compiled code the ones whose fix comes
+    first go before the CUDA-graphs finding they block (a graph break, a recompile, a CPU sync:
+    CUDA graphs replay none of them, and the launch gaps they leave are partly theirs)."""
+    ranked = sorted(found, key=lambda o: -o.saves_ms)
+    at = next((i for i, o in enumerate(ranked) if o.kind == Kind.LAUNCH), None)
+    if compiled is None or at is None or "CUDA graphs" not in ranked[at].advice:
+        return ranked
+    blocking = [o for o in ranked[at + 1 :] if o.kind in BLOCKERS]
+    rest = [o for o in ranked[at:] if o not in blocking]
+    return ranked[:at] + blocking + rest
+
+
 def compilation_found(s: StepView) -> None:
     """Compilation inside the profiled calls: a recompile (its failed guard, said plainly, and
     the fix that fits it), or a first compile (warm-up, not the step's cost)."""

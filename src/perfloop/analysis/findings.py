@@ -158,6 +158,9 @@ class Diagnosis:
             **self.values,
         }
 
+    def _blockers_moved(self) -> bool:
+        return any(a.saves_ms < b.saves_ms for a, b in zip(self.findings, self.findings[1:], strict=False))
+
     def __str__(self) -> str:
         if self.single:
             ev = ", ".join(f"{k}={_fmt(v)}" for k, v in self.values.items())
@@ -167,6 +170,7 @@ class Diagnosis:
             f"step: wall {fmt_ms(self.wall_ms)}, device {fmt_ms(self.device_ms)}, busy "
             f"{self.busy_share:.0%}; {n} {'opportunity' if n == 1 else 'opportunities'}"
             + (", largest first" if n > 1 else "")
+            + (" (what blocks CUDA graphs before them)" if self._blockers_moved() else "")
         )
         lines = [head] + [f"{i}. {o}" for i, o in enumerate(self.findings[:SHOWN], 1)]
         if n > SHOWN:

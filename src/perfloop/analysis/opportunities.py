@@ -22,6 +22,7 @@ from perfloop.analysis.bound import Bound
 from perfloop.analysis.compilation import CompiledCode
 from perfloop.analysis.compiled_found import (
     COMPILED_ADVICE,
+    blockers_first,
     compilation_found,
     graph_blockers,
     graph_breaks_found,
@@ -186,7 +187,7 @@ def rank(
     loop_ms = optimizer_step(s)
     top_row = op_rows(s, kept)
     idle_causes(s, loop_ms, bool(pageable))
-    s.found.sort(key=lambda o: -o.saves_ms)
+    s.found = blockers_first(s.found, compiled)
     busy = (
         idle.busy_ms / idle.wall_ms if idle is not None and idle.wall_ms else min(1.0, device_ms / s.step_ms)
     )
