@@ -490,12 +490,21 @@ def idle_causes(s: Step, loop_ms: float, pageable: bool) -> None:
             ms = sum(v for c, p, v in idle.places if c == cause and p)
             if not ms:
                 continue
-        ms = (ms + (idle.by_cause[timeline.FIRST] if cause == timeline.LAUNCH else 0.0)) / s.calls
+        in_graphs = (
+            cause == timeline.LAUNCH and s.compiled is not None and idle.launch_in_graphs_ms is not None
+        )
+        if in_graphs:  # what CUDA graphs replay: the compiled graphs' own launches
+            ms = min(ms, idle.launch_in_graphs_ms)
+        elif cause == timeline.LAUNCH:
+            ms += idle.by_cause[timeline.FIRST]
+        ms /= s.calls
         if cause == timeline.SYNC and idle.sync_saving_ms:  # the timeline replayed without the waits
             ms = max(ms, min(idle.sync_saving_ms / s.calls, idle.idle_ms / s.calls))
         title, advice = HOST[cause]
-        evidence = f"idle {fmt_ms(ms)} per call" + (
-            f"; busy {idle.busy_ms / idle.wall_ms:.0%}" if cause == timeline.LAUNCH else ""
+        evidence = (
+            f"idle {fmt_ms(ms)} per call"
+            + (" inside the compiled graphs' calls" if in_graphs else "")
+            + (f"; busy {idle.busy_ms / idle.wall_ms:.0%}" if cause == timeline.LAUNCH else "")
         )
         kind = "launch" if cause == timeline.LAUNCH else "host"
         if cause == timeline.SYNC:

@@ -265,8 +265,12 @@ class Profile:
             each = [r for r in each if r is not None]
             r = min(each, key=lambda x: x.idle_ms).times(len(spans)) if each else None
         else:
+            from perfloop.analysis.compilation import graph_calls
+
             breaks = {b.where: set(b.frames) for b in self.graph_breaks()}
-            compiled = ([(c.start_us, c.end_us) for c in self.compiles()], self._between_regions(), breaks)
+            graphs = graph_calls(events)  # none recorded: the launch gaps are not split by them
+            made = [(c.start_us, c.end_us) for c in self.compiles()]
+            compiled = (made, self._between_regions(), breaks, *([graphs] if graphs else []))
             r = idle(
                 events,
                 intervals,

@@ -68,6 +68,8 @@ class Idle:
     outer: dict = field(default_factory=dict)  # synchronizing op -> the user's ops around it (aten::index)
     sync_places: dict = field(default_factory=dict)  # synchronizing op -> the line most samples in it held
     break_saving_ms: dict = field(default_factory=dict)  # a break's line -> the sooner end without it
+    # launch gaps while the host ran a compiled graph (None: no graph calls given)
+    launch_in_graphs_ms: float | None = None
 
     raw: Idle | None = field(default=None, repr=False)  # before the syncs took any launch gap
 
@@ -125,6 +127,7 @@ class Idle:
                        syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
                        places=[(c, p, ms * k) for c, p, ms in self.places],
                        sync_saving_ms=self.sync_saving_ms * k, **fields,
+                       launch_in_graphs_ms=_times(self.launch_in_graphs_ms, k),
                        break_saving_ms={w: v * k for w, v in self.break_saving_ms.items()})  # fmt: skip
 
     def data_dependent(self) -> list[tuple[str, str]]:
@@ -161,6 +164,10 @@ class Idle:
     @property
     def idle_share(self) -> float:
         return self.idle_ms / self.wall_ms if self.wall_ms else 0.0
+
+
+def _times(ms: float | None, k: float) -> float | None:
+    return None if ms is None else ms * k
 
 
 def _sync_calls(events) -> list[tuple[float, float, str, object]]:
@@ -410,9 +417,10 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     (stacks.Sample on this timeline); `compiled`: (the intervals Dynamo and Inductor compiled in,
     the host's stretches between two compiled regions of a call as (start, end, the next
     region's compile id[, the previous region's]) and, optionally, each graph break's line -> the
-    frames of the code resumed after it) -- a stretch there is charged to the compile, or to the
-    graph break (its place: the next region's id); each break's saving is the sooner end
-    without its stretches (timeline.without)."""
+    frames of the code resumed after it, and the host's calls of compiled graphs) -- a stretch
+    there is charged to the compile, or to the graph break (its place: the next region's id);
+    each break's saving is the sooner end without its stretches (timeline.without); the launch
+    gaps inside graph calls (what CUDA graphs would replay) are counted apart."""
     if not device_intervals:
         return None
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
@@ -435,6 +443,8 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     places: Counter = Counter()
     ended = {round(be, 3): behind for _, be, behind in _drained(device_intervals, launched_at)}
     sync_host, outer, sync_places = _sync_ops(syncs, samples, spans)
+    graphs = Intervals(list(compiled[3])) if len(compiled) > 3 else None
+    in_graphs = 0.0
     last_sync = None  # the synchronizing op whose emptied queue the host is still behind
     last_break = None  # ... or the graph break (its place) whose eager code emptied it
     for s, e in holes:
@@ -450,6 +460,8 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
             last_sync = blocking[-1] if blocking else last_sync
             after[last_sync] += ms
         by_cause[cause] += ms
+        if cause == LAUNCH and graphs is not None:
+            in_graphs += graphs.overlap(s, e) / 1e3
         # a named range's stretches: where its samples were, all along the range
         at = (inside[-1][1], inside[-1][2]) if inside and cause == inside[-1][0] else (s, e)
         place = _place(*at, samples)
@@ -470,5 +482,6 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     out = Idle(wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows, places=ranked,
                sampled=bool(samples.samples), waited_ms=waited, sync_saving_ms=sync_saving,
                sync_host_ms=sync_host, outer=outer, sync_places=sync_places,
-               break_saving_ms=break_saving)  # fmt: skip
+               break_saving_ms=break_saving,
+               launch_in_graphs_ms=None if graphs is None else in_graphs)  # fmt: skip
     return out.charged()
