@@ -111,11 +111,21 @@ CASES = {
 }
 
 
+CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def cold_caches() -> dict:
+    """Fresh compile caches (Inductor's, Triton's) for one run: each run compiles as the first
+    did, so the profiled run and the plain runs after it pay the same compiles."""
+    return {name: tempfile.mkdtemp() for name in CACHES}
+
+
 def _run(path: str, plant: str, fixed: bool, small: bool) -> list[float]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     args = [plant, "1" if fixed else "0", out, "1" if small else "0"]
-    subprocess.run([sys.executable, path, *args], check=True, capture_output=True)
+    env = {**os.environ, **cold_caches()}
+    subprocess.run([sys.executable, path, *args], check=True, capture_output=True, env=env)
     with open(out) as f:
         return json.load(f)
 
@@ -129,8 +139,14 @@ def case(name: str, path: str, small: bool) -> dict:
     plant, kind, fragment, (a, b) = CASES[name]
     small_run = small or plant.endswith("-small")
     plant = plant.removesuffix("-small")
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        p = profile_script(path, [plant, "0", f.name, "1" if small_run else "0"], skip=None, steps=2)
+    saved = {var: os.environ.get(var) for var in CACHES}
+    os.environ.update(cold_caches())
+    try:
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            p = profile_script(path, [plant, "0", f.name, "1" if small_run else "0"], skip=None, steps=2)
+    finally:
+        for var, v in saved.items():
+            os.environ.pop(var) if v is None else os.environ.update({var: v})
     d = p.diagnose()
     top = d.findings[0] if d.findings else None
     hit = next((f for f in d.findings if kind and f.kind == kind and fragment in f.title), None)

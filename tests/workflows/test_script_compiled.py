@@ -136,6 +136,10 @@ def test_a_model_recompiling_every_step_on_a_new_length_is_told_which_dim_and_ho
     assert top.kind == "recompile" and "every step" in top.title, str(d)
     # the input's name is torch.compile's wrapper's (args[0]); the line is the user's call
     assert "size of dim 1 of `args[0]` changed: 10 -> 11" in top.title, str(d)
+    # the compiles at the pace of the skipped steps that recompiled, without the profiler (which
+    # can slow Dynamo's tracing several times): not more than such a step took
+    assert p.profiled_wall_ms_per_call, "the unprofiled pace of the recompiling steps"
+    assert 0.3 * p.wall_ms_per_call < top.saves_ms <= p.wall_ms_per_call, (top.saves_ms, p.wall_ms_per_call)
     assert top.site.line == _line_of(tmp_path, "y = compiled(x)"), top
     assert "mark_dynamic" in top.advice and "torch.compile" not in top.advice.replace("torch.compile(", "")
     assert not any("use torch.compile" in f.advice or "(torch.compile)" in f.advice for f in d.findings), str(

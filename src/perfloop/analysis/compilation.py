@@ -104,6 +104,7 @@ class CompiledCode:
     compiles: list
     breaks: list
     regions_per_call: float
+    pace: float = 1.0  # the calls' wall time without the profiler over with it (compiles run slower under it)
 
 
 def _is_compile(e) -> bool:

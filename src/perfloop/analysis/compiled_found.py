@@ -98,7 +98,7 @@ def compilation_found(s: StepView) -> None:
             continue  # the code after a graph break: its compiles are the break's (graph_breaks_found)
         by_function[(c.function or c.compile_id.split("/")[0], c.where, c.recompile)].append(c)
     for (function, where, recompile), cs in by_function.items():
-        ms = sum(c.ms for c in cs) / s.calls
+        ms = sum(c.ms for c in cs) / s.calls * s.compiled.pace  # at the unprofiled pace
         at = f"{function} ({where})" if where else function
         reason = next((c.reason for c in cs if c.reason), "")
         every = len({c.compile_id for c in cs}) >= s.calls  # a lazily compiled backward shares its id

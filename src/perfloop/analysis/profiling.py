@@ -381,7 +381,10 @@ class Profile:
         starts = [g[0] for g in graph_calls(self.events())]
         if not made and not any(a <= g <= b for a, b, _ in ran for g in starts):
             return None
-        return CompiledCode(made, self.graph_breaks(), len(ran) / self.calls)
+        pace = 1.0
+        if self.profiled_wall_ms_per_call:
+            pace = min(1.0, self.wall_ms_per_call / self.profiled_wall_ms_per_call)
+        return CompiledCode(made, self.graph_breaks(), len(ran) / self.calls, pace)
 
     def to_dict(self) -> dict:
         return {

@@ -538,9 +538,13 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
     counted = (
         counting.counted(w.counted_prof, w.counter.records, w.on_cuda, w.trees) if w.counted_prof else None
     )
-    compiled = set(w.compiled)  # the pace of steps that compiled is not the step's
-    periods = sorted(
-        w.enters[k + 1] - w.enters[k] for k in w.enters if k + 1 in w.enters and k not in compiled
+    compiled = set(w.compiled)  # the pace of steps that compiled is not the step's ...
+    profiled = range(w.first_timed, w.first_timed + w.steps)
+    recompiling = bool(w.range_name and w.first_timed) and all(n in compiled for n in profiled)
+    periods = sorted(  # ... unless every profiled step compiled too: then the later skipped ones' is
+        w.enters[k + 1] - w.enters[k]
+        for k in w.enters
+        if k + 1 in w.enters and (k in compiled and k > 1 if recompiling else k not in compiled)
     )
     say_compiled(w)
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
