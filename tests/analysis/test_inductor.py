@@ -187,6 +187,22 @@ def test_a_launch_inductor_kept_no_source_for_takes_the_module_of_its_placed_nei
     assert sites[1].line.endswith("by its neighbours")
 
 
+def test_a_graphs_unsourced_first_launch_takes_the_module_of_the_first_placed_one_after_it():
+    """run29 call5: the one kernel left unplaced (1.7% of a compiled GPT-2 step) was the first of
+    the backward graph, before any placed launch: it takes the module of the first placed one
+    after it, as the last unsourced ones take the module before them."""
+    tree = inductor.ModuleTree(Net(), "Net")
+    loop = _frame(Net, "x = block(x)", "block(x)")
+    fc = inductor.Launch("extern:mm", (loop + _frame(MLP, "self.proj(", "self.fc(h)"),))
+    first = _Event("triton_per_fused_native_layer_norm_backward_0", 1)
+    last = _Event("triton_poi_fused_add_3", 3)
+    call = _Event(inductor.GRAPH_CALL + " f ##", 0, [first, _Event("aten::mm", 2), last])
+    placed = inductor.placements([call], [(fc,)], [tree])
+    sites = [placed.get(id(u)) for u in call.cpu_children]
+    assert [s.module for s in sites] == ["blocks.*.fc"] * 3
+    assert sites[0].line.endswith("by its neighbour") and sites[2].line.endswith("by its neighbour")
+
+
 def test_a_graphs_record_holding_another_models_launches_first_is_read_for_this_models_own():
     """torch adds a lazily compiled backward's launches to what it kept of the one before: the
     record of this model's graph starts with another model's launches, of the same names."""

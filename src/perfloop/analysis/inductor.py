@@ -248,7 +248,8 @@ def placements(events, graphs: list[tuple[Launch, ...]], trees: list[ModuleTree]
     graph is read with only the launches whose traces lie in these models (a lazily compiled
     backward's record can hold an earlier graph's launches too: torch keeps adding to it). A
     launch Inductor recorded no source for (a mix-order reduction's kernel, the aten ops that
-    finish it) between two placed ones of one module gets that module, its line marked so."""
+    finish it) between two placed ones of one module gets that module, one before the graph's
+    first placed launch or after its last that launch's module, its line marked so."""
     if not graphs or not trees:
         return {}
     sites = {launch: site(launch, trees) for g in graphs for launch in g}
@@ -273,7 +274,8 @@ def placements(events, graphs: list[tuple[Launch, ...]], trees: list[ModuleTree]
 
 
 def _between(placed_at: list) -> list:
-    """Each unplaced launch between two placed ones: their common module."""
+    """Each unplaced launch between two placed ones: their common module; before the first
+    placed one of the graph, or after the last, that one's module."""
     out = list(placed_at)
     for i, at in enumerate(placed_at):
         if at is not None:
@@ -282,6 +284,9 @@ def _between(placed_at: list) -> list:
         after = next((a for a in placed_at[i + 1 :] if a is not None), None)
         if before is not None and after is not None and _pattern([before.module, after.module]):
             out[i] = Site(_pattern([before.module, after.module]), f"{before.line}, by its neighbours")
+        elif (before is None) != (after is None):  # at the graph's start or end: its one neighbour
+            one = before or after
+            out[i] = Site(one.module, f"{one.line}, by its neighbour")
     return out
 
 
