@@ -378,7 +378,9 @@ class Profile:
         from perfloop.analysis.compilation import CompiledCode, graph_calls
 
         ran, made = self.compiled_regions(), self.compiles()
-        starts = [g[0] for g in graph_calls(self.events())]
+        events = self.events()  # a compiled graph's call, or AOTAutograd's function around one
+        starts = [g[0] for g in graph_calls(events)]
+        starts += [e.time_range.start for e in events if e.name.startswith("CompiledFunction")]
         if not made and not any(a <= g <= b for a, b, _ in ran for g in starts):
             return None
         pace = 1.0
