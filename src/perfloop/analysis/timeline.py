@@ -344,12 +344,20 @@ def _break_savings(breaks: dict, between, spans, device_intervals, launched_at, 
         return {}
     out = {}
     for where, frames in breaks.items():
-        mine = [(a, b) for a, b, nxt, *prev in between
-                if nxt.split("/")[0] in frames or (prev and prev[0].split("/")[0] in frames)]  # fmt: skip
+        mine = [
+            (a, b)
+            for a, b, nxt, *prev in between
+            if _frame(nxt) in frames or (prev and _frame(prev[0]) in frames)
+        ]
         if spans:
             mine = _clip(mine, spans)
         out[where] = without(device_intervals, launched_at, mine, end) / 1e3 if mine else 0.0
     return out
+
+
+def _frame(compile_id: str) -> str:
+    """The frame of a compile id `F/A`."""
+    return compile_id.split("/")[0]
 
 
 def _sync_saving(syncs, spans, device_intervals, launched_at, end) -> float:
