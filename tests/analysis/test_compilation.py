@@ -119,3 +119,30 @@ def test_in_compiled_code_a_graph_break_goes_before_the_cuda_graphs_finding_it_b
     assert "largest first (what blocks CUDA graphs before them)" in str(d)
     eager = rank([], None, None, None, idle, {}, 1, 8.5, compiled=None)
     assert [f.kind for f in eager.findings] == ["launch"]
+
+
+def test_the_backward_graphs_stretches_are_the_forwards_mirrored():
+    """A break splits the forward into graphs G1 G2 G3 (regions 1/0, 2/0, 1/0) and so the backward
+    into B3 B2 B1, with the eager autograd nodes of the break's code between them (run31: launch
+    gaps there went uncharged to the break). Each backward stretch is named as the forward stretch
+    it mirrors: between B3 and B2 as between G2 and G3."""
+    from perfloop.analysis.compilation import between_graphs
+
+    graphs = [(0, 10), (20, 30), (40, 50), (100, 110), (130, 140), (170, 180)]  # G1 G2 G3 B3 B2 B1
+    regions = [(0, 12, "1/0"), (18, 32, "2/0"), (38, 52, "1/0")]
+    got = between_graphs(graphs, regions, [(0, 200)])
+    assert got == [
+        (10, 20, "2/0", "1/0"),  # G1 -> G2
+        (30, 40, "1/0", "2/0"),  # G2 -> G3
+        (110, 130, "1/0", "2/0"),  # B3 -> B2, as G2 -> G3
+        (140, 170, "2/0", "1/0"),  # B2 -> B1, as G1 -> G2
+    ]
+    # a backward whose graphs do not pair with the forward's is left out
+    assert between_graphs(graphs[:5], regions, [(0, 200)]) == got[:2]
+    # two micro-batches in one step: each backward mirrors its own forward, and the stretch from
+    # one backward to the next forward (the next batch's data, the loss) is no graph break's
+    twice = graphs[:3] + [(60, 70), (75, 80), (85, 90)] + [(g0 + 200, g1 + 200) for g0, g1 in graphs]
+    regions2 = regions + [(r0 + 200, r1 + 200, rid) for r0, r1, rid in regions]
+    got2 = between_graphs(twice, regions2, [(0, 400)])
+    want = [(10, 20), (30, 40), (70, 75), (80, 85), (210, 220), (230, 240), (310, 330), (340, 370)]
+    assert [(s, e) for s, e, *_ in got2] == want

@@ -182,6 +182,35 @@ def graph_calls(events) -> list[tuple[float, float]]:
     )
 
 
+def between_graphs(graphs: list, ran: list, spans: list) -> list[tuple[float, float, str, str]]:
+    """The host's stretches between two compiled graphs' calls in one span (call or step), each
+    with the compile ids of the regions running the next graph and the last one. A graph called
+    in no region is a backward (its autograd node runs it); a run of backward graphs replays the
+    run of forward ones before it in reverse, so the stretch between two of them takes the ids of
+    the forward stretch it mirrors (where the two runs pair up)."""
+    out = []
+    for a, b in spans:
+        runs: list = []  # [forward?, [(graph, region id)]], in time order
+        for g in (g for g in graphs if a <= g[0] <= b):
+            around = [r for r in ran if r[0] <= g[0] <= r[1]]
+            rid = around[-1][2] if around else None
+            if runs and runs[-1][0] == (rid is not None):
+                runs[-1][1].append((g, rid))
+            else:
+                runs.append([rid is not None, [(g, rid)]])
+        named: list = []
+        for forward, run in runs:
+            pairs = list(zip(run, run[1:], strict=False))
+            if forward:
+                named = [(x[1], y[0], nxt, prev) for (x, prev), (y, nxt) in pairs]
+                out += [st for st in named if st[1] > st[0]]
+            elif len(pairs) == len(named):
+                for ((x, _), (y, _)), f in zip(pairs, reversed(named), strict=True):
+                    if y[0] > x[1]:
+                        out.append((x[1], y[0], f[2], f[3]))
+    return out
+
+
 def live_metrics() -> list:
     """Dynamo's compilation metrics in this process ([] where torch keeps none)."""
     try:

@@ -157,22 +157,13 @@ class Profile:
         return [b for b in found if b.regions]
 
     def _between_regions(self) -> list[tuple[float, float, str, str]]:
-        """The host's stretches between two compiled graphs run in one call or step, each with
-        the compile ids of the regions (the innermost) that run the next graph and the last one."""
-        from perfloop.analysis.compilation import graph_calls
+        """The host's stretches between two compiled graphs run in one call or step
+        (compilation.between_graphs: forward, and backward as the forward's mirrored)."""
+        from perfloop.analysis.compilation import between_graphs, graph_calls
 
         ran = sorted(self.compiled_regions(), key=lambda r: (r[0], -r[1]))
-        graphs = graph_calls(self.events())
         spans = self._spans() or [(float("-inf"), float("inf"))]
-        out = []
-        for a, b in spans:
-            inner = [g for g in graphs if a <= g[0] <= b]
-            for x, y in zip(inner, inner[1:], strict=False):
-                around = [r for r in ran if r[0] <= y[0] <= r[1]]
-                before = [r for r in ran if r[0] <= x[0] <= r[1]]
-                if y[0] > x[1] and around:
-                    out.append((x[1], y[0], around[-1][2], before[-1][2] if before else ""))
-        return out
+        return between_graphs(graph_calls(self.events()), ran, spans)
 
     def events(self) -> list:
         """The profiler's events (torch's, or a trace file's read as such)."""
