@@ -181,14 +181,14 @@ def main() -> None:
     with open(path, "w") as f:
         f.write(textwrap.dedent(SCRIPT))
     rows = []
+    os.makedirs(a.out, exist_ok=True)
     for name in CASES:
         if a.only and not any(part in name for part in a.only.split("|")):
             continue
         rows.append(case(name, path, a.small))
         print(json.dumps(rows[-1], default=str), flush=True)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "compile_causes.json"), "w") as f:
-        json.dump({"device": env_fingerprint(), "rows": rows}, f, indent=1, default=str)
+        with open(os.path.join(a.out, "compile_causes.json"), "w") as f:  # each case kept as it ends
+            json.dump({"device": env_fingerprint(), "rows": rows}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
