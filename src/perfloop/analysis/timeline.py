@@ -469,7 +469,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
             after[last_sync] += ms
         by_cause[cause] += ms
         if cause == LAUNCH and graphs is not None:
-            in_graphs += graphs.overlap(s, e) / 1e3
+            in_graphs += min(ms, graphs.overlap(s, e) / 1e3)
         # a named range's stretches: where its samples were, all along the range
         at = (inside[-1][1], inside[-1][2]) if inside and cause == inside[-1][0] else (s, e)
         place = _place(*at, samples)
