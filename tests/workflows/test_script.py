@@ -125,3 +125,24 @@ def test_the_report_page_shows_the_roofline_modules_and_opportunities(script, tm
     (tmp_path / "file").write_text("")
     bad = ["profile", "--report", str(tmp_path / "file" / "x"), "--script", str(script), "4"]
     assert main(bad) == 2 and "--report: cannot write" in capsys.readouterr().err
+
+
+def test_the_cli_runs_a_script_in_the_environment_it_was_given(tmp_path, monkeypatch):
+    """On a CPU the CLI sets TRITON_INTERPRET=1 for perfloop's own kernels; a profiled script must
+    not inherit it: a model patched with perfloop's fused ops then ran them in Triton's
+    interpreter, its 8 ms step profiled at 5.19 s (found trying a patched minGPT in script mode)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    seen = tmp_path / "seen.txt"
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "open(sys.argv[1], 'w').write(os.environ.get('TRITON_INTERPRET', 'unset'))\n"
+        "m = torch.nn.Linear(8, 8)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n"
+        "    m(torch.randn(4, 8)).sum().backward()\n"
+        "    opt.step()\n"
+    )
+    assert main(["profile", "--db", str(tmp_path / "r.db"), "--skip", "1", "--steps", "1", "--script",
+                 str(script), str(seen)]) == 0  # fmt: skip
+    assert seen.read_text() == "unset"

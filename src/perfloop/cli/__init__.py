@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = getattr(args, "budget", 1.0)
     if not (math.isfinite(budget) and budget > 0):
         ap.error(f"--budget: must be a finite number of seconds > 0, got {budget}")
-    _prepare_triton()
+    if not (getattr(args, "script", None) or getattr(args, "trace_file", None)):
+        _prepare_triton()  # perfloop's own kernels; a user's script runs in the environment it was given
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("default")
