@@ -146,3 +146,16 @@ def test_the_cli_runs_a_script_in_the_environment_it_was_given(tmp_path, monkeyp
     assert main(["profile", "--db", str(tmp_path / "r.db"), "--skip", "1", "--steps", "1", "--script",
                  str(script), str(seen)]) == 0  # fmt: skip
     assert seen.read_text() == "unset"
+
+
+def test_only_the_verbs_that_run_perfloops_kernels_set_triton_interpret():
+    """bisect runs the user's command and `profile --script` the user's script: neither gets the
+    interpreter switch perfloop's own kernels need on a CPU."""
+    from types import SimpleNamespace as A
+
+    from perfloop.cli import runs_own_kernels
+
+    assert runs_own_kernels(A(verb="check")) and runs_own_kernels(A(verb="profile", script=None))
+    assert not runs_own_kernels(A(verb="profile", script="train.py"))
+    assert not runs_own_kernels(A(verb="profile", script=None, trace_file="t.json"))
+    assert not runs_own_kernels(A(verb="bisect")) and not runs_own_kernels(A(verb="history"))

@@ -31,6 +31,18 @@ def _prepare_triton() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+KERNEL_VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "demo", "experiment")
+
+
+def runs_own_kernels(args) -> bool:
+    """Whether the command runs perfloop's Triton kernels (on a CPU: in Triton's interpreter, set
+    for it); a user's script (`profile --script`) or command (`bisect`) runs in the environment
+    it was given."""
+    return args.verb in KERNEL_VERBS and not (
+        getattr(args, "script", None) or getattr(args, "trace_file", None)
+    )
+
+
 def _say_warnings(seen: list) -> None:
     """Warnings raised during the command, each once, as notes on stderr; a library's own
     deprecation notices (torch's about its internals, Triton's), which the user cannot act on,
@@ -138,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = getattr(args, "budget", 1.0)
     if not (math.isfinite(budget) and budget > 0):
         ap.error(f"--budget: must be a finite number of seconds > 0, got {budget}")
-    if not (getattr(args, "script", None) or getattr(args, "trace_file", None)):
-        _prepare_triton()  # perfloop's own kernels; a user's script runs in the environment it was given
+    if runs_own_kernels(args):
+        _prepare_triton()
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("default")
