@@ -226,3 +226,18 @@ def torch_dynamo_reset():
 def _line_no(tmp_path, text: str) -> int:
     lines = (tmp_path / "train.py").read_text().splitlines()
     return next(i for i, x in enumerate(lines, 1) if text in x)
+
+
+def test_on_a_cpu_a_compiled_scripts_kernels_are_ops_not_host_work(tmp_path):
+    """On a CPU Inductor's kernels are C++ functions the profiler does not see unless asked
+    (cpp.enable_kernel_profile): their time read as "host work outside torch" at the generated
+    file's `call` line. Compiled under the window's switches, they are rows like any op."""
+    import torch
+
+    torch._dynamo.reset()
+    out = tmp_path / "seen.json"
+    p = profile_script(_script(tmp_path, steps=6), [str(out)], skip=2, steps=2)
+    rows = [r.name for r in p.breakdown(by="op")]
+    assert any(r.startswith("(compiled) cpp_") for r in rows), rows
+    d = p.diagnose(ceilings={"copy_gbps": 20.0, "matmul_fp32_tflops": 0.5})
+    assert not any(".py:" in f.where and "(call)" in f.where for f in d.findings if f.kind == "host"), str(d)

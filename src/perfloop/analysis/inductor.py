@@ -50,15 +50,19 @@ def kernel_name(event_name: str) -> str | None:
 @contextlib.contextmanager
 def tracking_sources():
     """Within: Inductor records, for every graph it compiles, the source of each kernel it
-    generates (its provenance tracking; the kernels are the same)."""
+    generates (its provenance tracking; the kernels are the same), and its C++ kernels (a
+    CPU's) show in the profiler as the ops they are, not as host time between ops."""
     import torch._inductor.config as inductor_config
 
     trace, before = inductor_config.trace, inductor_config.trace.provenance_tracking_level
+    cpp, profiled = inductor_config.cpp, inductor_config.cpp.enable_kernel_profile
     trace.provenance_tracking_level = before or 1
+    cpp.enable_kernel_profile = True
     try:
         yield
     finally:
         trace.provenance_tracking_level = before
+        cpp.enable_kernel_profile = profiled
 
 
 @functools.cache
