@@ -210,3 +210,17 @@ def test_a_model_already_on_sdpa_is_not_told_to_use_sdpa():
     assert rows, str(d)
     assert all("F.scaled_dot_product_attention with a flash backend" not in o.advice for o in rows), str(d)
     assert "another backend" in rows[0].advice
+
+
+def test_a_norm_the_patch_reaches_is_a_layer_or_rms_norm_not_any_op_named_norm():
+    """minGPT's trainer clips gradients (aten::_foreach_norm): its row was said to be "where:
+    LayerNorm module: pl.patch swaps it" (found running examples/mingpt_train.py in script mode)."""
+    from perfloop.analysis.patterns import chain_kind
+
+    for op in ("aten::_foreach_norm", "aten::linalg_vector_norm", "aten::norm", "aten::group_norm",
+               "aten::native_batch_norm"):  # fmt: skip
+        assert chain_kind([op]) is None, op
+    for op in ("aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::layer_norm",
+               "aten::rms_norm", "aten::_fused_rms_norm", "aten::rsqrt", "aten::var_mean"):  # fmt: skip
+        assert chain_kind([op]) == "normalization", op
+    assert chain_kind(["pow", "mean", "add", "rsqrt", "mul"]) == "normalization"

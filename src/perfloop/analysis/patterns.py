@@ -181,9 +181,11 @@ def chain_kind(ops: list[str]) -> str | None:
     of the rotated pairs or the negated half it concatenates)."""
     if any("nll_loss" in o or "log_softmax" in o for o in ops):
         return "cross_entropy"
-    if any("norm" in o or o in ("var", "var_mean", "rsqrt") for o in ops):
-        return "normalization"
     names = {o.removeprefix("aten::") for o in ops}
+    if any(
+        n.removeprefix("native_").startswith(("layer_norm", "rms_norm", "_fused_rms_norm")) for n in names
+    ) or (names & {"var", "var_mean", "rsqrt"}):
+        return "normalization"
     if names & {"tanh", "erf", "tanh_backward", "gelu", "gelu_backward"}:
         return "gelu"
     if "stack" in names or {"cat", "neg"} <= names or "view_as_complex" in names:
