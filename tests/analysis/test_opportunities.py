@@ -224,3 +224,7 @@ def test_a_norm_the_patch_reaches_is_a_layer_or_rms_norm_not_any_op_named_norm()
                "aten::rms_norm", "aten::_fused_rms_norm", "aten::rsqrt", "aten::var_mean"):  # fmt: skip
         assert chain_kind([op]) == "normalization", op
     assert chain_kind(["pow", "mean", "add", "rsqrt", "mul"]) == "normalization"
+    # the loss's forward row (its backward rows were named already)
+    assert (
+        chain_kind(["aten::cross_entropy_loss"]) == chain_kind(["aten::nll_loss_backward"]) == "cross_entropy"
+    )

@@ -179,7 +179,7 @@ def chain_kind(ops: list[str]) -> str | None:
     """What a run of ops computes, where it is one of the kinds pl.patch knows: by the ops
     only that kind makes (a loss's log_softmax, a norm's rsqrt, GELU's tanh or erf, RoPE's stack
     of the rotated pairs or the negated half it concatenates)."""
-    if any("nll_loss" in o or "log_softmax" in o for o in ops):
+    if any("nll_loss" in o or "log_softmax" in o or "cross_entropy" in o for o in ops):
         return "cross_entropy"
     names = {o.removeprefix("aten::") for o in ops}
     if any(
