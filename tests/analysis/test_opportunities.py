@@ -228,3 +228,26 @@ def test_a_norm_the_patch_reaches_is_a_layer_or_rms_norm_not_any_op_named_norm()
     assert (
         chain_kind(["aten::cross_entropy_loss"]) == chain_kind(["aten::nll_loss_backward"]) == "cross_entropy"
     )
+
+
+def test_a_backward_chain_is_the_kind_of_its_modules_forward_chain():
+    """llama2.c's RoPE backward (mul, neg, add, slice_backward, ...) and its RMSNorm's (pow, sum,
+    div, ...) name no op only that kind makes; they are the backward of the one chain their
+    module ran forward, and are told its fix (found profiling a Llama-style training script)."""
+    import torch
+    from tests.helpers import example
+
+    llama = example("llama_model")
+    torch.manual_seed(0)
+    args = llama.ModelArgs(dim=64, n_layers=2, n_heads=4, vocab_size=256, multiple_of=32, max_seq_len=64)
+    model = llama.Transformer(args)
+    x, y = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
+
+    def step():
+        model(x, y)
+        model.last_loss.backward()
+
+    d = pl.profile(step, calls=2).diagnose(ceilings={"copy_gbps": 5.0, "matmul_fp32_tflops": 0.2})
+    fused = {(f.site.module, f.title.split("(")[1].split(",")[0].rstrip(")")): f.advice
+             for f in d.findings if f.kind == "fusion"}  # fmt: skip
+    assert "rotary" in fused.get(("layers.*.attention", "backward"), ""), fused

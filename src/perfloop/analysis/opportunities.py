@@ -33,6 +33,7 @@ from perfloop.analysis.patterns import (
     LAYOUT_OPS,
     chain_advice,
     chain_kind,
+    chain_kinds,
     chains,
     matches,
     ops_list,
@@ -228,7 +229,8 @@ def fusablechains(s: Step, attention: dict) -> None:
     a_ms: dict = defaultdict(float)
     for i in s.items:
         a_ms[(i.module, i.phase, i.op)] += i.ms / s.calls
-    for c in chains(s.records or [], s.b_items or [], a_ms):
+    found = chains(s.records or [], s.b_items or [], a_ms)
+    for c, kind in zip(found, chain_kinds(found), strict=True):
         if any(matches(c["module"], mods) for mods, _, _ in attention.values()):
             continue  # its ops are the written-out attention's
         ideal = s.at_copy_ms(c["ideal_bytes"])
@@ -267,7 +269,7 @@ def fusablechains(s: Step, attention: dict) -> None:
             f"{ops_list(c['ops'])}: {moved:.1f} MB moved where {needed:.1f} MB (its inputs and outputs) "
             f"would do, {passes:.1f}x; {fmt_ms(c['ms'])} -> ~{fmt_ms(ideal)} fused"
         )
-        site = where_called(c["module"], chain_kind(c["ops"]), s.sites)
+        site = where_called(c["module"], kind, s.sites)
         title = f"{len(c['ops'])} memory-bound ops in a row in {where}: fuse them"
         s.add(
             "fusion",
@@ -275,7 +277,7 @@ def fusablechains(s: Step, attention: dict) -> None:
             c["ms"] - ideal,
             Bound.MEMORY,
             evidence,
-            chain_advice(c["ops"]),
+            chain_advice(c["ops"], kind),
             site,
             Site(c["module"]),
             bytes=c["bytes"],

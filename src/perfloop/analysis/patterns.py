@@ -151,8 +151,8 @@ def merged(chains: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def chain_advice(ops: list[str]) -> str:
-    kind = chain_kind(ops)
+def chain_advice(ops: list[str], kind: str | None = None) -> str:
+    kind = kind or chain_kind(ops)
     if kind == "cross_entropy":
         return (
             "a fused cross-entropy: the loss from one read of the logits, their gradient from "
@@ -191,6 +191,22 @@ def chain_kind(ops: list[str]) -> str | None:
     if "stack" in names or {"cat", "neg"} <= names or "view_as_complex" in names:
         return "rope"
     return None
+
+
+def chain_kinds(found: list[dict]) -> list[str | None]:
+    """Each chain's kind (chain_kind); a backward chain that names none is the backward of the
+    chain its module ran forward, where that module ran one kind."""
+    forward: dict = {}
+    for c in found:
+        if c["phase"] == "forward" and (k := chain_kind(c["ops"])):
+            forward.setdefault(c["module"], set()).add(k)
+    out = []
+    for c in found:
+        k = chain_kind(c["ops"])
+        if k is None and c["phase"] == "backward" and len(forward.get(c["module"], ())) == 1:
+            k = next(iter(forward[c["module"]]))
+        out.append(k)
+    return out
 
 
 def where_called(pattern: str, kind: str | None, sites: dict | None) -> str:
