@@ -159,11 +159,18 @@ class Profile:
     def _between_regions(self) -> list[tuple[float, float, str, str]]:
         """The host's stretches between two compiled graphs run in one call or step
         (compilation.between_graphs: forward, and backward as the forward's mirrored)."""
-        from perfloop.analysis.compilation import between_graphs, graph_calls
+        from perfloop.analysis.compilation import between_graphs
 
         ran = sorted(self.compiled_regions(), key=lambda r: (r[0], -r[1]))
         spans = self._spans() or [(float("-inf"), float("inf"))]
-        return between_graphs(graph_calls(self.events()), ran, spans)
+        return between_graphs(self._graph_calls, ran, spans)
+
+    @functools.cached_property
+    def _graph_calls(self) -> list[tuple[float, float]]:
+        """(start, end) of each compiled graph's call (compilation.graph_calls), read once."""
+        from perfloop.analysis.compilation import graph_calls
+
+        return graph_calls(self.events())
 
     def events(self) -> list:
         """The profiler's events (torch's, or a trace file's read as such)."""
@@ -256,10 +263,8 @@ class Profile:
             each = [r for r in each if r is not None]
             r = min(each, key=lambda x: x.idle_ms).times(len(spans)) if each else None
         else:
-            from perfloop.analysis.compilation import graph_calls
-
             breaks = {b.where: set(b.frames) for b in self.graph_breaks()}
-            graphs = graph_calls(events)  # none recorded: the launch gaps are not split by them
+            graphs = self._graph_calls  # none recorded: the launch gaps are not split by them
             made = [(c.start_us, c.end_us) for c in self.compiles()]
             compiled = (made, self._between_regions(), breaks, *([graphs] if graphs else []))
             r = idle(
@@ -366,12 +371,11 @@ class Profile:
         """compilation.CompiledCode of the profiled calls, None where nothing ran compiled: a
         region that ran no compiled graph (pl.patch's rewritten forwards, captured by Dynamo and
         run eager; a backend that runs the graph as captured) is eager code."""
-        from perfloop.analysis.compilation import CompiledCode, graph_calls
+        from perfloop.analysis.compilation import CompiledCode
 
         ran, made = self.compiled_regions(), self.compiles()
-        events = self.events()  # a compiled graph's call, or AOTAutograd's function around one
-        starts = [g[0] for g in graph_calls(events)]
-        starts += [e.time_range.start for e in events if e.name.startswith("CompiledFunction")]
+        starts = [g[0] for g in self._graph_calls]  # a compiled graph's call, or AOTAutograd's function
+        starts += [e.time_range.start for e in self.events() if e.name.startswith("CompiledFunction")]
         if not made and not any(a <= g <= b for a, b, _ in ran for g in starts):
             return None
         pace = 1.0
