@@ -146,3 +146,44 @@ def test_the_backward_graphs_stretches_are_the_forwards_mirrored():
     got2 = between_graphs(twice, regions2, [(0, 400)])
     want = [(10, 20), (30, 40), (70, 75), (80, 85), (210, 220), (230, 240), (310, 330), (340, 370)]
     assert [(s, e) for s, e, *_ in got2] == want
+
+
+def test_a_profile_after_dynamo_reset_holds_none_of_the_compiles_before_it():
+    def first(x):
+        return x.sin() + 1
+
+    def second(x):
+        return x.cos() * 2
+
+    torch.compile(first, backend="eager")(torch.randn(3))
+    torch._dynamo.reset()  # a notebook's next model, or a benchmark's next case
+    f = torch.compile(second, backend="eager")
+    f(torch.randn(3))
+    p = pl.profile(f, torch.randn(3), calls=1, count_work=False)
+    names = [m.co_name for m in p.compile_metrics]
+    assert "second" in names and "first" not in names, names  # both were frame 0: ids collide
+
+
+def test_a_compiled_kernel_is_never_counted_as_an_autocast_cast():
+    """Inductor's kernels named `..._to_copy_gelu` are the model's GELU with its cast folded in;
+    bf16 parameters would not take them away."""
+    from perfloop.analysis import attribution as attr
+    from perfloop.analysis.inductor import COMPILED_OP
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 128))
+    cm, x = torch.compile(m), torch.randn(64, 128)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = cm(x).float().pow(2).mean()
+        loss.backward()
+
+    p = pl.profile(step, calls=2, warmup=2, count_work=False)
+    casts = [i for i in p.items() if attr.category(i.op or i.kernel) == "dtype cast/copy"]
+    folded = [i for i in casts if i.op.startswith(COMPILED_OP)]
+    assert folded, [i.op for i in p.items()]  # the compiled kernels the old rule counted
+    eager_ms = sum(i.ms for i in casts if i not in folded) / p.calls
+    found = [f for f in p.diagnose().findings if f.kind == "dtype cast"]
+    assert all(f.saves_ms <= eager_ms * 1.001 for f in found), (found, eager_ms)

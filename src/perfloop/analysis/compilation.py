@@ -212,13 +212,26 @@ def between_graphs(graphs: list, ran: list, spans: list) -> list[tuple[float, fl
 
 
 def live_metrics() -> list:
-    """Dynamo's compilation metrics in this process ([] where torch keeps none)."""
+    """Dynamo's compilation metrics since its last reset ([] where torch keeps none): torch keeps
+    them across `torch._dynamo.reset()`, which numbers frames from 0 again, so a frame's compile
+    id seen twice starts the metrics of the code compiled after that reset (a lazily compiled
+    backward shares its forward's id, without a function: not counted)."""
     try:
         from torch._dynamo.utils import get_compilation_metrics
 
-        return list(get_compilation_metrics())
+        metrics = list(get_compilation_metrics())
     except (ImportError, AttributeError):
         return []
+    seen: set = set()
+    start = 0
+    for i, m in enumerate(metrics):
+        key = getattr(m, "compile_id", None)
+        if key is None or getattr(m, "co_name", None) is None:
+            continue
+        if key in seen:
+            seen, start = set(), i
+        seen.add(key)
+    return metrics[start:]
 
 
 def live_break_reasons() -> list[str]:

@@ -28,6 +28,7 @@ from perfloop.analysis.compiled_found import (
     graph_breaks_found,
 )
 from perfloop.analysis.findings import Diagnosis, Evidence, Finding, Kind, Site, count_words
+from perfloop.analysis.inductor import COMPILED_OP
 from perfloop.analysis.patterns import (
     ADVICE,
     LAYOUT_OPS,
@@ -374,19 +375,21 @@ def optimizer_step(s: Step) -> float:
 
 def op_rows(s: Step, kept: list):
     """Each op (and phase) against its roofline: fp32 matmuls with TF32 off, ops below their
-    ceiling, and the dtype casts together. Returns the heaviest row."""
+    ceiling, and the casts autocast inserts together (an Inductor kernel named for a cast is a
+    fused kernel with the cast folded in: a row like any other). Returns the heaviest row."""
     casts, top_row = 0.0, None
     sites = _row_sites(kept)
     for row in attr.group(kept, "op/phase", work=s.work, ceilings=s.ceilings, l2_bytes=s.l2_bytes):
         cat = attr.category(row.name.rsplit(" (", 1)[0])
         if top_row is None or row.device_ms > top_row.device_ms:
             top_row = row
-        if cat == "dtype cast/copy":
+        if cat == "dtype cast/copy" and not row.name.startswith(COMPILED_OP):
             casts += row.device_ms / s.calls
         elif not _tf32_off(s, row, cat, sites.get(row.name)):
             _below_ceiling(s, row, cat, sites.get(row.name))
     if casts:
-        n = sum(1 for i in kept if attr.category(i.op or i.kernel) == "dtype cast/copy") // s.calls
+        eager = [i for i in kept if not i.op.startswith(COMPILED_OP)]
+        n = sum(1 for i in eager if attr.category(i.op or i.kernel) == "dtype cast/copy") // s.calls
         s.add(
             "dtype cast",
             f"dtype casts and copies: {n} per call",
