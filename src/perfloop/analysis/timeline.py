@@ -6,16 +6,16 @@ The causes, first match wins: a synchronizing call (.item(), a copy to the host,
 synchronize); a pageable host-to-device copy; the caching allocator asking the driver for memory
 (cudaMalloc, cudaFree); data loading (a DataLoader's iterator); the optimizer's host loop (inside
 optimizer.step()); host work outside torch (no op running for 100 us or more: Python, NumPy,
-logging); before the first kernel; the stretches after a synchronizing call while the host, behind
-the emptied queue, launches each kernel only after the last one ended (charged to that call;
-and every launch gap, where the host's own time is less than the device's: without the syncs it
-would run ahead); and host launch overhead (the host issuing ops slower than the device runs
-them). A stretch that a synchronizing call ends is the call's only from when the call began:
-before it the host was doing other work (the NumPy whose result the copy moves), judged by the
-rules above. A synchronizing op's own host time (a boolean-mask index's nonzero, its allocation
-and copy) is the sync's as well, up to the idle time: the launch gaps behind the emptied queue
-that removing the op would close. On a CPU the same question is asked of the time between the
-step's ops.
+logging; not a compiled graph's call, whose Python launches its kernels); before the first kernel;
+the stretches after a synchronizing call while the host, behind the emptied queue, launches each
+kernel only after the last one ended (charged to that call; and every launch gap, where the host's
+own time is less than the device's: without the syncs it would run ahead); and host launch overhead
+(the host issuing ops slower than the device runs them). A stretch that a synchronizing call ends is
+the call's only from when the call began: before it the host was doing other work (the NumPy whose
+result the copy moves), judged by the rules above. A synchronizing op's own host time (a
+boolean-mask index's nonzero, its allocation and copy) is the sync's as well, up to the idle time:
+the launch gaps behind the emptied queue that removing the op would close. On a CPU the same
+question is asked of the time between the step's ops.
 """
 
 from __future__ import annotations
@@ -381,6 +381,7 @@ class _Host:
     ops: Intervals
     compiling: Intervals
     between: Intervals
+    graph_calls: Intervals  # the host's calls of compiled graphs: their Python is their launching
     samples: Points
     before_first: object
     pageable: bool
@@ -404,7 +405,11 @@ class _Host:
             cause = ALLOCATOR
         elif inside:
             cause = inside[-1][0]
-        elif e - s >= OUTSIDE_US and self.ops.overlap(s, e) < half and not _in_torch(s, e, self.samples):
+        elif (
+            e - s >= OUTSIDE_US
+            and self.ops.overlap(s, e) + self.graph_calls.overlap(s, e) < half
+            and not _in_torch(s, e, self.samples)
+        ):
             cause = OUTSIDE
         elif self.before_first(s, e):
             cause = FIRST
@@ -443,7 +448,8 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     host = _Host(Intervals(syncs), Intervals(_runtime(cpu, ("cudaMemcpy",)) if pageable else []),
                  Intervals(_runtime(cpu, ALLOC_APIS)), Intervals(_ranges(cpu)),
                  Intervals([(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name]),
-                 Intervals([(a, b) for a, b in compiled[0]]), Intervals(compiled[1]), samples,
+                 Intervals([(a, b) for a, b in compiled[0]]), Intervals(compiled[1]),
+                 Intervals(list(compiled[3]) if len(compiled) > 3 else []), samples,
                  _before_first(device_intervals, spans), bool(pageable))  # fmt: skip
     holes = _split_at_syncs(holes, host.syncs)
     by_cause = dict.fromkeys(CAUSES, 0.0)
