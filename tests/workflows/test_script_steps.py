@@ -314,3 +314,30 @@ def test_a_gelu_or_rope_chain_says_where_pl_patch_reaches_it():
     said = where_called("layers.*.attention", chain_kind(rope_ops), plan(llama.Transformer(args)))
     assert said.startswith("rotary embedding written out (Attention.forward): pl.patch rewrites it"), said
     assert chain_kind(["mul", "add", "sigmoid"]) is None
+
+
+WARMING = """
+import sys, time
+import torch
+net = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+x = torch.randn(32, 64)
+for i in range(int(sys.argv[1])):
+    if i < 2:
+        time.sleep(0.1)  # the first steps are slow (a cold cache, clocks ramping up)
+    net(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_the_unprofiled_pace_is_the_steps_after_the_profile_where_the_script_runs_on(tmp_path):
+    """The pace the idle is scaled to was the skipped steps': early ones, slower than the steady
+    state (run32: 7.1 ms a step where the script's own steady steps took 5.6)."""
+    script = tmp_path / "warming.py"
+    script.write_text(WARMING)
+    p = profile_script(script, ["12"], skip=2, steps=2)
+    _clean()
+    assert p.calls == 2 and p.wall_ms_per_call < 50, p.wall_ms_per_call  # not the sleeping steps' 100
+    short = profile_script(script, ["5"], skip=2, steps=2)  # no step after the profile: the skipped ones'
+    assert short.wall_ms_per_call > 50

@@ -88,6 +88,7 @@ class _Window:
     timed_at: float = 0.0
     wall_ms: float = 0.0
     enters: dict = field(default_factory=dict)  # occurrence -> when it began, for the skipped ones
+    paced: dict = field(default_factory=dict)  # ... for those after the profile, where the script runs on
     auto_skip: bool = False  # skip more than `skip` while the occurrence before compiled (not user-given)
     compiling: bool = False  # Dynamo compiled since the current occurrence began
     compiled: list = field(default_factory=list)  # the occurrences (1-based) in which Dynamo compiled
@@ -164,6 +165,8 @@ class _Window:
         n = self.seen[name]
         if self.state == "before":
             self.enters[n] = time.perf_counter()
+        elif self.state == "done":
+            self.paced[n] = time.perf_counter()
         # wait past a step that compiled, unless the compiles recur (every step recompiles: that
         # is the steady state, and waiting would walk into Dynamo's recompile limit)
         recurring = {n - 1, n - 2} <= set(self.compiled) and n - 2 > 1
@@ -546,6 +549,9 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
         for k in w.enters
         if k + 1 in w.enters and (k in compiled and k > 1 if recompiling else k not in compiled)
     )
+    after = sorted(w.paced[k + 1] - w.paced[k] for k in w.paced if k + 1 in w.paced and k not in compiled)
+    if len(after) >= 2 and not recompiling:  # steady steps, where the early skipped ones may still warm up
+        periods = after
     say_compiled(w)
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
     if w.range_name and plain is None and len(w.enters) > 2:
