@@ -353,3 +353,24 @@ def test_a_long_stretch_inside_a_compiled_graphs_call_is_its_launching_not_host_
     assert r.by_cause[timeline.OUTSIDE] == pytest.approx(0.4)  # 300 -> 700: after the graph's call
     assert r.by_cause[timeline.LAUNCH] == pytest.approx(0.15)  # 100 -> 250: inside it
     assert r.launch_in_graphs_ms == pytest.approx(0.15)
+
+
+def test_a_break_whose_sync_is_the_steps_only_one_saves_all_the_idle_the_host_outruns():
+    """Without the break's sync the host, whose own time is less than the device's, runs ahead
+    across steps: every idle stretch closes, as for a removed sync (run32: the .item() break's
+    1.64 ms predicted against 3.75 realized, the step device-bound once fixed)."""
+    step = ev("step", 0, 1000)
+    item = ev("aten::_local_scalar_dense", 28, 402, step)
+    sync = ev("cudaStreamSynchronize", 30, 400, item)  # waits for the first kernel
+    kernels = [(10, 400), (430, 600), (610, 1000)]
+    launched = [5, 425, 605]
+    between = [(20, 420, "2/0", "1/0")]  # the eager code the break at train.py:36 makes, its sync inside
+    r = idle(
+        [step, item, sync], kernels, launched_at=launched, compiled=([], between, {"train.py:36": {"2"}})
+    )
+    # timeline.without alone: the later launches 400 us sooner, the device still busy to 960
+    assert r.break_saving_ms == {"train.py:36": pytest.approx(r.idle_ms)} and r.idle_ms == pytest.approx(0.05)
+    other = ev("cudaDeviceSynchronize", 602, 609, step)  # a second sync, not the break's: the host cannot
+    r = idle([step, item, sync, other], kernels, launched_at=launched,
+             compiled=([], between, {"train.py:36": {"2"}}))  # fmt: skip
+    assert r.break_saving_ms == {"train.py:36": pytest.approx(0.04)}

@@ -336,12 +336,19 @@ def _before_first(device_intervals, spans):
     return lambda s, e: e <= first or any(a <= s and e <= f for a, f in waits.meeting(s, e))
 
 
-def _break_savings(breaks: dict, between, spans, device_intervals, launched_at, end) -> dict:
+def _break_savings(breaks: dict, between, spans, device_intervals, launched_at, end, step) -> dict:
     """A graph break's line -> how much sooner the work would end (ms) without the host's
     stretches between graphs that its code makes: those before a region of the code resumed
-    after it, and those after one (up to the next graph)."""
+    after it, and those after one (up to the next graph). Where the syncs in them are all the
+    step's, and the host's own time without them is less than the device's, the host would
+    run ahead across steps and no idle would be left (`step`: syncs, wall and busy ms)."""
     if launched_at is None:
         return {}
+    syncs, wall_ms, busy_ms = step
+    waits = [(cs, ce) for cs, ce, *_ in syncs]
+    if spans:
+        waits = _clip(waits, spans)
+    waited = sum(e - s for s, e in waits)
     out = {}
     for where, frames in breaks.items():
         mine = [
@@ -352,6 +359,10 @@ def _break_savings(breaks: dict, between, spans, device_intervals, launched_at, 
         if spans:
             mine = _clip(mine, spans)
         out[where] = without(device_intervals, launched_at, mine, end) / 1e3 if mine else 0.0
+        theirs = sum(Intervals(mine).overlap(s, e) for s, e in waits)
+        if mine and waited and theirs >= 0.99 * waited:
+            host_ms = wall_ms - (sum(b - a for a, b in mine) + waited - theirs) / 1e3
+            out[where] = max(out[where], wall_ms - max(busy_ms, host_ms))
     return out
 
 
@@ -489,7 +500,8 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     waited = sum(ce - cs for cs, ce, *_ in syncs) / 1e3
     sync_saving = _sync_saving(syncs, spans, device_intervals, launched_at, end)
     breaks = compiled[2] if len(compiled) > 2 else {}
-    break_saving = _break_savings(breaks, compiled[1], spans, device_intervals, launched_at, end)
+    step = (syncs, wall, busy)
+    break_saving = _break_savings(breaks, compiled[1], spans, device_intervals, launched_at, end, step)
     calls = Counter(op for _, _, op, _ in syncs)
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
     ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
