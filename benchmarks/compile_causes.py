@@ -172,6 +172,7 @@ def case(name: str, path: str, small: bool, out: str) -> dict:
         "causes_above_5pct": [f"{f.kind}: {f.title}" for f in d.findings if f.share > 0.05],
         "advises_compile": [f.title for f in d.findings if "(torch.compile)" in f.advice],
         "compiles_in_steps": len(p.compiles()),
+        "syncs": [(op, n, ms) for op, n, ms, _ in (p.idle().syncs if p.idle() else [])],
     }
 
 
