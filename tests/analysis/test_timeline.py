@@ -374,3 +374,22 @@ def test_a_break_whose_sync_is_the_steps_only_one_saves_all_the_idle_the_host_ou
     r = idle([step, item, sync, other], kernels, launched_at=launched,
              compiled=([], between, {"train.py:36": {"2"}}))  # fmt: skip
     assert r.break_saving_ms == {"train.py:36": pytest.approx(0.04)}
+
+
+def test_the_windows_own_drains_before_the_first_launch_and_after_the_last_are_no_sync_of_the_step():
+    """perfloop synchronizes as its window closes (and a profiler may as it starts): a bare
+    cudaDeviceSynchronize there is not the user's. run32 told a compiled .item() step to remove
+    "a CPU sync (cudaDeviceSynchronize)" its script never called."""
+    step = ev("step", 0, 1000)
+    item = ev("aten::_local_scalar_dense", 28, 402, step)
+    sync = ev("cudaStreamSynchronize", 30, 400, item)
+    ours = [ev("cudaDeviceSynchronize", 0, 3, step), ev("cudaDeviceSynchronize", 700, 1000, step)]
+    kernels = [(10, 400), (430, 600), (610, 1000)]
+    launched = [5, 425, 605]
+    between = [(20, 420, "2/0", "1/0")]
+    r = idle(
+        [step, item, sync, *ours], kernels, launched_at=launched, compiled=([], between, {"t.py:36": {"2"}})
+    )
+    assert not r.syncs  # the idle is the break's (and the wait for the first kernel)
+    assert r.waited_ms == pytest.approx(0.37)  # the .item()'s wait alone
+    assert r.break_saving_ms == {"t.py:36": pytest.approx(r.idle_ms)}

@@ -189,6 +189,16 @@ def _sync_calls(events) -> list[tuple[float, float, str, object]]:
     return out
 
 
+def _own_drains_dropped(syncs, launched_at):
+    """The synchronizing calls less the window's own drains: a bare runtime call (no torch op
+    around it) before the first launch or after the last, where perfloop (and a profiler
+    starting) waits for the device."""
+    if not launched_at:
+        return syncs
+    first, last = min(launched_at), max(launched_at)
+    return [x for x in syncs if x[3] is not None or first < x[0] < last]
+
+
 def _split_at_syncs(holes, sync_index) -> list[tuple[float, float]]:
     """Each hole cut where a synchronizing call inside it began: before that, the host was not
     waiting."""
@@ -454,7 +464,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     if spans:
         start, end = spans[0][0], max(end, spans[-1][1])
         holes = _clip(gaps(device_intervals, start, end), spans)
-    syncs = _sync_calls(events)
+    syncs = _own_drains_dropped(_sync_calls(events), launched_at)
     samples = Points(samples or [])
     host = _Host(Intervals(syncs), Intervals(_runtime(cpu, ("cudaMemcpy",)) if pageable else []),
                  Intervals(_runtime(cpu, ALLOC_APIS)), Intervals(_ranges(cpu)),
