@@ -346,13 +346,15 @@ def _before_first(device_intervals, spans):
     return lambda s, e: e <= first or any(a <= s and e <= f for a, f in waits.meeting(s, e))
 
 
-def _break_savings(breaks: dict, between, spans, device_intervals, launched_at, end, step) -> dict:
+def _break_savings(compiled: tuple, spans, device_intervals, launched_at, end, step) -> dict:
     """A graph break's line -> how much sooner the work would end (ms) without the host's
     stretches between graphs that its code makes: those before a region of the code resumed
     after it, and those after one (up to the next graph). Where the syncs in them are all the
     step's, and the host's own time without them is less than the device's, the host would
-    run ahead across steps and no idle would be left (`step`: syncs, wall and busy ms)."""
-    if launched_at is None:
+    run ahead across steps and no idle would be left (`compiled`: idle's; `step`: syncs, wall
+    and busy ms)."""
+    breaks, between = compiled[2] if len(compiled) > 2 else {}, compiled[1]
+    if launched_at is None or not breaks:
         return {}
     syncs, wall_ms, busy_ms = step
     waits = [(cs, ce) for cs, ce, *_ in syncs]
@@ -478,7 +480,6 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     places: Counter = Counter()
     ended = {round(be, 3): behind for _, be, behind in _drained(device_intervals, launched_at)}
     sync_host, outer, sync_places = _sync_ops(syncs, samples, spans)
-    graphs = Intervals(list(compiled[3])) if len(compiled) > 3 else None
     in_graphs = 0.0
     last_sync = None  # the synchronizing op whose emptied queue the host is still behind
     last_break = None  # ... or the graph break (its place) whose eager code emptied it
@@ -495,8 +496,8 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
             last_sync = blocking[-1] if blocking else last_sync
             after[last_sync] += ms
         by_cause[cause] += ms
-        if cause == LAUNCH and graphs is not None:
-            in_graphs += min(ms, graphs.overlap(s, e) / 1e3)
+        if cause == LAUNCH:
+            in_graphs += min(ms, host.graph_calls.overlap(s, e) / 1e3)
         # a named range's stretches: where its samples were, all along the range
         at = (inside[-1][1], inside[-1][2]) if inside and cause == inside[-1][0] else (s, e)
         place = _place(*at, samples)
@@ -509,9 +510,7 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     busy = wall - sum((e - s) / 1e3 for s, e in holes)
     waited = sum(ce - cs for cs, ce, *_ in syncs) / 1e3
     sync_saving = _sync_saving(syncs, spans, device_intervals, launched_at, end)
-    breaks = compiled[2] if len(compiled) > 2 else {}
-    step = (syncs, wall, busy)
-    break_saving = _break_savings(breaks, compiled[1], spans, device_intervals, launched_at, end, step)
+    break_saving = _break_savings(compiled, spans, device_intervals, launched_at, end, (syncs, wall, busy))
     calls = Counter(op for _, _, op, _ in syncs)
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
     ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
@@ -519,5 +518,5 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
                sampled=bool(samples.samples), waited_ms=waited, sync_saving_ms=sync_saving,
                sync_host_ms=sync_host, outer=outer, sync_places=sync_places,
                break_saving_ms=break_saving,
-               launch_in_graphs_ms=None if graphs is None else in_graphs)  # fmt: skip
+               launch_in_graphs_ms=in_graphs if len(compiled) > 3 else None)  # fmt: skip
     return out.charged()
