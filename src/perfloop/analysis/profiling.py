@@ -25,11 +25,7 @@ from perfloop.analysis.compilation import live_break_reasons, live_metrics
 from perfloop.analysis.counting import counted_call
 from perfloop.analysis.inductor import module_trees, placed, tracking_sources, unplaced_note
 from perfloop.analysis.modules import module_ranges
-from perfloop.analysis.recording import (
-    peak_memory,
-    plain_wall_ms,
-    timed_calls,
-)
+from perfloop.analysis.recording import peak_memory, plain_wall_ms, timed_calls
 from perfloop.analysis.spans import Spans
 from perfloop.analysis.stacks import unsampled_launcher
 from perfloop.harness.ceilings import ceilings as measured_ceilings
