@@ -251,3 +251,17 @@ def test_a_backward_chain_is_the_kind_of_its_modules_forward_chain():
     fused = {(f.site.module, f.title.split("(")[1].split(",")[0].rstrip(")")): f.advice
              for f in d.findings if f.kind == "fusion"}  # fmt: skip
     assert "rotary" in fused.get(("layers.*.attention", "backward"), ""), fused
+
+
+def test_fp32_matmuls_with_tf32_off_are_one_finding_with_every_rows_saving():
+    """One switch fixes them all: run32's planted fp32 step was ranked by its backward mm alone
+    (19.8 ms), its forward addmm second (6.4 ms), against 27.0 ms realized by the one fix."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+    x = torch.randn(512, 256)
+    p = pl.profile(lambda: m(x).square().mean().backward(), calls=2)
+    d = p.diagnose(ceilings={"matmul_fp32_tflops": 0.05, "matmul_tf32_tflops": 5.0, "copy_gbps": 20.0})
+    [f] = [o for o in d.findings if o.kind == "precision"]
+    assert "(forward)" in f.evidence and "aten::mm (backward)" in f.evidence, str(d)
+    matmul_ms = sum(r.device_ms for r in p.breakdown("op") if r.name in ("aten::linear", "aten::mm")) / p.calls
+    assert 0.5 * matmul_ms < f.saves_ms <= matmul_ms, (f.saves_ms, matmul_ms)

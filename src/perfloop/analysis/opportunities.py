@@ -377,7 +377,7 @@ def op_rows(s: Step, kept: list):
     """Each op (and phase) against its roofline: fp32 matmuls with TF32 off, ops below their
     ceiling, and the casts autocast inserts together (an Inductor kernel named for a cast is a
     fused kernel with the cast folded in: a row like any other). Returns the heaviest row."""
-    casts, top_row = 0.0, None
+    casts, top_row, fp32 = 0.0, None, []
     sites = _row_sites(kept)
     for row in attr.group(kept, "op/phase", work=s.work, ceilings=s.ceilings, l2_bytes=s.l2_bytes):
         cat = attr.category(row.name.rsplit(" (", 1)[0])
@@ -385,8 +385,12 @@ def op_rows(s: Step, kept: list):
             top_row = row
         if cat == "dtype cast/copy" and not row.name.startswith(COMPILED_OP):
             casts += row.device_ms / s.calls
-        elif not _tf32_off(s, row, cat, sites.get(row.name)):
+        elif _tf32_off(s, row, cat):
+            fp32.append(row)
+        else:
             _below_ceiling(s, row, cat, sites.get(row.name))
+    if fp32:
+        _fp32_matmuls(s, fp32, sites)
     if casts:
         eager = [i for i in kept if not i.op.startswith(COMPILED_OP)]
         n = sum(1 for i in eager if attr.category(i.op or i.kernel) == "dtype cast/copy") // s.calls
@@ -416,30 +420,42 @@ def _row_sites(kept: list) -> dict:
     return out
 
 
-def _tf32_off(s: Step, row, cat: str, site: Site | None = None) -> bool:
-    """An fp32 matmul row where a TF32 or bf16 ceiling is much higher: said; True if it was."""
-    faster = max(
+def _faster_ceiling(s: Step) -> float:
+    return max(
         filter(None, [s.ceilings.get("matmul_tf32_tflops"), s.ceilings.get("matmul_bf16_tflops")]), default=0
     )
+
+
+def _tf32_off(s: Step, row, cat: str) -> bool:
+    """Whether a row is an fp32 matmul where a TF32 or bf16 ceiling is much higher."""
     fp32 = matmul_ceiling(s.ceilings, "fp32") or 0
-    if not (cat == "matmul" and row.dtype == "fp32" and row.flops and fp32 and faster > 1.5 * fp32):
-        return False
-    at = max(s.at_copy_ms(row.bytes), row.flops / (faster * 1e12) * 1e3) / s.calls
+    return bool(
+        cat == "matmul" and row.dtype == "fp32" and row.flops and fp32 and _faster_ceiling(s) > 1.5 * fp32
+    )
+
+
+def _fp32_matmuls(s: Step, rows: list, sites: dict) -> None:
+    """The fp32 matmul rows with TF32 off, as one finding: one switch fixes them all. Each saves
+    its time less its time at the faster ceiling (or at the copy rate, where that is longer)."""
+    faster = _faster_ceiling(s)
+    rows = sorted(rows, key=lambda r: -r.device_ms)
+    at = [max(s.at_copy_ms(r.bytes), r.flops / (faster * 1e12) * 1e3) for r in rows]
+    saves = sum(r.device_ms - t for r, t in zip(rows, at, strict=True)) / s.calls
+    each = "; ".join(f"{r.name}: {r.calls // s.calls} call(s), {r.tflops:.1f} TFLOP/s" for r in rows[:3])
+    site = sites.get(rows[0].name)
     s.add(
         "precision",
-        f"{row.name}: fp32 matmuls with TF32 off",
-        row.device_ms / s.calls - at,
+        f"{rows[0].name}{f' and {len(rows) - 1} more' if len(rows) > 1 else ''}: fp32 matmuls with TF32 off",
+        saves,
         Bound.PRECISION,
-        f"{count_words(row.calls // s.calls, 'call', 'calls')}, {row.tflops:.1f} TFLOP/s; the TF32 ceiling "
-        f"is {faster:.0f}",
+        f"{each}; the TF32 ceiling is {faster:.0f}",
         "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')), "
         "or bf16 autocast",
         str(site or ""),
         site,
-        tflops=row.tflops,
+        tflops=rows[0].tflops,
         tf32_ceiling_tflops=faster,
     )
-    return True
 
 
 def _below_ceiling(s: Step, row, cat: str, site: Site | None = None) -> None:
