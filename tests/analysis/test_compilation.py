@@ -187,3 +187,32 @@ def test_a_compiled_kernel_is_never_counted_as_an_autocast_cast():
     eager_ms = sum(i.ms for i in casts if i not in folded) / p.calls
     found = [f for f in p.diagnose().findings if f.kind == "dtype cast"]
     assert all(f.saves_ms <= eager_ms * 1.001 for f in found), (found, eager_ms)
+
+
+class _Warmup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.step = torch.nn.Linear(8, 8), 0
+
+    def forward(self, x):
+        return self.lin(x) * (1 + 1 / (1 + self.step))  # the line the guard reads
+
+
+def test_a_recompile_on_a_python_value_names_the_line_that_reads_it():
+    """Dynamo's guard quotes the user's line that read the value (its `User stack trace`): that
+    is where the fix goes, not the compiled call (run32: "where: train.py:62", the call)."""
+    torch._dynamo.reset()
+    m = _Warmup()
+    f = torch.compile(m, backend="eager")
+    steps = iter(range(100))
+
+    def step():
+        m.step = next(steps)
+        f(torch.randn(4, 8))
+
+    p = pl.profile(step, calls=1, count_work=False)
+    [found] = [o for o in p.diagnose(ceilings={"copy_gbps": 20.0}).findings if o.kind == "recompile"]
+    line = _Warmup.forward.__code__.co_firstlineno + 1
+    assert found.where == f"test_compilation.py:{line}", found
+    assert "(1 + 1 / (1 + self.step))" in found.evidence and "HINT" not in found.evidence, found.evidence
+    assert "allow_unspec_int_on_nn_module" in found.advice  # torch's own switch for a module's int

@@ -333,6 +333,21 @@ def _plain(name: str) -> str:
     return re.sub(r"[LG]\['([^']+)'\]", r"\1", name)
 
 
+def guard_source(reason: str) -> tuple[str, str] | None:
+    """(file:line, code) of the user's line a failed guard reads (the last frame of Dynamo's
+    `User stack trace`), None where it names none."""
+    frames = re.findall(r'File "(.+?)", line (\d+), in \S+\n\s*(.+)', reason)
+    if not frames:
+        return None
+    path, line, code = frames[-1]
+    return f"{os.path.basename(path)}:{line}", code.strip()
+
+
+def guard_text(reason: str) -> str:
+    """A failed guard's check alone, without its compile id, its quoted line and torch's hint."""
+    return re.sub(r"^\d+/\d+: ", "", reason.splitlines()[0].split("#")[0].strip())
+
+
 def recompile_fix(reason: str) -> str:
     if "size mismatch" in reason:
         return (
@@ -340,9 +355,11 @@ def recompile_fix(reason: str) -> str:
             "with dynamic=True, or pad the inputs to a few bucket lengths so a handful of graphs serve them"
         )
     if " == " in reason:
+        module_int = "integer attributes of the nn.Module" in reason
         return (
             "pass the changing Python number as a tensor (torch.tensor(v, device=...)), so it is an "
             "input to the graph, not a constant baked into it"
+            + (", or torch._dynamo.config.allow_unspec_int_on_nn_module = True" if module_int else "")
         )
     return "keep what the guard checks the same from call to call (TORCH_LOGS=recompiles shows each guard)"
 

@@ -9,7 +9,15 @@ from typing import Protocol
 
 from perfloop.analysis import timeline
 from perfloop.analysis.bound import Bound
-from perfloop.analysis.compilation import BREAK_FIX, RESUME, CompiledCode, recompile_fix, recompile_in_words
+from perfloop.analysis.compilation import (
+    BREAK_FIX,
+    RESUME,
+    CompiledCode,
+    guard_source,
+    guard_text,
+    recompile_fix,
+    recompile_in_words,
+)
 from perfloop.analysis.findings import Kind, Site, count_words
 from perfloop.harness.measurement import fmt_ms
 
@@ -109,9 +117,13 @@ def compilation_found(s: StepView) -> None:
         else:
             title = f"compilation inside the profiled steps: {at}"
             advice = "warm-up, not the step's cost: profile later steps (--skip N)"
+        read = guard_source(reason) if " == " in guard_text(reason) else None  # a value: fixed where read
         evidence = f"{len(cs)} compile(s) in {s.calls} call(s), {fmt_ms(ms)} per call" + (
-            f"; Dynamo's guard: {reason.splitlines()[0].strip()}" if reason else ""
+            f"; Dynamo's guard: `{guard_text(reason)}`" if reason else ""
         )
+        if read:
+            where = read[0]
+            evidence += f", read at {where}: `{read[1]}`"
         kind = "recompile" if recompile else "compile"
         s.add(kind, title, ms, Bound.HOST, evidence, advice, where, Site(line=where), compiles=len(cs))
 
