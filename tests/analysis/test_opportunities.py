@@ -263,5 +263,6 @@ def test_fp32_matmuls_with_tf32_off_are_one_finding_with_every_rows_saving():
     d = p.diagnose(ceilings={"matmul_fp32_tflops": 0.05, "matmul_tf32_tflops": 5.0, "copy_gbps": 20.0})
     [f] = [o for o in d.findings if o.kind == "precision"]
     assert "(forward)" in f.evidence and "aten::mm (backward)" in f.evidence, str(d)
-    matmul_ms = sum(r.device_ms for r in p.breakdown("op") if r.name in ("aten::linear", "aten::mm")) / p.calls
+    rows = [r for r in p.breakdown("op") if r.name in ("aten::linear", "aten::mm")]
+    matmul_ms = sum(r.device_ms for r in rows) / p.calls
     assert 0.5 * matmul_ms < f.saves_ms <= matmul_ms, (f.saves_ms, matmul_ms)
