@@ -66,6 +66,7 @@ class ScriptError(Exception):
             super().__init__(f"the script raised {type(original).__name__}: {original}")
 
 
+PACED = 20  # the occurrences after the profile timed for the unprofiled pace, at most
 MORE_SKIPS = 6  # by default, steps skipped beyond --skip while the one before compiled
 
 
@@ -165,7 +166,7 @@ class _Window:
         n = self.seen[name]
         if self.state == "before":
             self.enters[n] = time.perf_counter()
-        elif self.state == "done":
+        elif self.state == "done" and len(self.paced) < PACED:
             self.paced[n] = time.perf_counter()
         # wait past a step that compiled, unless the compiles recur (every step recompiles: that
         # is the steady state, and waiting would walk into Dynamo's recompile limit)
