@@ -4,11 +4,13 @@ use the autograd functions of the op library instead (less host time a call); bo
 same kernels through the same `forward_parts`/`backward_parts`.
 
 Which ops go into a compiled graph is `IN_GRAPH` (names of nn.functional's fused functions:
-"cross_entropy", "linear_cross_entropy", "layer_norm", "rms_norm"); as shipped, none: on the
-H200 the fused cross entropy in the graph ran GPT-2 small 0.995x and the Llama-style model 0.990x
-of torch.compile's own, the norms 0.95x and 0.75x (benchmarks/NOTES.md), so under torch.compile a
-patched model runs the graph Inductor makes of the model's own code. GELU and the gates never go
-in: they are elementwise, and Inductor fuses those into their neighbours.
+"cross_entropy", "linear_cross_entropy", "layer_norm", "rms_norm"). As shipped, the head
+(nn.LinearCrossEntropy, which a model uses by name) alone: it never holds the logits (a GPT-2
+loss in 0.29 GiB where compile's takes 1.63) at compile's time (1.02x, benchmarks/NOTES.md).
+The others stay out: on the H200 the fused cross entropy in the graph ran GPT-2 small 0.995x and
+the Llama-style model 0.990x of torch.compile's own, the norms 0.95x and 0.75x, so under
+torch.compile a patched model runs the graph Inductor makes of the model's own code. GELU and the
+gates never go in: they are elementwise, and Inductor fuses those into their neighbours.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from perfloop.ops.cross_entropy import triton_impl as _ce
 from perfloop.ops.layernorm import triton_impl as _norm
 from perfloop.ops.linear_cross_entropy import triton_impl as _lce
 
-IN_GRAPH: set[str] = set()  # which fused functions a compiled graph takes as perfloop's ops
+DEFAULT_IN_GRAPH = frozenset({"linear_cross_entropy"})
+IN_GRAPH: set[str] = set(DEFAULT_IN_GRAPH)  # which fused functions a compiled graph takes as perfloop's ops
 
 
 # ------------------------------------------------------------------ cross entropy
