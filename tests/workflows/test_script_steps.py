@@ -341,3 +341,12 @@ def test_the_unprofiled_pace_is_the_steps_after_the_profile_where_the_script_run
     assert p.calls == 2 and p.wall_ms_per_call < 50, p.wall_ms_per_call  # not the sleeping steps' 100
     short = profile_script(script, ["5"], skip=2, steps=2)  # no step after the profile: the skipped ones'
     assert short.wall_ms_per_call > 50
+
+
+def test_on_a_compiled_script_the_patch_named_is_the_one_that_keeps_what_pays_compiled(tmp_path, capsys):
+    """A compiled model's swaps pay only if they beat Inductor's own kernels: the call to make is
+    pl.patch(..., measure=True, compiled=True), which times each compiled and keeps what pays."""
+    db = str(tmp_path / "r.db")
+    assert main(["profile", "--db", db, "--skip", "1", "--script", str(BENCH), *TINY, "--compile=True"]) == 0
+    text = capsys.readouterr().out
+    assert "pl.patch(model, batch, measure=True, compiled=True) would check" in text, text[-3000:]

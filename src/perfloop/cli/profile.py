@@ -402,11 +402,13 @@ def _print_step(args, p, what, tables, d, idle, run_id, name, page) -> None:
     if p.sites:
         from perfloop.workflows.models_seen import patch_summary
 
-        out.print(
-            "pl.patch(model, batch) would check, each against float64 on your batch before swapping:",
-            markup=False,
-            highlight=False,
+        call = (
+            "pl.patch(model, batch, measure=True, compiled=True)"
+            if p.compiled_code()
+            else "pl.patch(model, batch)"
         )
+        said = f"{call} would check, each against float64 on your batch before swapping:"
+        out.print(said, markup=False, highlight=False)
         for line in patch_summary(p.sites):
             out.print(f"  {line}", markup=False, highlight=False)
     for w in p.warnings:
