@@ -117,15 +117,16 @@ def compilation_found(s: StepView) -> None:
         else:
             title = f"compilation inside the profiled steps: {at}"
             advice = "warm-up, not the step's cost: profile later steps (--skip N)"
-        read = guard_source(reason) if " == " in guard_text(reason) else None  # a value: fixed where read
+        guard = guard_text(reason) if reason else ""
+        read = guard_source(reason) if " == " in guard else None  # a Python value: fixed where it is read
         evidence = f"{len(cs)} compile(s) in {s.calls} call(s), {fmt_ms(ms)} per call" + (
-            f"; Dynamo's guard: `{guard_text(reason)}`" if reason else ""
+            f"; Dynamo's guard: `{guard}`" if guard else ""
         )
+        place = read[0] if read else where
         if read:
-            where = read[0]
-            evidence += f", read at {where}: `{read[1]}`"
+            evidence += f", read at {place}: `{read[1]}`"
         kind = "recompile" if recompile else "compile"
-        s.add(kind, title, ms, Bound.HOST, evidence, advice, where, Site(line=where), compiles=len(cs))
+        s.add(kind, title, ms, Bound.HOST, evidence, advice, place, Site(line=place), compiles=len(cs))
 
 
 def graph_breaks_found(s: StepView) -> None:
