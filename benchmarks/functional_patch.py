@@ -8,7 +8,7 @@ the graph as perfloop's ops; and with every fused op in the graph); with --curve
 steps (bf16 autocast, fused AdamW) patched and not, from the same weights on the same batches.
 
     PYTHONPATH=src python3 benchmarks/functional_patch.py --out DIR [--model gpt2|llama] [--small]
-        [--compiled] [--curves N] [--no-measure] [--four-ways]
+        [--compiled] [--curves N] [--no-measure] [--four-ways] [--head]
 """
 
 from __future__ import annotations
@@ -228,6 +228,44 @@ def for_compile(name: str, small: bool, dev: str, budget_s: float) -> dict:
     return out
 
 
+def head_under_compile(name: str, small: bool, dev: str, budget_s: float) -> dict:
+    """pl.patch(logits=False) (the head's linear and cross entropy fused where the model writes
+    them the usual way), then compiled, against the model compiled: the step's time (one
+    interleaved run), its peak memory and its loss both ways."""
+    import copy
+
+    from perfloop.harness.timing import compare
+    from perfloop.nn.patch import step_peak
+
+    loss_fn = make_loss_fn(dev)
+    torch._dynamo.reset()
+    base, batch = seeded_batch(name, small, dev)
+    patched = copy.deepcopy(base)
+    t0 = time.perf_counter()
+    report = pl.patch(patched, batch, loss_fn=loss_fn, logits=False)
+    patch_s = time.perf_counter() - t0
+    models = {"compiled": torch.compile(base), "patched+compiled": torch.compile(patched)}
+    compile_s = warmed(models, batch, loss_fn)
+    losses = {k: loss_fn(m, batch).detach().item() for k, m in models.items()}
+    peaks = {k: step_peak(m, step_of(m, batch, loss_fn)) for k, m in models.items()} if dev == "cuda" else {}
+    c = compare({k: step_of(m, batch, loss_fn) for k, m in models.items()}, baseline="compiled",
+                budget_s=budget_s)  # fmt: skip
+    s = c.speedups["patched+compiled"]
+    head = [sw for sw in report.swaps if "cross entropy written out" in sw.kind]
+    out = {"report": str(report), "head_fused": bool(head and head[0].replaced),
+           "head": head[0].via or head[0].reason if head else "no head found", "patch_s": patch_s,
+           "compile_s": compile_s, "losses": losses, "peak_bytes": peaks,
+           "ms": {k: c.measurements[k].median_ms for k in models}, "speedup": s.speedup, "ci": s.ci,
+           "significant": s.significant}  # fmt: skip
+    if peaks:
+        out["peak_ratio"] = peaks["patched+compiled"] / peaks["compiled"]
+    print(report, flush=True)
+    gib = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in peaks.items())
+    print(f"{name}: head fused {out['head_fused']}; patched+compiled {s.speedup:.3f}x compiled "
+          f"[{s.ci[0]:.3f}, {s.ci[1]:.3f}]; peak {gib}; losses {losses}", flush=True)  # fmt: skip
+    return out
+
+
 def breakdown(name: str, small: bool, dev: str, top: int = 20) -> dict:
     """Where the step's device time goes, eager, patched (every verified swap) and compiled:
     pl.profile's rows by op, and the patched step's findings."""
@@ -338,6 +376,7 @@ def main() -> None:
     ap.add_argument("--four-ways", action="store_true", help="eager, patched, compiled, patched+compiled")
     ap.add_argument("--breakdown", action="store_true", help="device time by op: eager, patched, compiled")
     ap.add_argument("--for-compile", action="store_true", help="pl.patch(compiled=True) then compiled")
+    ap.add_argument("--head", action="store_true", help="pl.patch(logits=False) then compiled, time and peak")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     budget = 4.0 if dev == "cuda" else 1.0
@@ -384,6 +423,9 @@ def main() -> None:
         save()
     if a.for_compile:
         out["for_compile"] = for_compile(a.model, a.small, dev, budget)
+        save()
+    if a.head:
+        out["head"] = head_under_compile(a.model, a.small, dev, budget)
         save()
     if a.breakdown:
         out["breakdown"] = breakdown(a.model, a.small, dev)

@@ -15,6 +15,8 @@ gates never go in: they are elementwise, and Inductor fuses those into their nei
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -26,6 +28,20 @@ from perfloop.ops.linear_cross_entropy import triton_impl as _lce
 
 DEFAULT_IN_GRAPH = frozenset({"linear_cross_entropy"})
 IN_GRAPH: set[str] = set(DEFAULT_IN_GRAPH)  # which fused functions a compiled graph takes as perfloop's ops
+GRAPH_OPS = frozenset({"cross_entropy", "linear_cross_entropy", "layer_norm", "rms_norm"})
+
+
+@contextlib.contextmanager
+def all_in_graph():
+    """Within: every fused function goes into a graph captured as perfloop's op (nn.rewrite's
+    captures, which run eager: the fused modules inside keep their kernels)."""
+    saved = set(IN_GRAPH)
+    IN_GRAPH.update(GRAPH_OPS)
+    try:
+        yield
+    finally:
+        IN_GRAPH.clear()
+        IN_GRAPH.update(saved)
 
 
 # ------------------------------------------------------------------ cross entropy
@@ -180,6 +196,21 @@ def graph_linear_cross_entropy(h, weight, target, ignore_index):
     with torch.autocast(h.device.type, enabled=False):
         chunk = _lce.chunk_rows(h.shape[0], weight.shape[0], h.element_size())
         return linear_cross_entropy(h, weight, target, ignore_index, chunk)
+
+
+def graph_head(hidden, weight, target, ignore_index):
+    """nn.head's op in Inductor's pre-grad graph: the head's loss as graph_linear_cross_entropy
+    (after autocast's cast), or torch's linear and cross entropy where that does not take it."""
+    h, t, w = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1), weight
+    if autocast_on(h.device.type):
+        dtype = torch.get_autocast_dtype(h.device.type)
+        h, w = h.to(dtype), w.to(dtype)
+    loss = graph_linear_cross_entropy(h, w, t, ignore_index)
+    if loss is None:
+        return torch.nn.functional.cross_entropy(
+            torch.nn.functional.linear(h, w).float(), t, ignore_index=ignore_index
+        )
+    return loss
 
 
 def graph_norm(name: str, x, normalized_shape, weight, bias, eps, rms: bool):

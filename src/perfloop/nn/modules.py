@@ -42,10 +42,10 @@ def _fallback(module: nn.Module, why: str) -> None:
     if recording is not None:
         recording.append(why)
         return
-    key = (type(module).__name__, why)
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(f"perfloop.nn.{type(module).__name__}: {why}; running torch's own forward instead",
+    name = module.__name__ if isinstance(module, type) else type(module).__name__
+    if (name, why) not in _WARNED:
+        _WARNED.add((name, why))
+        warnings.warn(f"perfloop.nn.{name}: {why}; running torch's own forward instead",
                       RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
@@ -239,28 +239,38 @@ class LinearCrossEntropy(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=5**0.5)  # nn.Linear's
 
     def forward(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        from perfloop.ops.linear_cross_entropy.triton_impl import LinearCrossEntropyFunction, chunk_rows
+        return linear_cross_entropy(hidden, self.weight, target, self.ignore_index, self)
 
-        h, t, w = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1), self.weight
-        dev = h.device.type
-        if autocast_on(dev):
-            dtype = torch.get_autocast_dtype(dev)
-            h, w = h.to(dtype), w.to(dtype)
-        if torch.compiler.is_compiling():
-            from perfloop.nn.compiled import graph_linear_cross_entropy
 
-            loss = graph_linear_cross_entropy(h, w, t, self.ignore_index)
-            if loss is not None:
-                return loss
-        why = "compiling" if torch.compiler.is_compiling() else kernel_here(h)
-        if not why and t.dtype != torch.int64:
-            why = f"targets of dtype {t.dtype} (class indices in int64 only)"
-        if why or h.dtype != w.dtype:
-            _fallback(self, why or "hidden states and weight in different dtypes")
-            return F.cross_entropy(F.linear(h, w).float(), t, ignore_index=self.ignore_index)
-        with torch.autocast(dev, enabled=False):
-            chunk = chunk_rows(h.shape[0], w.shape[0], h.element_size())
-            return LinearCrossEntropyFunction.apply(h, w, t, self.ignore_index, chunk)
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, owner=None
+) -> torch.Tensor:
+    """The mean cross entropy of hidden @ weight.T against target (class indices), the logits
+    never held whole: LinearCrossEntropy's forward, and what nn.head puts into a captured graph.
+    Where no kernel takes the call, torch's own (said once, as from `owner`)."""
+    from perfloop.ops.linear_cross_entropy.triton_impl import LinearCrossEntropyFunction, chunk_rows
+
+    h, t, w = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1), weight
+    dev = h.device.type
+    if autocast_on(dev):
+        dtype = torch.get_autocast_dtype(dev)
+        h, w = h.to(dtype), w.to(dtype)
+    if torch.compiler.is_compiling():
+        from perfloop.nn.compiled import graph_linear_cross_entropy
+
+        loss = graph_linear_cross_entropy(h, w, t, ignore_index)
+        if loss is not None:
+            return loss
+    why = "compiling" if torch.compiler.is_compiling() else kernel_here(h)
+    if not why and t.dtype != torch.int64:
+        why = f"targets of dtype {t.dtype} (class indices in int64 only)"
+    if why or h.dtype != w.dtype:
+        why = why or "hidden states and weight in different dtypes"
+        _fallback(owner if owner is not None else LinearCrossEntropy, why)
+        return F.cross_entropy(F.linear(h, w).float(), t, ignore_index=ignore_index)
+    with torch.autocast(dev, enabled=False):
+        chunk = chunk_rows(h.shape[0], w.shape[0], h.element_size())
+        return LinearCrossEntropyFunction.apply(h, w, t, ignore_index, chunk)
 
 
 def why_not_norm_options(normalized_shape, weight) -> str | None:

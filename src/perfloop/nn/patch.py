@@ -270,6 +270,7 @@ def patch(
     measure: bool = False,
     budget_s: float = 3.0,
     compiled: bool = False,
+    logits: bool = True,
 ) -> PatchReport:
     """Replace the modules of `model` that have a fused perfloop.nn version, each only after it
     matched the original on this model's own activations and gradients (see the module
@@ -280,8 +281,14 @@ def patch(
     does not make the step faster is put back (the report says so). `compiled=True` (for a
     model that will run under torch.compile): each of those steps is timed compiled
     (torch.compile, default options, compiled before the timing), so only what pays under
-    compile is kept.
+    compile is kept. `logits=False`: the step does not read the logits a forward returns beside
+    its loss; a head written the usual way (a bias-free Linear, views, F.cross_entropy) is then
+    fused into perfloop's linear + cross entropy, eager and under torch.compile, and those
+    logits come back as None.
     """
+    if not isinstance(logits, bool):
+        raise TypeError(f"logits: expected True or False, got {logits!r}; False lets pl.patch fuse a head "
+                        "whose logits the step does not read")  # fmt: skip
     if compiled and not measure:
         raise ValueError("compiled: True times the step compiled, which needs measure=True as well")
     if not isinstance(model, nn.Module):
@@ -302,7 +309,7 @@ def patch(
         with _preserved(model):
             found = (cands, sites, rewrites)
             timing = {"budget_s": budget_s, "compiled": compiled} if measure else None
-            report = _patch(model, found, names, example_batch, loss_fn, timing, swapped)
+            report = _patch(model, found, names, example_batch, loss_fn, timing, swapped, logits)
             report.swaps += unreachable
             report.compiled = isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
     except BaseException:
@@ -315,7 +322,9 @@ def patch(
     return report
 
 
-def _patch(model, found, names, example_batch, loss_fn, measure: dict | None, swapped) -> PatchReport:
+def _patch(
+    model, found, names, example_batch, loss_fn, measure: dict | None, swapped, logits=True
+) -> PatchReport:
     cands, sites, rewrites = found
     before = _verify.copy_module(model) if measure else None
     watched = {n: m for n, m, _ in cands} | dict(rewrites)
@@ -347,14 +356,21 @@ def _patch(model, found, names, example_batch, loss_fn, measure: dict | None, sw
         elif swap.replaced:
             swap = Swap(name, swap.kind, False, "it is the model itself: use perfloop.nn's module directly")
         swaps.append(swap)
+    heads = _fuse_heads(model, rewrites, seen, names, swapped, logits)
+    swaps += heads
+    fused = {id(_named(model, s.name)) for s in heads if s.replaced}
     for (mname, fname, line), (args, kwargs, autocast_dtype) in sorted(calls.items()):
         m = model.get_submodule(mname)
+        if id(m) in fused:
+            continue
         swap = _check_call(_site_label(mname, m, fname, line), fname, args, kwargs, autocast_dtype)
         swap.site = (mname, fname, line)
         swaps.append(swap)
     rerouted = _route_sites(model, swaps)
     swapped.extend((None, m) for m in rerouted)
     for name, m in rewrites:
+        if _rewrite.writes(m) == {_rewrite.LOSS} or id(m) in fused:
+            continue
         swap = _verify.check_written(name, m, seen.get(id(m)), rerouted)
         swap.aliases = [n for n in names[id(m)] if n != name and n]
         if swap.replaced:
@@ -365,6 +381,30 @@ def _patch(model, found, names, example_batch, loss_fn, measure: dict | None, sw
     if measure and report.replaced:
         report.timing = _keep_what_pays(report, originals, before, model, example_batch, loss_fn, **measure)
     return report
+
+
+def _fuse_heads(model, rewrites, seen, names, swapped, logits: bool) -> list[Swap]:
+    """Check and make the head rewrites (nn.head) of modules whose forward computes a cross
+    entropy from their own Linear, before any of their functional calls is rerouted."""
+    out = []
+    for name, m in rewrites:
+        if _rewrite.LOSS not in _rewrite.writes(m):
+            continue
+        if logits:
+            why = ("pl.patch(..., logits=False) checks it where the step does not read the logits: the "
+                   "head's linear and cross entropy fused, the logits returned as None")  # fmt: skip
+            out.append(Swap(name, _rewrite.LOSS, False, why))
+            continue
+        swap = _verify.check_written(name, m, seen.get(id(m)), [], logits=False)
+        swap.aliases = [n for n in names[id(m)] if n != name and n]
+        if swap.replaced and _rewrite.LOSS in swap.kind:
+            swap.options["logits"] = False
+            _rewrite.rewrite(m, logits=False)
+            swapped.append((None, m))
+        elif swap.replaced:
+            swap.replaced, swap.reason = False, "its head is not one fused call; checked without it below"
+        out.append(swap)
+    return out
 
 
 def _keep_what_pays(
@@ -417,7 +457,7 @@ def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
     m = _verify.copy_module(before)
     for s in report.swaps:
         if s.replaced and s.kind in kinds and s.rewritten:
-            _rewrite.rewrite(_named(m, s.name))
+            _rewrite.rewrite(_named(m, s.name), logits=s.options.get("logits"))
         elif s.replaced and s.kind in kinds and s.site is None:
             fused = fused_like(m.get_submodule(s.name))
             for k, v in s.options.items():
@@ -502,6 +542,15 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
                 "normalization",
                 f"a norm written out ({type(m).__name__}.forward): pl.patch rewrites it to the "
                 "fused norm where it computes one",
+            )
+        if _rewrite.LOSS in _rewrite.writes(m):
+            fn = _functional.forward_function(m)
+            lines = _functional.call_lines(fn, ("cross_entropy",)).get("cross_entropy")
+            file = fn.__code__.co_filename.rsplit("/", 1)[-1]
+            call = f"F.cross_entropy at {file}:{lines[0]}" if lines else "a cross entropy"
+            out.setdefault(prefix(name), {})["cross_entropy"] = (
+                f"{call} ({type(m).__name__}.forward): pl.patch reaches it; with logits=False (the step does "
+                "not read the logits) it fuses the Linear before it in, the logits never held whole"
             )
         if _rewrite.ATTENTION in _rewrite.writes(m):
             lines = ", ".join(_rewrite.softmax_lines(_functional.forward_function(m)))

@@ -18,8 +18,9 @@ import warnings
 import torch
 from torch.fx import GraphModule
 
-from perfloop.nn import pointwise, rotary, sdpa
+from perfloop.nn import head, pointwise, rotary, sdpa
 from perfloop.nn.fxnodes import Found, values_of
+from perfloop.nn.head import LOSS as LOSS
 from perfloop.nn.pointwise import GELU as GELU  # the kinds nn.patch names
 from perfloop.nn.pointwise import NORM as NORM
 from perfloop.nn.rotary import ROPE as ROPE
@@ -36,6 +37,7 @@ def rewrite_graph(gm: GraphModule, inputs: list, lines: list | None = None) -> l
     found += _rewrite_ropes(gm, inputs)
     found += _rewrite_gelus(gm)
     found += _rewrite_norms(gm)
+    found += _rewrite_heads(gm)
     if any(f.replaced for f in found):
         gm.graph.lint()
         gm.recompile()
@@ -84,6 +86,12 @@ def _rewrite_norms(gm: GraphModule) -> list[Found]:
     return found
 
 
+def _rewrite_heads(gm: GraphModule) -> list[Found]:
+    from perfloop.nn.modules import linear_cross_entropy
+
+    return head.rewrite(gm.graph, linear_cross_entropy)
+
+
 class Backend:
     """A torch.compile backend that runs each captured graph eager after `rewrite_graph`;
     `found` keeps what every capture held. One per forward function: the instances of a class
@@ -119,8 +127,8 @@ class Rewritten:
     instances (Dynamo keeps its captures by code object: here a copy of it), so that `found`
     says what this instance's captures held, for the check."""
 
-    def __init__(self, owner: torch.nn.Module, fn, alone: bool = False) -> None:
-        self.owner, self.fn = owner, fn
+    def __init__(self, owner: torch.nn.Module, fn, alone: bool = False, logits: bool | None = None) -> None:
+        self.owner, self.fn, self.logits = owner, fn, logits
         if alone:
             fn = types.FunctionType(
                 fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
@@ -129,12 +137,18 @@ class Rewritten:
         else:
             self.backend = backend_for(fn)
         self._compiled = torch.compile(fn, backend=self.backend)
+        self.heads = head.allow(owner, logits) if logits is not None else []
+        if self.heads:
+            head.install()
 
     def __call__(self, *args, **kwargs):
         if torch.compiler.is_compiling() or self._compiled is None:
             return self.fn(self.owner, *args, **kwargs)
+        from perfloop.nn.compiled import all_in_graph
+
         try:
-            return self._compiled(self.owner, *args, **kwargs)
+            with all_in_graph():
+                return self._compiled(self.owner, *args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as exc:  # the capture failed: run the code as written
             self._compiled = None
             warnings.warn(
@@ -147,21 +161,24 @@ class Rewritten:
             return self.fn(self.owner, *args, **kwargs)
 
     def __getstate__(self):
-        return {"owner": self.owner, "fn": self.fn}
+        return {"owner": self.owner, "fn": self.fn, "logits": self.logits}
 
     def __setstate__(self, state):
-        self.__init__(state["owner"], state["fn"])
+        self.__init__(state["owner"], state["fn"], logits=state.get("logits"))
 
 
-def rewrite(module: torch.nn.Module) -> Rewritten:
-    """Give `module` a forward whose written-out attention runs as SDPA."""
-    r = Rewritten(module, type(module).forward)
+def rewrite(module: torch.nn.Module, logits: bool | None = None) -> Rewritten:
+    """Give `module` a forward whose written-out patterns run fused; with `logits` (whether the
+    logits must be kept) its head too (nn.head), eager and under an outer torch.compile."""
+    r = Rewritten(module, type(module).forward, logits=logits)
     module.forward = r
     return r
 
 
 def restore(module: torch.nn.Module) -> None:
-    if isinstance(module.__dict__.get("forward"), Rewritten):
+    r = module.__dict__.get("forward")
+    if isinstance(r, Rewritten):
+        head.disallow(r.heads)
         del module.forward
 
 
@@ -202,7 +219,8 @@ def writes(module: torch.nn.Module) -> set[str]:
     """What the module's own forward (its class's, and the functions it calls) may write out op
     by op: ATTENTION (a softmax and a matmul), ROPE (a global function named for rotary
     embeddings, rotate_half, or view_as_complex), GELU (erf, or tanh with the tanh form's
-    0.044715), NORM (rsqrt, or sqrt with a mean or var). Candidates only: the capture decides."""
+    0.044715), NORM (rsqrt, or sqrt with a mean or var), LOSS (a cross entropy, in a module with a
+    bias-free Linear of its own). Candidates only: the capture decides."""
     fn = inspect.unwrap(type(module).forward)
     if getattr(fn, "__code__", None) is None or getattr(fn, "__module__", "").startswith("torch."):
         return set()
@@ -215,6 +233,8 @@ def writes(module: torch.nn.Module) -> set[str]:
     cubic = any(isinstance(v, float) and abs(v - 0.044715) < 1e-9 for v in names)  # the tanh form's
     if ("tanh" in names | globs and cubic) or "erf" in names | globs:
         out.add(GELU)
+    if {"cross_entropy", "CrossEntropyLoss"} & (globs | names) and head.owns_head(module):
+        out.add(LOSS)
     if "rsqrt" in names | globs or ("sqrt" in names | globs and {"mean", "var"} & (names | globs)):
         out.add(NORM)
     return out

@@ -51,9 +51,11 @@ def copy_module(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def forward_backward(module, args, kwargs, autocast_dtype, seed: int, frozen=()):
-    """(output, {tensor name: gradient}) of module(*args, **kwargs) and one backward with a
-    seeded dy; every floating input takes a gradient but those `frozen` names ("input 1")."""
+def forward_backward(module, args, kwargs, autocast_dtype, seed: int, frozen=(), keep=None):
+    """({leaf index: output}, {tensor name: gradient}) of module(*args, **kwargs) and one backward
+    with a seeded dy for each floating output leaf (`keep`: those leaves only; the leaf's index
+    seeds its dy); the tensors forward sets on the module (a last loss) count as outputs after
+    those it returns; every floating input takes a gradient but those `frozen` names ("input 1")."""
 
     def fresh(name, a):
         if not isinstance(a, torch.Tensor):
@@ -66,27 +68,38 @@ def forward_backward(module, args, kwargs, autocast_dtype, seed: int, frozen=())
         p.grad = None
     dev = first_device(args, kwargs)
     ctx = torch.autocast(dev, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    before = {k: v for k, v in vars(module).items() if isinstance(v, torch.Tensor)}
     with ctx:
-        ys = float_leaves(module(*args, **kwargs))
+        out = leaves(module(*args, **kwargs))
+    out += [
+        v for k, v in sorted(vars(module).items()) if isinstance(v, torch.Tensor) and before.get(k) is not v
+    ]
+    wanted = lambda i, y: (
+        isinstance(y, torch.Tensor) and y.is_floating_point() and (keep is None or i in keep)
+    )  # noqa: E731
+    ys = {i: y for i, y in enumerate(out) if wanted(i, y)}
     if not ys:
         raise ValueError("the module gives no floating tensor")
-    g = torch.Generator(device=ys[0].device).manual_seed(seed)
-    dys = [torch.randn(y.shape, generator=g, device=y.device, dtype=torch.float32).to(y.dtype) for y in ys]
-    pairs = [(y, dy) for y, dy in zip(ys, dys, strict=True) if y.requires_grad]
+    pairs = []
+    for i, y in ys.items():
+        g = torch.Generator(device=y.device).manual_seed(seed + 7919 * i)
+        dy = torch.randn(y.shape, generator=g, device=y.device, dtype=torch.float32).to(y.dtype)
+        if y.requires_grad:
+            pairs.append((y, dy))
     if pairs:
         torch.autograd.backward([y for y, _ in pairs], [dy for _, dy in pairs])
     inputs = [(f"input {i}", a) for i, a in enumerate(args)] + [(f"input {k}", v) for k, v in kwargs.items()]
     grads = {n: a.grad for n, a in inputs if isinstance(a, torch.Tensor) and a.grad is not None}
     grads.update({n: p.grad for n, p in module.named_parameters() if p.grad is not None})
-    return [y.detach() for y in ys], grads
+    return {i: y.detach() for i, y in ys.items()}, grads
 
 
-def float_leaves(out) -> list:
-    """The floating tensors of a module's output (a tensor, or tuples, lists and dicts of them)."""
-    if isinstance(out, torch.Tensor):
-        return [out] if out.is_floating_point() else []
+def leaves(out) -> list:
+    """The leaves of a module's output (tensors and None; tuples, lists and dicts walked)."""
+    if out is None or isinstance(out, torch.Tensor):
+        return [out]
     items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
-    return [t for item in items for t in float_leaves(item)]
+    return [t for item in items for t in leaves(item)]
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -120,22 +133,28 @@ def check(
     op_name: str,
     kind=None,
     unlearned=(),
+    dropped: bool = False,
 ) -> Swap:
+    """`dropped`: the fused module may give None where the original gives a tensor (logits a
+    fused head does not keep); those outputs are not compared, nor taken into the backward."""
     from perfloop import ops
 
     kind = kind or type(original).__name__
     op = ops.get(op_name)
     original = hookless(original)
-    ref = copy_module(original).double()
-    dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
-    want_y, want_g = forward_backward(ref, [dbl(a) for a in args], {k: dbl(v) for k, v in kwargs.items()},
-                                       None, seed=0, frozen=unlearned)  # fmt: skip
-    orig_y, orig_g = forward_backward(original, args, kwargs, autocast_dtype, seed=0, frozen=unlearned)
     try:
         with _modules.recording_fallbacks() as fallbacks:
             got_y, got_g = forward_backward(fused, args, kwargs, autocast_dtype, seed=0, frozen=unlearned)
     except Exception as exc:  # noqa: BLE001 -- a kernel that cannot run here is a refusal, not a crash
         return Swap(name, kind, False, f"the fused module failed on this input: {exc}")
+    keep = None if not dropped else set(got_y)
+    ref = copy_module(original).double()
+    dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
+    try:
+        with _modules.recording_fallbacks():  # fused modules already inside the original: unsaid
+            dargs, dkwargs = [dbl(a) for a in args], {k: dbl(v) for k, v in kwargs.items()}
+            want_y, want_g = forward_backward(ref, dargs, dkwargs, None, 0, unlearned, keep)
+            orig_y, orig_g = forward_backward(original, args, kwargs, autocast_dtype, 0, unlearned, keep)
     finally:
         for p in original.parameters():
             p.grad = None
@@ -146,13 +165,21 @@ def check(
     if _promoted(fused, autocast_dtype, got_y, orig_y):  # the written form's pow makes its output fp32
         fused.autocast_fp32 = options["autocast_fp32"] = True
         got_y, got_g = forward_backward(fused, args, kwargs, autocast_dtype, seed=0, frozen=unlearned)
-    said = lambda ys: ", ".join(f"{y.dtype} {tuple(y.shape)}" for y in ys)  # noqa: E731
-    if [(y.dtype, y.shape) for y in got_y] != [(y.dtype, y.shape) for y in orig_y]:
+    said = lambda ys: ", ".join(f"{y.dtype} {tuple(y.shape)}" for y in ys.values())  # noqa: E731
+    if [(i, y.dtype, y.shape) for i, y in got_y.items()] != [
+        (i, y.dtype, y.shape) for i, y in orig_y.items()
+    ]:
         return Swap(name, kind, False, f"output {said(got_y)} where the original gives {said(orig_y)}")
     tols = op.tolerances or {d: op.tolerance(d) for d in (torch.float32, torch.float16, torch.bfloat16)}
-    dtype = orig_y[0].dtype if orig_y[0].dtype in tols else torch.float32
-    errors = {f"output{f' {i}' if i else ''}": (relative_error(got, want), relative_error(orig, want))
-              for i, (got, orig, want) in enumerate(zip(got_y, orig_y, want_y, strict=True))}  # fmt: skip
+    first = next(iter(orig_y.values()))
+    dtype = first.dtype if first.dtype in tols else torch.float32
+    errors = {
+        f"output{f' {i}' if i else ''}": (
+            relative_error(got_y[i], want_y[i]),
+            relative_error(orig_y[i], want_y[i]),
+        )
+        for i in got_y
+    }
     for t in want_g:
         if t not in got_g:
             return Swap(name, kind, False, f"no gradient for {t}", errors)
@@ -174,8 +201,8 @@ def _promoted(fused: nn.Module, autocast_dtype, got_y: list, orig_y: list) -> bo
         getattr(fused, "autocast_fp32", None) is False
         and autocast_dtype is not None
         and len(got_y) == len(orig_y) == 1
-        and orig_y[0].dtype == torch.float32
-        and got_y[0].dtype == autocast_dtype
+        and next(iter(orig_y.values())).dtype == torch.float32
+        and next(iter(got_y.values())).dtype == autocast_dtype
     )
 
 
@@ -197,16 +224,19 @@ def is_mask(a) -> bool:
     return isinstance(a, torch.Tensor) and a.is_floating_point() and bool((a <= _rewrite.HIDDEN).any())
 
 
-def check_written(name: str, original: nn.Module, recorded, rerouted: list) -> Swap:
-    swap = _check_written(name, original, recorded, rerouted)
+def check_written(
+    name: str, original: nn.Module, recorded, rerouted: list, logits: bool | None = None
+) -> Swap:
+    swap = _check_written(name, original, recorded, rerouted, logits)
     swap.rewritten = True
     return swap
 
 
-def _check_written(name: str, original: nn.Module, recorded, rerouted: list) -> Swap:
+def _check_written(name: str, original: nn.Module, recorded, rerouted: list, logits: bool | None) -> Swap:
     """A module whose forward writes attention or RoPE out: its forward captured and rewritten
     (nn.rewrite), then checked like a swap, in eval mode (dropout off: the random draws of SDPA
-    and of the written-out dropout differ)."""
+    and of the written-out dropout differ). With `logits` (whether they must be kept), its head
+    too (nn.head); logits dropped are not compared."""
     kind = _rewrite.written_kind(_rewrite.writes(original))
     if recorded is None:
         return Swap(name, kind, False, "not called by the example batch")
@@ -214,16 +244,19 @@ def _check_written(name: str, original: nn.Module, recorded, rerouted: list) -> 
         return Swap(name, kind, False, "its functional calls are rerouted to fused ones already")
     args, kwargs, autocast_dtype = recorded
     fused = copy.copy(original)
-    r = _rewrite.Rewritten(fused, type(original).forward, alone=True)
+    r = _rewrite.Rewritten(fused, type(original).forward, alone=True, logits=logits)
     fused.forward = r
     masks = [f"input {i}" for i, a in enumerate(args) if is_mask(a)]
     masks += [f"input {k}" for k, a in kwargs.items() if is_mask(a)]
     try:
         with eval_mode(original):
             fused.training = False
-            swap = check(name, original, fused, args, kwargs, autocast_dtype, "attention", kind, masks)
+            swap = check(name, original, fused, args, kwargs, autocast_dtype, "attention", kind, masks,
+                         dropped=logits is False)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 -- a module the check cannot run is kept as written
         return Swap(name, kind, False, f"the check could not run it: {type(exc).__name__}: {exc}")
+    finally:
+        _rewrite.head.disallow(r.heads)
     done = [f for f in r.backend.found if f.replaced]
     if not done:
         why = "; ".join(dict.fromkeys(f"{f.line or f.pattern}: {f.reason}" for f in r.backend.found))
@@ -247,5 +280,8 @@ def _said(f) -> str:
         affine = " with its weight" + (" and bias" if f.form["bias"] else "") if f.form["weight"] else ""
         fused = "RMSNorm" if f.form["form"] == "RMS" else "LayerNorm"
         return f"{f.form['form']} norm (eps {f.form['eps']:g}){affine} -> perfloop's fused {fused}"
+    if f.pattern == _rewrite.LOSS:
+        kept = "" if f.form["logits"] == "kept" else " (the logits returned as None)"
+        return f"{f.line}: linear + F.cross_entropy -> perfloop's fused linear + cross entropy{kept}"
     pairs = "neighbouring pairs" if f.form["interleaved"] else "halves"
     return f"RoPE ({f.form['form']} form, {pairs}) -> perfloop's fused RoPE"
