@@ -376,6 +376,24 @@ def test_a_break_whose_sync_is_the_steps_only_one_saves_all_the_idle_the_host_ou
     assert r.break_saving_ms == {"train.py:36": pytest.approx(0.04)}
 
 
+def test_a_breaks_sync_that_waits_little_still_holds_the_host_back_and_saves_the_steps_idle():
+    """Profiled, the host is slow enough that the .item() finds the device drained and waits
+    6 us; the host's profiled time then looked like the step's floor, and the saving was the
+    eager code's stretch alone (run33: 1.73 ms predicted, 3.68 realized: fixed, the step ran
+    at the device's pace). A break holding every sync of the step saves all the idle a host
+    running ahead hides: after the break, between launches, before the first kernel."""
+    step = ev("step", 0, 1000)
+    item = ev("aten::_local_scalar_dense", 300, 310, step)
+    sync = ev("cudaStreamSynchronize", 302, 308, item)
+    kernels = [(10, 100), (430, 500), (520, 600), (620, 1000)]
+    launched = [5, 425, 515, 615]
+    between = [(120, 420, "2/0", "1/0")]
+    r = idle([step, item, sync], kernels, launched_at=launched, compiled=([], between, {"t.py:36": {"2"}}))
+    assert r.idle_ms == pytest.approx(0.38)
+    # the launches 300 us sooner alone would end the step at 695: 0.305 ms
+    assert r.break_saving_ms == {"t.py:36": pytest.approx(r.idle_ms)}
+
+
 def test_the_windows_own_drains_before_the_first_launch_and_after_the_last_are_no_sync_of_the_step():
     """perfloop synchronizes as its window closes (and a profiler may as it starts): a bare
     cudaDeviceSynchronize there is not the user's. run32 told a compiled .item() step to remove

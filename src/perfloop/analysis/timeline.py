@@ -47,6 +47,8 @@ OUTSIDE_US = 100.0  # a stretch this long with no torch op running is host work,
 # ops whose output's size is data: the host waits for the device to know it
 DATA_DEPENDENT = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
                   "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave")  # fmt: skip
+# the idle a host that runs ahead of the device (no sync holding it back) hides under queued work
+OVERLAPPED = (SYNC, LAUNCH, FIRST, GRAPH_BREAK)
 RANGES = {"enumerate(DataLoader)": DATA, "Optimizer.step#": OPTIMIZER, "Optimizer.zero_grad#": OPTIMIZER}
 
 
@@ -346,21 +348,19 @@ def _before_first(device_intervals, spans):
     return lambda s, e: e <= first or any(a <= s and e <= f for a, f in waits.meeting(s, e))
 
 
-def _break_savings(compiled: tuple, spans, device_intervals, launched_at, end, step) -> dict:
+def _break_savings(compiled: tuple, spans, device_intervals, launched_at, end, syncs, hidden) -> dict:
     """A graph break's line -> how much sooner the work would end (ms) without the host's
     stretches between graphs that its code makes: those before a region of the code resumed
-    after it, and those after one (up to the next graph). Where the syncs in them are all the
-    step's, and the host's own time without them is less than the device's, the host would
-    run ahead across steps and no idle would be left (`compiled`: idle's; `step`: syncs, wall
-    and busy ms)."""
+    after it, and those after one (up to the next graph). A break whose stretches hold all the
+    step's synchronizing calls saves, at least, the idle a host running ahead across steps
+    hides (`hidden` ms: the device's idle waits on a host a sync held back; `compiled`:
+    idle's)."""
     breaks, between = compiled[2] if len(compiled) > 2 else {}, compiled[1]
     if launched_at is None or not breaks:
         return {}
-    syncs, wall_ms, busy_ms = step
     waits = [(cs, ce) for cs, ce, *_ in syncs]
     if spans:
         waits = _clip(waits, spans)
-    waited = sum(e - s for s, e in waits)
     out = {}
     for where, frames in breaks.items():
         mine = [
@@ -371,10 +371,9 @@ def _break_savings(compiled: tuple, spans, device_intervals, launched_at, end, s
         if spans:
             mine = _clip(mine, spans)
         out[where] = without(device_intervals, launched_at, mine, end) / 1e3 if mine else 0.0
-        theirs = sum(Intervals(mine).overlap(s, e) for s, e in waits)
-        if mine and waited and theirs >= 0.99 * waited:
-            host_ms = wall_ms - (sum(b - a for a, b in mine) + waited - theirs) / 1e3
-            out[where] = max(out[where], wall_ms - max(busy_ms, host_ms))
+        inside = Intervals(mine)
+        if mine and waits and all(inside.overlap(s, e) >= 0.99 * (e - s) for s, e in waits):
+            out[where] = max(out[where], hidden)
     return out
 
 
@@ -510,7 +509,8 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
     busy = wall - sum((e - s) / 1e3 for s, e in holes)
     waited = sum(ce - cs for cs, ce, *_ in syncs) / 1e3
     sync_saving = _sync_saving(syncs, spans, device_intervals, launched_at, end)
-    break_saving = _break_savings(compiled, spans, device_intervals, launched_at, end, (syncs, wall, busy))
+    hidden = sum(by_cause[c] for c in OVERLAPPED)
+    break_saving = _break_savings(compiled, spans, device_intervals, launched_at, end, syncs, hidden)
     calls = Counter(op for _, _, op, _ in syncs)
     sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
     ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
