@@ -39,10 +39,12 @@ class _Tracker:
     def _name(self, module) -> str:
         name = self.names.get(id(module))
         if name is None:  # a root: name it and everything under it
-            root = type(getattr(module, "_orig_mod", module)).__name__  # torch.compile's wrapper: the model's
+            inner = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model it holds
+            root = type(inner).__name__
             with contextlib.suppress(TypeError):
-                self.roots.setdefault(root, weakref.ref(getattr(module, "_orig_mod", module)))
-            for qual, sub in module.named_modules():
+                self.roots.setdefault(root, weakref.ref(inner))
+            self.names.setdefault(id(module), root)
+            for qual, sub in inner.named_modules():
                 self.names.setdefault(id(sub), qual or root)
             name = self.names[id(module)]
         return name
