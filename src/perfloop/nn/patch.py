@@ -419,7 +419,7 @@ def _keep_what_pays(
         for kind in kinds:
             models[f"only {kind}"] = _with(before, report, {kind})
     t = _measure(models, batch, loss_fn, budget_s, compiled)
-    pays = lambda c: c["significant"] and c["speedup"] > 1  # noqa: E731
+    pays = lambda c: _pays(c, t["peak_before"])  # noqa: E731
     winners = [k for k in kinds if pays(t["candidates"].get(f"only {k}", {"significant": False}))]
     if 1 < len(winners) < len(kinds):  # the kinds that paid alone, together
         label = "only " + "+".join(winners)
@@ -440,7 +440,8 @@ def _keep_what_pays(
                     _set(model, n, originals[s.name])
             s.replaced = False
             s.reason = (
-                f"equal, but the step{' compiled' if compiled else ''} was not faster with it (measured)"
+                f"equal, but the step{' compiled' if compiled else ''} was neither faster nor smaller "
+                "with it (measured)"
             )
     chosen = best or "before"
     _route_sites(model, report.swaps)  # the kept functional sites, per module (a put-back cleared all)
@@ -450,6 +451,18 @@ def _keep_what_pays(
     t.update({"speedup": c["speedup"] if c else 1.0, "ci": c["ci"] if c else (1.0, 1.0),
               "verdict": "significant" if c else "no swap made the step faster: none kept"})  # fmt: skip
     return t
+
+
+SMALLER = 0.9  # a step whose peak memory is at most this share of the unpatched one's is smaller
+
+
+def _pays(c: dict, peak_before: int | None) -> bool:
+    """Whether a timed candidate pays: significantly faster, or smaller at its peak and not
+    significantly slower."""
+    if c["significant"] and c["speedup"] > 1:
+        return True
+    smaller = bool(c.get("peak") and peak_before and c["peak"] <= SMALLER * peak_before)
+    return smaller and not (c["significant"] and c["speedup"] < 1)
 
 
 def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
