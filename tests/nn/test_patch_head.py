@@ -79,6 +79,13 @@ class WithAccuracy(nn.Module):
         return loss, acc
 
 
+def _seeded(cls, length: int, seed: int):
+    """(cls(), a batch of (tokens, targets) of that length), seeded."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
+    return cls(), tuple(torch.randint(0, VOCAB, (2, length), generator=g) for _ in range(2))
+
+
 def _loss_and_grads(model, batch, pick):
     for p in model.parameters():
         p.grad = None
@@ -120,10 +127,7 @@ def test_a_nanogpt_head_is_fused_with_logits_false_and_equal(nanogpt):
 
 
 def test_a_hugging_face_style_shifted_fp32_head_is_fused_and_equal():
-    torch.manual_seed(0)
-    model = HFStyleLM()
-    g = torch.Generator().manual_seed(2)
-    batch = (torch.randint(0, VOCAB, (2, 12), generator=g), torch.randint(0, VOCAB, (2, 12), generator=g))
+    model, batch = _seeded(HFStyleLM, 12, seed=2)
     want = _loss_and_grads(copy.deepcopy(model), batch, lambda out: out[0])
     report = pl.patch(model, batch, loss_fn=lambda m, b: m(*b)[0], logits=False)
     assert _head_row(report).replaced, report
@@ -133,10 +137,7 @@ def test_a_hugging_face_style_shifted_fp32_head_is_fused_and_equal():
 
 
 def test_logits_read_beyond_the_loss_keep_the_head_as_written():
-    torch.manual_seed(0)
-    model = WithAccuracy()
-    g = torch.Generator().manual_seed(3)
-    batch = (torch.randint(0, VOCAB, (2, 8), generator=g), torch.randint(0, VOCAB, (2, 8), generator=g))
+    model, batch = _seeded(WithAccuracy, 8, seed=3)
     report = pl.patch(model, batch, loss_fn=lambda m, b: m(*b)[0], logits=False)
     row = _head_row(report)
     assert not row.replaced and "read beyond the loss" in row.reason, report
