@@ -214,7 +214,6 @@ class PreGradPass:
 
     def __init__(self, before=None) -> None:
         self.before = before
-        self.replaced = 0
 
     def __call__(self, graph: Graph) -> None:
         if self.before is not None:
@@ -223,9 +222,7 @@ class PreGradPass:
             return
         from perfloop.nn.compiled import graph_head
 
-        done = [f for f in rewrite(graph, graph_head) if f.replaced]
-        if done:
-            self.replaced += len(done)
+        if any(f.replaced for f in rewrite(graph, graph_head)):
             graph.lint()
 
 
