@@ -165,7 +165,7 @@ def test_under_torch_compile_the_patched_head_is_perfloops_op_and_a_copy_keeps_t
     assert compiled_plain(*batch)[0] is not None
 
 
-def test_a_head_put_back_is_no_longer_fused_under_compile(nanogpt):
+def test_a_head_put_back_is_no_longer_registered_and_returns_its_logits(nanogpt):
     model, batch = _gpt(nanogpt)
     pl.patch(model, batch, loss_fn=lambda m, b: m(*b)[1], logits=False)
     assert nnhead.allowed(model.lm_head.weight) is False

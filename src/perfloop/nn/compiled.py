@@ -198,21 +198,6 @@ def graph_linear_cross_entropy(h, weight, target, ignore_index):
         return linear_cross_entropy(h, weight, target, ignore_index, chunk)
 
 
-def graph_head(hidden, weight, target, ignore_index):
-    """nn.head's op in Inductor's pre-grad graph: the head's loss as graph_linear_cross_entropy
-    (after autocast's cast), or torch's linear and cross entropy where that does not take it."""
-    h, t, w = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1), weight
-    if autocast_on(h.device.type):
-        dtype = torch.get_autocast_dtype(h.device.type)
-        h, w = h.to(dtype), w.to(dtype)
-    loss = graph_linear_cross_entropy(h, w, t, ignore_index)
-    if loss is None:
-        return torch.nn.functional.cross_entropy(
-            torch.nn.functional.linear(h, w).float(), t, ignore_index=ignore_index
-        )
-    return loss
-
-
 def graph_norm(name: str, x, normalized_shape, weight, bias, eps, rms: bool):
     """Under torch.compile: F.layer_norm / F.rms_norm as perfloop's graph node, or None."""
     if not (name in IN_GRAPH and isinstance(x, Tensor) and _here(x) and weight is not None and x.ndim

@@ -24,6 +24,7 @@ from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
 from perfloop.nn.fxnodes import Found, calls, example
+from perfloop.nn.modules import linear_cross_entropy
 
 LOSS = "linear + cross entropy written out"
 
@@ -124,8 +125,8 @@ def _keeps_last(index, ndim: int) -> bool:
     idx = index if isinstance(index, tuple) else (index,)
     if not all(isinstance(i, slice) or i is Ellipsis for i in idx):
         return False
-    full = lambda i: isinstance(i, slice) and i == slice(None)  # noqa: E731
-    return idx[-1] is Ellipsis or full(idx[-1]) or (Ellipsis not in idx and len(idx) < ndim)
+    last = idx[-1]
+    return last is Ellipsis or last == slice(None) or (Ellipsis not in idx and len(idx) < ndim)
 
 
 def _line(n: Node) -> str:
@@ -159,14 +160,17 @@ def why_not(head: Head, keep_logits: bool) -> str | None:
     if head.elsewhere:
         return f"the logits are read beyond the loss ({head.elsewhere[0].name})"
     if head.returned and keep_logits:
-        return ("the forward returns the logits too: with logits=False (the step does not read them) "
-                "pl.patch fuses the head and returns None for them")  # fmt: skip
+        return (
+            "the forward returns the logits too: with logits=False (the step does not read them) "
+            "pl.patch fuses the head and returns None for them"
+        )
     return None
 
 
-def replace(graph: Graph, head: Head, fn) -> None:
-    """Put fn(hidden rows, weight, target rows, ignore_index) where the head's cross entropy was
-    (cast to its dtype), the logits dropped from the output."""
+def replace(graph: Graph, head: Head, compiled: bool) -> None:
+    """Put nn.modules.linear_cross_entropy(hidden rows, weight, target rows, ignore_index) where
+    the head's cross entropy was (cast to its dtype; `compiled`: as perfloop's graph op), the
+    logits dropped from the output."""
     ce, (h, weight) = head.ce, head.linear.args[:2]
     hidden = example(weight).shape[1]
     kw = _options(ce)
@@ -180,7 +184,8 @@ def replace(graph: Graph, head: Head, fn) -> None:
                 h = graph.call_method("reshape", (h, *_with_last(n.args[1:], example(n).shape[-1], hidden)))
         rows = graph.call_method("reshape", (h, -1, hidden))
         target = graph.call_method("reshape", (ce.args[1], -1))
-        loss = graph.call_function(fn, (rows, weight, target, kw.get("ignore_index", -100)))
+        args = (rows, weight, target, kw.get("ignore_index", -100))
+        loss = graph.call_function(linear_cross_entropy, args, {"graph": compiled})
         loss = graph.call_method("to", (loss, example(ce).dtype))
     ce.replace_all_uses_with(loss)
     dropped = set(head.returned)
@@ -191,8 +196,9 @@ def replace(graph: Graph, head: Head, fn) -> None:
             graph.erase_node(n)
 
 
-def rewrite(graph: Graph, fn) -> list[Found]:
-    """Replace each allowed head in `graph` by fn; what each became, or why not."""
+def rewrite(graph: Graph, compiled: bool = False) -> list[Found]:
+    """Replace each allowed head in `graph` by the fused linear + cross entropy (`compiled`: a
+    graph Inductor compiles, where it is perfloop's graph op); what each became, or why not."""
     found = []
     for head in find(graph):
         w = head.linear.args[1]
@@ -203,7 +209,7 @@ def rewrite(graph: Graph, fn) -> list[Found]:
         why = why_not(head, keep)
         found.append(Found(head.line, not why, why or "", {"logits": "kept" if keep else "dropped"}, LOSS))
         if not why:
-            replace(graph, head, fn)
+            replace(graph, head, compiled)
     return found
 
 
@@ -218,11 +224,7 @@ class PreGradPass:
     def __call__(self, graph: Graph) -> None:
         if self.before is not None:
             self.before(graph)
-        if not _ALLOWED:
-            return
-        from perfloop.nn.compiled import graph_head
-
-        if any(f.replaced for f in rewrite(graph, graph_head)):
+        if _ALLOWED and any(f.replaced for f in rewrite(graph, compiled=True)):
             graph.lint()
 
 

@@ -243,11 +243,19 @@ class LinearCrossEntropy(nn.Module):
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, owner=None
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int = -100,
+    owner=None,
+    graph: bool | None = None,
 ) -> torch.Tensor:
     """The mean cross entropy of hidden @ weight.T against target (class indices), the logits
     never held whole: LinearCrossEntropy's forward, and what nn.head puts into a captured graph.
-    Where no kernel takes the call, torch's own (said once, as from `owner`)."""
+    `graph`: traced into a compiled graph (default: whether torch.compile is tracing), where it
+    is perfloop's graph op. Where no kernel takes the call, torch's own (said once, as from
+    `owner`)."""
+    graph = torch.compiler.is_compiling() if graph is None else graph
     from perfloop.ops.linear_cross_entropy.triton_impl import LinearCrossEntropyFunction, chunk_rows
 
     h, t, w = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1), weight
@@ -255,13 +263,13 @@ def linear_cross_entropy(
     if autocast_on(dev):
         dtype = torch.get_autocast_dtype(dev)
         h, w = h.to(dtype), w.to(dtype)
-    if torch.compiler.is_compiling():
+    if graph:
         from perfloop.nn.compiled import graph_linear_cross_entropy
 
         loss = graph_linear_cross_entropy(h, w, t, ignore_index)
         if loss is not None:
             return loss
-    why = "compiling" if torch.compiler.is_compiling() else kernel_here(h)
+    why = "compiling" if graph else kernel_here(h)
     if not why and t.dtype != torch.int64:
         why = f"targets of dtype {t.dtype} (class indices in int64 only)"
     if why or h.dtype != w.dtype:

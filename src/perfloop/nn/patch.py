@@ -20,6 +20,7 @@ shared module goes by pointing at the one fused module; a call that fails swaps 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -287,8 +288,10 @@ def patch(
     logits come back as None.
     """
     if not isinstance(logits, bool):
-        raise TypeError(f"logits: expected True or False, got {logits!r}; False lets pl.patch fuse a head "
-                        "whose logits the step does not read")  # fmt: skip
+        raise TypeError(
+            f"logits: expected True or False, got {logits!r}; False lets pl.patch fuse a head "
+            "whose logits the step does not read"
+        )
     if compiled and not measure:
         raise ValueError("compiled: True times the step compiled, which needs measure=True as well")
     if not isinstance(model, nn.Module):
@@ -391,8 +394,10 @@ def _fuse_heads(model, rewrites, seen, names, swapped, logits: bool) -> list[Swa
         if _rewrite.LOSS not in _rewrite.writes(m):
             continue
         if logits:
-            why = ("pl.patch(..., logits=False) checks it where the step does not read the logits: the "
-                   "head's linear and cross entropy fused, the logits returned as None")  # fmt: skip
+            why = (
+                "pl.patch(..., logits=False) checks it where the step does not read the logits: the "
+                "head's linear and cross entropy fused, the logits returned as None"
+            )
             out.append(Swap(name, _rewrite.LOSS, False, why))
             continue
         swap = _verify.check_written(name, m, seen.get(id(m)), [], logits=False)
@@ -419,7 +424,7 @@ def _keep_what_pays(
         for kind in kinds:
             models[f"only {kind}"] = _with(before, report, {kind})
     t = _measure(models, batch, loss_fn, budget_s, compiled)
-    pays = lambda c: _pays(c, t["peak_before"])  # noqa: E731
+    pays = functools.partial(_pays, peak_before=t["peak_before"])
     winners = [k for k in kinds if pays(t["candidates"].get(f"only {k}", {"significant": False}))]
     if 1 < len(winners) < len(kinds):  # the kinds that paid alone, together
         label = "only " + "+".join(winners)

@@ -37,7 +37,7 @@ def rewrite_graph(gm: GraphModule, inputs: list, lines: list | None = None) -> l
     found += _rewrite_ropes(gm, inputs)
     found += _rewrite_gelus(gm)
     found += _rewrite_norms(gm)
-    found += _rewrite_heads(gm)
+    found += head.rewrite(gm.graph)
     if any(f.replaced for f in found):
         gm.graph.lint()
         gm.recompile()
@@ -84,12 +84,6 @@ def _rewrite_norms(gm: GraphModule) -> list[Found]:
         if not why:
             pointwise.replace_norm(gm.graph, m)
     return found
-
-
-def _rewrite_heads(gm: GraphModule) -> list[Found]:
-    from perfloop.nn.modules import linear_cross_entropy
-
-    return head.rewrite(gm.graph, linear_cross_entropy)
 
 
 class Backend:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from perfloop.nn import head as _head
 from perfloop.nn import modules as _modules
 from perfloop.nn import rewrite as _rewrite
 
@@ -74,10 +75,11 @@ def forward_backward(module, args, kwargs, autocast_dtype, seed: int, frozen=(),
     out += [
         v for k, v in sorted(vars(module).items()) if isinstance(v, torch.Tensor) and before.get(k) is not v
     ]
-    wanted = lambda i, y: (
-        isinstance(y, torch.Tensor) and y.is_floating_point() and (keep is None or i in keep)
-    )  # noqa: E731
-    ys = {i: y for i, y in enumerate(out) if wanted(i, y)}
+    ys = {
+        i: y
+        for i, y in enumerate(out)
+        if isinstance(y, torch.Tensor) and y.is_floating_point() and (keep is None or i in keep)
+    }
     if not ys:
         raise ValueError("the module gives no floating tensor")
     pairs = []
@@ -233,9 +235,9 @@ def check_written(
 
 
 def _check_written(name: str, original: nn.Module, recorded, rerouted: list, logits: bool | None) -> Swap:
-    """A module whose forward writes attention or RoPE out: its forward captured and rewritten
-    (nn.rewrite), then checked like a swap, in eval mode (dropout off: the random draws of SDPA
-    and of the written-out dropout differ). With `logits` (whether they must be kept), its head
+    """A module whose forward writes attention, RoPE, GELU or a norm out: its forward captured
+    and rewritten (nn.rewrite), then checked like a swap, in eval mode (dropout off: the random
+    draws of SDPA and of the written-out dropout differ). With `logits` (whether they must be kept), its head
     too (nn.head); logits dropped are not compared."""
     kind = _rewrite.written_kind(_rewrite.writes(original))
     if recorded is None:
@@ -251,12 +253,12 @@ def _check_written(name: str, original: nn.Module, recorded, rerouted: list, log
     try:
         with eval_mode(original):
             fused.training = False
-            swap = check(name, original, fused, args, kwargs, autocast_dtype, "attention", kind, masks,
-                         dropped=logits is False)  # fmt: skip
+            drop = logits is False
+            swap = check(name, original, fused, args, kwargs, autocast_dtype, "attention", kind, masks, drop)
     except Exception as exc:  # noqa: BLE001 -- a module the check cannot run is kept as written
         return Swap(name, kind, False, f"the check could not run it: {type(exc).__name__}: {exc}")
     finally:
-        _rewrite.head.disallow(r.heads)
+        _head.disallow(r.heads)
     done = [f for f in r.backend.found if f.replaced]
     if not done:
         why = "; ".join(dict.fromkeys(f"{f.line or f.pattern}: {f.reason}" for f in r.backend.found))
