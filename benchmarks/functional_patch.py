@@ -249,15 +249,24 @@ def head_under_compile(name: str, small: bool, dev: str, budget_s: float) -> dic
     compile_s = warmed(models, batch, loss_fn)
     losses = {k: loss_fn(m, batch).detach().item() for k, m in models.items()}
     peaks = {k: step_peak(m, step_of(m, batch, loss_fn)) for k, m in models.items()} if dev == "cuda" else {}
-    c = compare({k: step_of(m, batch, loss_fn) for k, m in models.items()}, baseline="compiled",
-                budget_s=budget_s)  # fmt: skip
+    c = compare(
+        {k: step_of(m, batch, loss_fn) for k, m in models.items()}, baseline="compiled", budget_s=budget_s
+    )
     s = c.speedups["patched+compiled"]
     head = [sw for sw in report.swaps if "cross entropy written out" in sw.kind]
-    out = {"report": str(report), "head_fused": bool(head and head[0].replaced),
-           "head": head[0].via or head[0].reason if head else "no head found", "patch_s": patch_s,
-           "compile_s": compile_s, "losses": losses, "peak_bytes": peaks,
-           "ms": {k: c.measurements[k].median_ms for k in models}, "speedup": s.speedup, "ci": s.ci,
-           "significant": s.significant}  # fmt: skip
+    out = {
+        "report": str(report),
+        "head_fused": bool(head and head[0].replaced),
+        "head": head[0].via or head[0].reason if head else "no head found",
+        "patch_s": patch_s,
+        "compile_s": compile_s,
+        "losses": losses,
+        "peak_bytes": peaks,
+        "ms": {k: c.measurements[k].median_ms for k in models},
+        "speedup": s.speedup,
+        "ci": s.ci,
+        "significant": s.significant,
+    }
     if peaks:
         out["peak_ratio"] = peaks["patched+compiled"] / peaks["compiled"]
     e = c.measurements["eager"].median_ms / c.measurements["patched"].median_ms

@@ -371,8 +371,12 @@ def test_a_break_whose_sync_is_the_steps_only_one_saves_all_the_idle_the_host_ou
     # timeline.without alone: the later launches 400 us sooner, the device still busy to 960
     assert r.break_saving_ms == {"train.py:36": pytest.approx(r.idle_ms)} and r.idle_ms == pytest.approx(0.05)
     other = ev("cudaDeviceSynchronize", 602, 609, step)  # a second sync, not the break's: the host cannot
-    r = idle([step, item, sync, other], kernels, launched_at=launched,
-             compiled=([], between, {"train.py:36": {"2"}}))  # fmt: skip
+    r = idle(
+        [step, item, sync, other],
+        kernels,
+        launched_at=launched,
+        compiled=([], between, {"train.py:36": {"2"}}),
+    )
     assert r.break_saving_ms == {"train.py:36": pytest.approx(0.04)}
 
 

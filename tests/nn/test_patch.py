@@ -177,9 +177,17 @@ def test_measure_keeps_a_swap_that_makes_the_step_smaller_and_not_slower(train_g
 
     def fake_measure(models, batch, loss_fn, budget_s, compiled=False):
         speed = {k: alone.get(k, 1.0) for k in models if k != "before"}
-        cands = {k: {"ms": 35 / v, "speedup": v, "ci": (v - 0.01, v + 0.01), "p_value": 0.001,
-                     "significant": abs(v - 1) > 0.02, "peak": peaks.get(k, 1000)}
-                 for k, v in speed.items()}  # fmt: skip
+        cands = {
+            k: {
+                "ms": 35 / v,
+                "speedup": v,
+                "ci": (v - 0.01, v + 0.01),
+                "p_value": 0.001,
+                "significant": abs(v - 1) > 0.02,
+                "peak": peaks.get(k, 1000),
+            }
+            for k, v in speed.items()
+        }
         return {
             "before_ms": 35.0,
             "candidates": cands,

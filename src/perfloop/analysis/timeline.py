@@ -474,11 +474,42 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
                  Intervals(list(compiled[3]) if len(compiled) > 3 else []), samples,
                  _before_first(device_intervals, spans), bool(pageable))  # fmt: skip
     holes = _split_at_syncs(holes, host.syncs)
+    ended = {round(be, 3): behind for _, be, behind in _drained(device_intervals, launched_at)}
+    sync_host, outer, sync_places = _sync_ops(syncs, samples, spans)
+    by_cause, after, places, in_graphs = _charge(holes, host, ended, samples, sync_places)
+    wall = sum(e - s for s, e in spans) / 1e3 if spans else (end - start) / 1e3
+    busy = wall - sum((e - s) / 1e3 for s, e in holes)
+    waited = sum(ce - cs for cs, ce, *_ in syncs) / 1e3
+    sync_saving = _sync_saving(syncs, spans, device_intervals, launched_at, end)
+    hidden = sum(by_cause[c] for c in OVERLAPPED)
+    break_saving = _break_savings(compiled, spans, device_intervals, launched_at, end, syncs, hidden)
+    calls = Counter(op for _, _, op, _ in syncs)
+    sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
+    ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
+    out = Idle(
+        wall_ms=wall,
+        busy_ms=busy,
+        by_cause=by_cause,
+        syncs=sync_rows,
+        places=ranked,
+        sampled=bool(samples.samples),
+        waited_ms=waited,
+        sync_saving_ms=sync_saving,
+        sync_host_ms=sync_host,
+        outer=outer,
+        sync_places=sync_places,
+        break_saving_ms=break_saving,
+        launch_in_graphs_ms=in_graphs if len(compiled) > 3 else None,
+    )
+    return out.charged()
+
+
+def _charge(holes, host: _Host, ended: dict, samples: Points, sync_places: dict):
+    """Each idle hole charged to its cause and place: (ms by cause, ms after each synchronizing
+    op, ms by (cause, place), the launch gaps inside graph calls)."""
     by_cause = dict.fromkeys(CAUSES, 0.0)
     after: Counter = Counter()
     places: Counter = Counter()
-    ended = {round(be, 3): behind for _, be, behind in _drained(device_intervals, launched_at)}
-    sync_host, outer, sync_places = _sync_ops(syncs, samples, spans)
     in_graphs = 0.0
     last_sync = None  # the synchronizing op whose emptied queue the host is still behind
     last_break = None  # ... or the graph break (its place) whose eager code emptied it
@@ -505,18 +536,4 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         elif cause == GRAPH_BREAK:  # the break: named by the compiled region resumed after it
             place = broken[-1][2]
         places[(cause, place)] += ms
-    wall = sum(e - s for s, e in spans) / 1e3 if spans else (end - start) / 1e3
-    busy = wall - sum((e - s) / 1e3 for s, e in holes)
-    waited = sum(ce - cs for cs, ce, *_ in syncs) / 1e3
-    sync_saving = _sync_saving(syncs, spans, device_intervals, launched_at, end)
-    hidden = sum(by_cause[c] for c in OVERLAPPED)
-    break_saving = _break_savings(compiled, spans, device_intervals, launched_at, end, syncs, hidden)
-    calls = Counter(op for _, _, op, _ in syncs)
-    sync_rows = [(op, calls[op], ms, sorted((sites or {}).get(op, ()))) for op, ms in after.most_common()]
-    ranked = [(c, p, ms) for (c, p), ms in places.most_common()]
-    out = Idle(wall_ms=wall, busy_ms=busy, by_cause=by_cause, syncs=sync_rows, places=ranked,
-               sampled=bool(samples.samples), waited_ms=waited, sync_saving_ms=sync_saving,
-               sync_host_ms=sync_host, outer=outer, sync_places=sync_places,
-               break_saving_ms=break_saving,
-               launch_in_graphs_ms=in_graphs if len(compiled) > 3 else None)  # fmt: skip
-    return out.charged()
+    return by_cause, after, places, in_graphs

@@ -19,6 +19,7 @@ import torch
 from torch.fx import GraphModule
 
 from perfloop.nn import head, pointwise, rotary, sdpa
+from perfloop.nn.compiled import all_in_graph
 from perfloop.nn.fxnodes import Found, values_of
 from perfloop.nn.head import LOSS as LOSS
 from perfloop.nn.pointwise import GELU as GELU  # the kinds nn.patch names
@@ -138,8 +139,6 @@ class Rewritten:
     def __call__(self, *args, **kwargs):
         if torch.compiler.is_compiling() or self._compiled is None:
             return self.fn(self.owner, *args, **kwargs)
-        from perfloop.nn.compiled import all_in_graph
-
         try:
             with all_in_graph():
                 return self._compiled(self.owner, *args, **kwargs)

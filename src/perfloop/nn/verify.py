@@ -38,7 +38,7 @@ def first_device(args, kwargs) -> str:
 
 def recorded(args, kwargs) -> tuple:
     """(args, kwargs, autocast dtype or None) of a call, its tensors copied."""
-    keep = lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
+    keep = lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a
     dev = first_device(args, kwargs)
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
     return tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}, dtype
@@ -151,7 +151,7 @@ def check(
         return Swap(name, kind, False, f"the fused module failed on this input: {exc}")
     keep = None if not dropped else set(got_y)
     ref = copy_module(original).double()
-    dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
+    dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
     try:
         with _modules.recording_fallbacks():  # fused modules already inside the original: unsaid
             dargs, dkwargs = [dbl(a) for a in args], {k: dbl(v) for k, v in kwargs.items()}
@@ -167,7 +167,7 @@ def check(
     if _promoted(fused, autocast_dtype, got_y, orig_y):  # the written form's pow makes its output fp32
         fused.autocast_fp32 = options["autocast_fp32"] = True
         got_y, got_g = forward_backward(fused, args, kwargs, autocast_dtype, seed=0, frozen=unlearned)
-    said = lambda ys: ", ".join(f"{y.dtype} {tuple(y.shape)}" for y in ys.values())  # noqa: E731
+    said = lambda ys: ", ".join(f"{y.dtype} {tuple(y.shape)}" for y in ys.values())
     if [(i, y.dtype, y.shape) for i, y in got_y.items()] != [
         (i, y.dtype, y.shape) for i, y in orig_y.items()
     ]:
