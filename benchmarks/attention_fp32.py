@@ -46,8 +46,11 @@ def _timed(sdpa, ours, q, k, v, dy) -> dict:
     out = {}
     for mode, fns in (("fwd", fwd), ("fwd+bwd", both)):
         c = pl.compare(fns, baseline="sdpa", budget_s=0.2)
-        out[mode] = {"speedup": c.speedups["ours"].speedup, "sdpa_ms": c.measurements["sdpa"].median_ms,
-                     "ours_ms": c.measurements["ours"].median_ms}  # fmt: skip
+        out[mode] = {
+            "speedup": c.speedups["ours"].speedup,
+            "sdpa_ms": c.measurements["sdpa"].median_ms,
+            "ours_ms": c.measurements["ours"].median_ms,
+        }
     return out
 
 
@@ -84,9 +87,17 @@ def main(out_dir: str) -> int:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
-            (out / "attention-fp32.json").write_text(json.dumps(
-                {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                 "torch": torch.__version__, "rows": rows}, indent=1))  # fmt: skip
+            (out / "attention-fp32.json").write_text(
+                json.dumps(
+                    {
+                        "device": torch.cuda.get_device_name(),
+                        "date": time.strftime("%Y-%m-%d"),
+                        "torch": torch.__version__,
+                        "rows": rows,
+                    },
+                    indent=1,
+                )
+            )
     return 0
 
 

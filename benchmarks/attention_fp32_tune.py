@@ -15,11 +15,21 @@ import torch
 from perfloop.ops.attention import tuning
 
 SPACE = {
-    "fwd": [(64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3),
-            (128, 32, 8, 2), (32, 32, 4, 3), (32, 32, 4, 2), (64, 32, 8, 2)],
+    "fwd": [
+        (64, 64, 4, 2),
+        (64, 32, 4, 2),
+        (32, 64, 4, 2),
+        (64, 64, 8, 2),
+        (128, 64, 8, 2),
+        (64, 32, 4, 3),
+        (128, 32, 8, 2),
+        (32, 32, 4, 3),
+        (32, 32, 4, 2),
+        (64, 32, 8, 2),
+    ],
     "dkdv": [(32, 64, 4, 2), (32, 32, 4, 2), (64, 64, 8, 2), (16, 64, 4, 2), (64, 32, 4, 2)],
     "dq": [(64, 32, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2), (128, 32, 8, 2), (64, 32, 8, 2)],
-}  # fmt: skip
+}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -34,7 +44,8 @@ if __name__ == "__main__":
     cases = [(4, 16, t, t, d, True) for d in args.dims for t in args.tokens]
     kinds = ("fwd",) if args.fwd else ("fwd", "dkdv", "dq")
     got = tuning.tune(kinds=kinds, cases=cases, budget_s=0.2, write=False, dtype=torch.float32)
-    (out / "attention-fp32-tune.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                              "rows": got["rows"]}, indent=1))  # fmt: skip
+    (out / "attention-fp32-tune.json").write_text(
+        json.dumps({"device": torch.cuda.get_device_name(), "rows": got["rows"]}, indent=1)
+    )
     for r in got["rows"]:
         print(r)

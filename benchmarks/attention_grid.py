@@ -45,18 +45,27 @@ def point_gib(b: int, h: int, t: int, d: int, size: int = 2) -> float:
 
 def measure(b: int, h: int, t: int, d: int, causal: bool, budget_s: float, dtype=torch.bfloat16) -> dict:
     g = torch.Generator(device="cuda").manual_seed(b * 1000003 + h * 1009 + t + d)
-    q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=dtype, generator=g).requires_grad_()
-               for _ in range(3))  # fmt: skip
+    q, k, v = (
+        torch.randn(b, h, t, d, device="cuda", dtype=dtype, generator=g).requires_grad_() for _ in range(3)
+    )
     dy = torch.randn(b, h, t, d, device="cuda", dtype=dtype, generator=g)
-    fns = {"fwd": {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                   "triton": lambda: flash_attention(q, k, v, causal)[0]}}  # fmt: skip
+    fns = {
+        "fwd": {
+            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+            "triton": lambda: flash_attention(q, k, v, causal)[0],
+        }
+    }
     fns["fwd+bwd"] = {n: (lambda f=f: torch.autograd.grad(f(), (q, k, v), dy)) for n, f in fns["fwd"].items()}
     out = {}
     for mode, pair in fns.items():
         c = pl.compare(pair, baseline="sdpa", budget_s=budget_s)
         s = c.speedups["triton"]
-        out[mode] = {"speedup": s.speedup, "ci": list(s.ci), "sdpa_ms": c.measurements["sdpa"].median_ms,
-                     "triton_ms": c.measurements["triton"].median_ms}  # fmt: skip
+        out[mode] = {
+            "speedup": s.speedup,
+            "ci": list(s.ci),
+            "sdpa_ms": c.measurements["sdpa"].median_ms,
+            "triton_ms": c.measurements["triton"].median_ms,
+        }
     return out
 
 
@@ -80,8 +89,11 @@ def main(argv=None) -> int:
         return 2
     last = grid.read(args.check) if args.check else None  # a bad recording stops before any timing
     if last is not None and last.get("dtype", "bfloat16") != args.dtype:
-        print(f"attention_grid: --check {args.check} was recorded in {last.get('dtype', 'bfloat16')}, "
-              f"this run is in {args.dtype} (--dtype)", file=sys.stderr)  # fmt: skip
+        print(
+            f"attention_grid: --check {args.check} was recorded in {last.get('dtype', 'bfloat16')}, "
+            f"this run is in {args.dtype} (--dtype)",
+            file=sys.stderr,
+        )
         return 2
     points = list(itertools.product(args.batch, args.heads, args.tokens, args.dims, args.masks))
     if last is not None:  # a run of part of the grid is checked on those points only
@@ -90,9 +102,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = pl.env_fingerprint()
-    rec = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-           "commit": env.get("git"), "torch": torch.__version__, "dtype": args.dtype,
-           "points": {}}  # fmt: skip
+    rec = {
+        "device": torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": env.get("git"),
+        "torch": torch.__version__,
+        "dtype": args.dtype,
+        "points": {},
+    }
     name = "attention-grid" + ("" if args.dtype == "bfloat16" else f"-{args.dtype}")  # the guard reads bf16's
     t0 = time.perf_counter()
     for b, h, t, d, mask in points:
@@ -113,8 +130,14 @@ def main(argv=None) -> int:
         (out / f"{name}.json").write_text(json.dumps(rec, indent=1))  # kept as it goes
     rec["seconds"] = round(time.perf_counter() - t0, 1)
     (out / f"{name}.json").write_text(json.dumps(rec, indent=1))
-    grid.heatmap(rec, out / f"{name}.png", rows="b h", cols="t", panels="d mask mode",
-                 title=f"FlashAttention (Triton) / SDPA, {args.dtype}, {rec['device']}")  # fmt: skip
+    grid.heatmap(
+        rec,
+        out / f"{name}.png",
+        rows="b h",
+        cols="t",
+        panels="d mask mode",
+        title=f"FlashAttention (Triton) / SDPA, {args.dtype}, {rec['device']}",
+    )
     worst = grid.worst(rec, 10)
     (out / f"{name}-worst.txt").write_text("".join(f"{s:.3f}x  {k}\n" for k, s in worst))
     print("ten worst points:\n" + "".join(f"  {s:.3f}x  {k}\n" for k, s in worst), end="")
@@ -123,8 +146,10 @@ def main(argv=None) -> int:
     found = grid.drops(last, rec, args.limit)
     for drop in found:
         print(f"DROP {drop}")
-    print(f"{len(found)} point(s) fell more than {args.limit:.0%} ({grid.SHORT_LIMIT:.0%} under "
-          f"{grid.SHORT_MS} ms) against {args.check}")  # fmt: skip
+    print(
+        f"{len(found)} point(s) fell more than {args.limit:.0%} ({grid.SHORT_LIMIT:.0%} under "
+        f"{grid.SHORT_MS} ms) against {args.check}"
+    )
     return 1 if found else 0
 
 

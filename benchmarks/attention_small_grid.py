@@ -48,13 +48,18 @@ def point(b: int, h: int, t: int, d: int, causal: bool, budget_s: float) -> dict
     g = torch.Generator(device="cuda").manual_seed(b * 1000003 + h * 1009 + t + d)
     q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     scale = d**-0.5
-    fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-           "table": lambda: at.flash_attention(q, k, v, causal)[0]}  # fmt: skip
+    fns = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        "table": lambda: at.flash_attention(q, k, v, causal)[0],
+    }
     for c in CANDIDATES:
         cfg = dict(zip(at.CONFIG_KEYS, c, strict=True))
         fns["x".join(map(str, c))] = lambda cfg=cfg: at.run_forward(q, k, v, causal, scale, cfg=cfg)[0]
-    out = {"programs_at_table_tiles": -(-t // at._config(d, "fwd")["BLOCK_M"]) * b * h,
-           "sms": torch.cuda.get_device_properties(0).multi_processor_count, "variants": {}}  # fmt: skip
+    out = {
+        "programs_at_table_tiles": -(-t // at._config(d, "fwd")["BLOCK_M"]) * b * h,
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+        "variants": {},
+    }
     ok = {}
     for name, fn in fns.items():
         try:
@@ -64,8 +69,11 @@ def point(b: int, h: int, t: int, d: int, causal: bool, budget_s: float) -> dict
             out["variants"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
     c = pl.compare(ok, baseline="sdpa", budget_s=budget_s)
     for name, fn in ok.items():
-        out["variants"][name] = {"call_ms": c.measurements[name].median_ms, "device_ms": device_ms(fn),
-                                 "speedup": c.speedups[name].speedup if name != "sdpa" else 1.0}  # fmt: skip
+        out["variants"][name] = {
+            "call_ms": c.measurements[name].median_ms,
+            "device_ms": device_ms(fn),
+            "speedup": c.speedups[name].speedup if name != "sdpa" else 1.0,
+        }
     return out
 
 
@@ -99,9 +107,12 @@ def main(argv=None) -> int:
         best = max((v["speedup"], n) for n, v in got["variants"].items() if "speedup" in v and n != "sdpa")
         table = got["variants"].get("table", {})
         sdpa_us = got["variants"]["sdpa"]["device_ms"] * 1e3
-        print(f"{key}: recorded {recorded:.2f}x, table {table.get('speedup', float('nan')):.2f}x "
-              f"(device {table.get('device_ms', float('nan')) * 1e3:.0f} us against SDPA's {sdpa_us:.0f}), "
-              f"best {best[1]} {best[0]:.2f}x", flush=True)  # fmt: skip
+        print(
+            f"{key}: recorded {recorded:.2f}x, table {table.get('speedup', float('nan')):.2f}x "
+            f"(device {table.get('device_ms', float('nan')) * 1e3:.0f} us against SDPA's {sdpa_us:.0f}), "
+            f"best {best[1]} {best[0]:.2f}x",
+            flush=True,
+        )
         (out_dir / "attention-small-grid.json").write_text(json.dumps(res, indent=1))
     return 0
 

@@ -36,10 +36,17 @@ def main() -> None:
     ops = p.breakdown(by="op")
     big = [r for r in ops if r.share > 0.01]
     rows = [
-        {"name": r.name, "share": round(r.share, 4), "ms_per_step": r.device_ms / p.calls,
-         "bound": str(r.bound) if r.bound else None, "gbps": r.gbps, "tflops": r.tflops, "note": r.note}
+        {
+            "name": r.name,
+            "share": round(r.share, 4),
+            "ms_per_step": r.device_ms / p.calls,
+            "bound": str(r.bound) if r.bound else None,
+            "gbps": r.gbps,
+            "tflops": r.tflops,
+            "note": r.note,
+        }
         for r in ops[:25]
-    ]  # fmt: skip
+    ]
     from torch.autograd.profiler_util import FunctionEvent
 
     probe = {
@@ -62,7 +69,7 @@ def main() -> None:
         "modules": [
             {"name": r.name, "share": round(r.share, 4), "bound": str(r.bound) if r.bound else None}
             for r in modules[:20]
-        ],  # fmt: skip
+        ],
         "ops": rows,
         "probe": probe,
         "findings": [f"{f.title} ({f.kind})" for f in p.diagnose().findings],

@@ -24,13 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-import llama_model  # noqa: E402
-import mingpt_model  # noqa: E402
-import nanogpt_model  # noqa: E402
+import llama_model
+import mingpt_model
+import nanogpt_model
 
-import perfloop as pl  # noqa: E402
-from perfloop.device import env_fingerprint  # noqa: E402
-from perfloop.nn import functional as pf  # noqa: E402
+import perfloop as pl
+from perfloop.device import env_fingerprint
+from perfloop.nn import functional as pf
 
 
 def host_us(fn, calls: int = 2000) -> float:
@@ -60,14 +60,20 @@ def build(name: str, small: bool, dev: str):
     """(model, batch size, sequence length, vocabulary) of the named model, seeded."""
     torch.manual_seed(0)
     if name == "mingpt":  # GPT-2 small written out (attention, GELU), dropout 0.1, batch 12 x 1024
-        cfg = (mingpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
-               if small else mingpt_model.GPTConfig())  # fmt: skip
+        cfg = (
+            mingpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
+            if small
+            else mingpt_model.GPTConfig()
+        )
         if os.environ.get("NO_DROPOUT"):  # the curves with nothing random in the step
             cfg.embd_pdrop = cfg.resid_pdrop = cfg.attn_pdrop = 0.0
         return mingpt_model.GPT(cfg).to(dev), cfg, *((2, 64) if small else (12, 1024)), cfg.vocab_size
     if name == "gpt2":  # GPT-2 small, batch 12 x 1024
-        cfg = (nanogpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
-               if small else nanogpt_model.GPTConfig())  # fmt: skip
+        cfg = (
+            nanogpt_model.GPTConfig(block_size=64, vocab_size=512, n_layer=2, n_head=2, n_embd=64)
+            if small
+            else nanogpt_model.GPTConfig()
+        )
         return nanogpt_model.GPT(cfg).to(dev), cfg, *((2, 64) if small else (12, 1024)), cfg.vocab_size
     # 8 layers, d 1024, 16 heads, vocab 32000, batch 8 x 1024
     tiny = dict(dim=64, n_layers=2, n_heads=2, vocab_size=512, multiple_of=32, max_seq_len=64)
@@ -154,13 +160,22 @@ def compiled_comparison(name: str, small: bool, dev: str, budget_s: float) -> di
         steps = {k: step_of(m, batch, loss_fn) for k, m in models.items()}
         c = compare(steps, baseline="compiled", budget_s=budget_s)
         s = c.speedups["patched+compiled"]
-        out[label] = {"in_graph": sorted(in_graph), "replaced": report.replaced, "compile_s": compile_s,
-                      "compiled_ms": c.measurements["compiled"].median_ms,
-                      "patched_compiled_ms": c.measurements["patched+compiled"].median_ms,
-                      "speedup": s.speedup, "ci": s.ci, "significant": s.significant}  # fmt: skip
-        print(f"{name} {label}: compiled {out[label]['compiled_ms']:.2f} ms, patched+compiled "
-              f"{out[label]['patched_compiled_ms']:.2f} ms, {s.speedup:.3f}x [{s.ci[0]:.3f}, {s.ci[1]:.3f}]"
-              f" (compiles {compile_s:.0f} s)", flush=True)  # fmt: skip
+        out[label] = {
+            "in_graph": sorted(in_graph),
+            "replaced": report.replaced,
+            "compile_s": compile_s,
+            "compiled_ms": c.measurements["compiled"].median_ms,
+            "patched_compiled_ms": c.measurements["patched+compiled"].median_ms,
+            "speedup": s.speedup,
+            "ci": s.ci,
+            "significant": s.significant,
+        }
+        print(
+            f"{name} {label}: compiled {out[label]['compiled_ms']:.2f} ms, patched+compiled "
+            f"{out[label]['patched_compiled_ms']:.2f} ms, {s.speedup:.3f}x [{s.ci[0]:.3f}, {s.ci[1]:.3f}]"
+            f" (compiles {compile_s:.0f} s)",
+            flush=True,
+        )
     pc.IN_GRAPH = shipped
     return out
 
@@ -180,23 +195,38 @@ def four_ways(name: str, small: bool, dev: str, budget_s: float) -> dict:
     t0 = time.perf_counter()
     report = pl.patch(patched, batch, loss_fn=loss_fn, measure=True, budget_s=budget_s)
     patch_s = time.perf_counter() - t0
-    models = {"eager": base, "patched": patched, "compiled": torch.compile(copy.deepcopy(base)),
-              "patched+compiled": torch.compile(patched)}  # fmt: skip
+    models = {
+        "eager": base,
+        "patched": patched,
+        "compiled": torch.compile(copy.deepcopy(base)),
+        "patched+compiled": torch.compile(patched),
+    }
     compile_s = warmed(models, batch, loss_fn)  # compiled outside the timing
     steps = {k: step_of(m, batch, loss_fn) for k, m in models.items()}
     peaks = {k: step_peak(m, steps[k]) for k, m in models.items()} if dev == "cuda" else {}
     c = compare(steps, baseline="eager", budget_s=budget_s)
     ms = {k: c.measurements[k].median_ms for k in models}
-    out = {"replaced": report.replaced, "kept": (report.timing or {}).get("kept"), "patch_s": patch_s,
-           "compile_s": compile_s, "ms": ms, "peak_bytes": peaks, "report": str(report),
-           "patched_vs_eager": ms["eager"] / ms["patched"], "compiled_vs_eager": ms["eager"] / ms["compiled"],
-           "patched_vs_compiled": ms["compiled"] / ms["patched"],
-           "patched_compiled_vs_compiled": ms["compiled"] / ms["patched+compiled"]}  # fmt: skip
+    out = {
+        "replaced": report.replaced,
+        "kept": (report.timing or {}).get("kept"),
+        "patch_s": patch_s,
+        "compile_s": compile_s,
+        "ms": ms,
+        "peak_bytes": peaks,
+        "report": str(report),
+        "patched_vs_eager": ms["eager"] / ms["patched"],
+        "compiled_vs_eager": ms["eager"] / ms["compiled"],
+        "patched_vs_compiled": ms["compiled"] / ms["patched"],
+        "patched_compiled_vs_compiled": ms["compiled"] / ms["patched+compiled"],
+    }
     print(report, flush=True)
     times = ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items())
-    print(f"{name}: {times}; patched {out['patched_vs_eager']:.2f}x eager, {out['patched_vs_compiled']:.2f}x "
-          f"compiled; compiled {out['compiled_vs_eager']:.2f}x eager; patched+compiled "
-          f"{out['patched_compiled_vs_compiled']:.3f}x compiled", flush=True)  # fmt: skip
+    print(
+        f"{name}: {times}; patched {out['patched_vs_eager']:.2f}x eager, {out['patched_vs_compiled']:.2f}x "
+        f"compiled; compiled {out['compiled_vs_eager']:.2f}x eager; patched+compiled "
+        f"{out['patched_compiled_vs_compiled']:.3f}x compiled",
+        flush=True,
+    )
     return out
 
 
@@ -219,12 +249,21 @@ def for_compile(name: str, small: bool, dev: str, budget_s: float) -> dict:
     steps = {k: step_of(m, batch, loss_fn) for k, m in models.items()}
     c = compare(steps, baseline="compiled", budget_s=budget_s)
     s = c.speedups["patched for compile, compiled"]
-    out = {"kept": report.timing["kept"] if report.timing else [], "patch_s": patch_s, "report": str(report),
-           "speedup": s.speedup, "ci": s.ci, "significant": s.significant,
-           "ms": {k: c.measurements[k].median_ms for k in models}}  # fmt: skip
+    out = {
+        "kept": report.timing["kept"] if report.timing else [],
+        "patch_s": patch_s,
+        "report": str(report),
+        "speedup": s.speedup,
+        "ci": s.ci,
+        "significant": s.significant,
+        "ms": {k: c.measurements[k].median_ms for k in models},
+    }
     print(report, flush=True)
-    print(f"{name}: patched for compile then compiled {s.speedup:.3f}x compiled [{s.ci[0]:.3f}, "
-          f"{s.ci[1]:.3f}]; kept {out['kept']}; patch took {patch_s:.0f} s", flush=True)  # fmt: skip
+    print(
+        f"{name}: patched for compile then compiled {s.speedup:.3f}x compiled [{s.ci[0]:.3f}, "
+        f"{s.ci[1]:.3f}]; kept {out['kept']}; patch took {patch_s:.0f} s",
+        flush=True,
+    )
     return out
 
 
@@ -298,9 +337,20 @@ def breakdown(name: str, small: bool, dev: str, top: int = 20) -> dict:
         p = pl.profile(step_of(m, batch, loss_fn))
         rows = p.breakdown(by="op")
         total = sum(r.device_ms for r in rows)
-        out[label] = {"device_ms": total, "rows": [
-            {"name": r.name, "calls": r.calls, "ms": round(r.device_ms, 3), "dtype": r.dtype,
-             "gb": round((r.bytes or 0) / 1e9, 3), "bound": str(r.bound)} for r in rows[:top]]}  # fmt: skip
+        out[label] = {
+            "device_ms": total,
+            "rows": [
+                {
+                    "name": r.name,
+                    "calls": r.calls,
+                    "ms": round(r.device_ms, 3),
+                    "dtype": r.dtype,
+                    "gb": round((r.bytes or 0) / 1e9, 3),
+                    "bound": str(r.bound),
+                }
+                for r in rows[:top]
+            ],
+        }
         print(f"{name} {label}: {total:.2f} ms of device time by op", flush=True)
         for r in rows[:top]:
             gb = (r.bytes or 0) / 1e9
@@ -327,7 +377,7 @@ def curves(name: str, small: bool, dev: str, steps: int, seeds: int = 1) -> dict
         toks.append(int(succ[toks[-1], p]))
     corpus = torch.tensor(toks)
     starts = torch.randint(0, len(corpus) - seq - 1, (steps, bsz), generator=g)
-    window = lambda row, k: torch.stack([corpus[s + k : s + k + seq] for s in row]).to(dev)  # noqa: E731
+    window = lambda row, k: torch.stack([corpus[s + k : s + k + seq] for s in row]).to(dev)
     batches = [(window(row, 0), window(row, 1)) for row in starts]
     patched = __import__("copy").deepcopy(model)
     report = pl.patch(patched, batches[0], loss_fn=loss_fn)
@@ -340,8 +390,10 @@ def curves(name: str, small: bool, dev: str, steps: int, seeds: int = 1) -> dict
     out = {"replaced": report.replaced}
     runs = [("torch", model), ("patched", patched), ("torch, nudged", nudged)]
     for seed in range(1, seeds):
-        runs += [(f"torch, seed {seed}", __import__("copy").deepcopy(model)),
-                 (f"patched, seed {seed}", __import__("copy").deepcopy(patched))]  # fmt: skip
+        runs += [
+            (f"torch, seed {seed}", __import__("copy").deepcopy(model)),
+            (f"patched, seed {seed}", __import__("copy").deepcopy(patched)),
+        ]
     start = {k: v.clone() for k, v in model.state_dict().items()}
     for label, m in runs:
         m.load_state_dict(start) if label != "torch, nudged" else None
@@ -361,21 +413,32 @@ def curves(name: str, small: bool, dev: str, steps: int, seeds: int = 1) -> dict
         abs(a - b) for a, b in zip(out["torch"], out["torch, nudged"], strict=True)
     )
     out["mean_signed_diff"] = sum(b - a for a, b in zip(out["torch"], out["patched"], strict=True)) / steps
-    out["first_last"] = {"torch": [out["torch"][0], out["torch"][-1]],
-                         "patched": [out["patched"][0], out["patched"][-1]]}  # fmt: skip
-    tail = lambda v: sum(v[-20:]) / len(v[-20:])  # noqa: E731
+    out["first_last"] = {
+        "torch": [out["torch"][0], out["torch"][-1]],
+        "patched": [out["patched"][0], out["patched"][-1]],
+    }
+    tail = lambda v: sum(v[-20:]) / len(v[-20:])
     out["last20"] = {label: tail(out[label]) for label, _ in runs}
     if seeds > 1:
         mine = [v for k, v in out["last20"].items() if k.startswith("torch")]
         theirs = [v for k, v in out["last20"].items() if k.startswith("patched")]
-        out["spread"] = {"torch": [min(mine), max(mine)], "patched": [min(theirs), max(theirs)],
-                         "mean_gap": sum(theirs) / len(theirs) - sum(mine) / len(mine)}  # fmt: skip
-        print(f"{name} last-20 mean loss: torch {sorted(round(v, 3) for v in mine)}, patched "
-              f"{sorted(round(v, 3) for v in theirs)}", flush=True)  # fmt: skip
+        out["spread"] = {
+            "torch": [min(mine), max(mine)],
+            "patched": [min(theirs), max(theirs)],
+            "mean_gap": sum(theirs) / len(theirs) - sum(mine) / len(mine),
+        }
+        print(
+            f"{name} last-20 mean loss: torch {sorted(round(v, 3) for v in mine)}, patched "
+            f"{sorted(round(v, 3) for v in theirs)}",
+            flush=True,
+        )
     t, p = out["torch"], out["patched"]
-    print(f"{name} curves over {steps} steps: loss {t[0]:.3f} -> {t[-1]:.3f} (torch), -> {p[-1]:.3f} "
-          f"(patched); largest gap {out['max_abs_diff']:.4f} (torch from weights 1e-6 away: "
-          f"{out['max_abs_diff_nudged']:.4f})", flush=True)  # fmt: skip
+    print(
+        f"{name} curves over {steps} steps: loss {t[0]:.3f} -> {t[-1]:.3f} (torch), -> {p[-1]:.3f} "
+        f"(patched); largest gap {out['max_abs_diff']:.4f} (torch from weights 1e-6 away: "
+        f"{out['max_abs_diff_nudged']:.4f})",
+        flush=True,
+    )
     return out
 
 
@@ -424,8 +487,10 @@ def main() -> None:
         if before is not None:  # every verified swap, kept or not: where the device time went
             every = __import__("copy").deepcopy(before)
             pl.patch(every, xy, loss_fn=loss_fn)
-            out["device_time"] = {"torch": device_ms(before, xy, loss_fn),
-                                  "patched": device_ms(every, xy, loss_fn)}  # fmt: skip
+            out["device_time"] = {
+                "torch": device_ms(before, xy, loss_fn),
+                "patched": device_ms(every, xy, loss_fn),
+            }
             print(json.dumps(out["device_time"]), flush=True)
         print(report, flush=True)
         print(json.dumps(out["mechanism"]), flush=True)

@@ -19,10 +19,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import train_gpt  # noqa: E402
+import train_gpt
 
-import perfloop as pl  # noqa: E402
-import perfloop.nn as pnn  # noqa: E402
+import perfloop as pl
+import perfloop.nn as pnn
 
 
 def _liger():
@@ -89,8 +89,12 @@ def norms(out: dict, copy_gbps: float) -> None:
             for k, meas in c.measurements.items():
                 s = c.speedups.get(k)
                 share = passes / (meas.median_ms * 1e-3) / 1e9 / copy_gbps
-                row[k] = {"ms": meas.median_ms, "share_of_copy": share, "vs_torch": s.speedup if s else 1.0,
-                          "ci": list(s.ci) if s else None}  # fmt: skip
+                row[k] = {
+                    "ms": meas.median_ms,
+                    "share_of_copy": share,
+                    "vs_torch": s.speedup if s else 1.0,
+                    "ci": list(s.ci) if s else None,
+                }
             for k, f in fns.items():  # device time alone: the kernels' sum, no host in it
                 dev = pl.profile(f, calls=5, count_work=False).device_ms_per_call
                 row[k]["device_ms"] = dev
@@ -111,9 +115,11 @@ def gated(out: dict, copy_gbps: float) -> None:
     b = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     lk = _liger()
-    for kind, act, ours in (("swiglu", F.silu, pnn.SwiGLU()),
-                            ("geglu", lambda t: F.gelu(t, approximate="tanh"), pnn.GeGLU())):  # fmt: skip
-        eager = lambda a, b, act=act: act(a) * b  # noqa: E731
+    for kind, act, ours in (
+        ("swiglu", F.silu, pnn.SwiGLU()),
+        ("geglu", lambda t: F.gelu(t, approximate="tanh"), pnn.GeGLU()),
+    ):
+        eager = lambda a, b, act=act: act(a) * b
         cands = {"eager": eager, "compiled": torch.compile(eager), "perfloop": ours}
         if lk is not None:
             from liger_kernel.ops.geglu import LigerGELUMulFunction
@@ -154,7 +160,7 @@ def linear_cross_entropy(out: dict) -> None:
     h = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = nn.Parameter(torch.randn(v, d, device="cuda", dtype=torch.bfloat16) * 0.02)
     target = torch.randint(0, v, (n,), device="cuda")
-    eager = lambda h, w, t: F.cross_entropy(F.linear(h, w).float(), t)  # noqa: E731
+    eager = lambda h, w, t: F.cross_entropy(F.linear(h, w).float(), t)
     ours = pnn.LinearCrossEntropy(d, v, device="cuda", dtype=torch.bfloat16)
     ours.weight = w
     cands = {"eager": eager, "compiled": torch.compile(eager), "perfloop": lambda h, w, t: ours(h, t)}
@@ -196,7 +202,7 @@ def cross_entropy(out: dict) -> None:
     n, v = 16384, 50304
     logits = torch.randn(n, v, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     target = torch.randint(0, v, (n,), device="cuda")
-    eager = lambda lg, t: F.cross_entropy(lg.float(), t)  # noqa: E731
+    eager = lambda lg, t: F.cross_entropy(lg.float(), t)
     cands = {"eager": eager, "compiled": torch.compile(eager), "perfloop": pnn.CrossEntropyLoss()}
     if lk is not None:
         cands["liger"] = lk.LigerCrossEntropyLoss()
@@ -212,8 +218,12 @@ def cross_entropy(out: dict) -> None:
     row = {"op": "cross_entropy", "shape": [n, v], "dtype": "bf16"}
     for k, meas in c.measurements.items():
         s = c.speedups.get(k)
-        row[k] = {"ms": meas.median_ms, "vs_eager": s.speedup if s else 1.0, "ci": list(s.ci) if s else None,
-                  "do_bench_ms": _do_bench(fns[k])}  # fmt: skip
+        row[k] = {
+            "ms": meas.median_ms,
+            "vs_eager": s.speedup if s else 1.0,
+            "ci": list(s.ci) if s else None,
+            "do_bench_ms": _do_bench(fns[k]),
+        }
     others = [row[k]["ms"] for k in ("compiled", "liger") if k in row]
     row["perfloop_vs_fastest_other"] = min(others) / row["perfloop"]["ms"]
     out["cross_entropy"] = row
@@ -230,8 +240,12 @@ def step(out: dict) -> None:
             return m(*b)
 
     report = pl.patch(model, batch, loss_fn=loss_fn, measure=True, budget_s=6.0)
-    out["step_eager"] = {"replaced": report.replaced, "refused": report.refused, "timing": report.timing,
-                         "errors": {s.name: s.errors for s in report.swaps}}  # fmt: skip
+    out["step_eager"] = {
+        "replaced": report.replaced,
+        "refused": report.refused,
+        "timing": report.timing,
+        "errors": {s.name: s.errors for s in report.swaps},
+    }
     print(report)
     # compiled alone against patched then compiled, each a fresh model from the same seed
     plain, _, _ = train_gpt.make_step(c, 12, "cuda")
@@ -254,9 +268,12 @@ def step(out: dict) -> None:
         out.setdefault("compile_s", {})[label] = time.perf_counter() - t0
     cmp = pl.compare(fns, baseline="compiled", budget_s=6.0)
     s = cmp.speedups["patched+compiled"]
-    out["step_compiled"] = {"compiled_ms": cmp.measurements["compiled"].median_ms,
-                            "patched_compiled_ms": cmp.measurements["patched+compiled"].median_ms,
-                            "speedup": s.speedup, "ci": list(s.ci)}  # fmt: skip
+    out["step_compiled"] = {
+        "compiled_ms": cmp.measurements["compiled"].median_ms,
+        "patched_compiled_ms": cmp.measurements["patched+compiled"].median_ms,
+        "speedup": s.speedup,
+        "ci": list(s.ci),
+    }
     print(json.dumps(out["step_compiled"]))
 
 
@@ -270,8 +287,11 @@ def host(out: dict, out_dir: Path) -> None:
     m, n = 64, 4096
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
-    mods = {"torch": nn.RMSNorm(n, eps=1e-6), "compiled": torch.compile(nn.RMSNorm(n, eps=1e-6)),
-            "perfloop": pnn.RMSNorm(n, eps=1e-6)}  # fmt: skip
+    mods = {
+        "torch": nn.RMSNorm(n, eps=1e-6),
+        "compiled": torch.compile(nn.RMSNorm(n, eps=1e-6)),
+        "perfloop": pnn.RMSNorm(n, eps=1e-6),
+    }
     row = {}
     for k, mod in mods.items():
         mod.to("cuda", torch.bfloat16)
@@ -327,8 +347,11 @@ def memory(out: dict) -> None:
             bwd_peak = torch.cuda.max_memory_allocated() - base
             model.zero_grad(set_to_none=True)
             del loss
-        res[label] = {"held_after_fwd_mib": held / 2**20, "fwd_peak_mib": fwd_peak / 2**20,
-                      "bwd_peak_mib": bwd_peak / 2**20}  # fmt: skip
+        res[label] = {
+            "held_after_fwd_mib": held / 2**20,
+            "fwd_peak_mib": fwd_peak / 2**20,
+            "bwd_peak_mib": bwd_peak / 2**20,
+        }
         del model
     out["memory"] = res
     print(json.dumps(res))
@@ -343,8 +366,12 @@ def train(out: dict) -> None:
             pl.patch(model, batch, loss_fn=lambda m, b: m(*b))
         curves["patched" if patched else "original"] = [fn().item() for _ in range(60)]
     a, b = torch.tensor(curves["original"]), torch.tensor(curves["patched"])
-    out["train"] = {"curves": curves, "max_abs_diff": float((a - b).abs().max()), "first": a[0].item(),
-                    "last": a[-1].item()}  # fmt: skip
+    out["train"] = {
+        "curves": curves,
+        "max_abs_diff": float((a - b).abs().max()),
+        "first": a[0].item(),
+        "last": a[-1].item(),
+    }
     print(json.dumps({k: v for k, v in out["train"].items() if k != "curves"}))
 
 
@@ -359,11 +386,17 @@ if __name__ == "__main__":
     Path(a.out).mkdir(parents=True, exist_ok=True)
     for part in a.only.split(","):
         try:
-            {"norms": lambda: norms(res, ceil["copy_gbps"]), "ce": lambda: cross_entropy(res),
-             "swiglu": lambda: gated(res, ceil["copy_gbps"]), "lce": lambda: linear_cross_entropy(res),
-             "step": lambda: step(res), "train": lambda: train(res), "host": lambda: host(res, Path(a.out)),
-             "memory": lambda: memory(res)}[part]()  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 -- record and go on to the next part
+            {
+                "norms": lambda: norms(res, ceil["copy_gbps"]),
+                "ce": lambda: cross_entropy(res),
+                "swiglu": lambda: gated(res, ceil["copy_gbps"]),
+                "lce": lambda: linear_cross_entropy(res),
+                "step": lambda: step(res),
+                "train": lambda: train(res),
+                "host": lambda: host(res, Path(a.out)),
+                "memory": lambda: memory(res),
+            }[part]()
+        except Exception as exc:
             res.setdefault("errors", {})[part] = repr(exc)
             print(f"{part}: {exc!r}")
         Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -39,8 +39,15 @@ print(json.dumps({"samples": list(m.samples_ms), "ref": list(r.samples_ms), "war
 def judge(a: dict, b: dict, history: list[float], fail_above: float):
     from perfloop.harness import gate
 
-    return gate.judge(a["samples"], b["samples"], fail_above_pct=fail_above, a_ref=a["ref"], b_ref=b["ref"],
-                      history=history, contended=a["contended"] or b["contended"])  # fmt: skip
+    return gate.judge(
+        a["samples"],
+        b["samples"],
+        fail_above_pct=fail_above,
+        a_ref=a["ref"],
+        b_ref=b["ref"],
+        history=history,
+        contended=a["contended"] or b["contended"],
+    )
 
 
 def one_run(kind: str) -> dict:
@@ -62,14 +69,29 @@ def judge_all(same: list[dict], slow: list[dict], fail_above: float):
         naive = s["p_value"] < 0.01 and s["ratio"] > 1 + fail_above / 100
         alarms += v.regression
         naive_alarms += naive
-        rows.append({"pair": f"same {i - 1}->{i}", "median_ratio": s["ratio"], "adjusted": v.adjusted,
-                     "floor": v.floor, "regression": v.regression, "naive_regression": naive})  # fmt: skip
+        rows.append(
+            {
+                "pair": f"same {i - 1}->{i}",
+                "median_ratio": s["ratio"],
+                "adjusted": v.adjusted,
+                "floor": v.floor,
+                "regression": v.regression,
+                "naive_regression": naive,
+            }
+        )
     history = [gate.normalized_tail(r["samples"], r["ref"]) for r in same]
     for i, b in enumerate(slow):
         v = judge(same[-1], b, history, fail_above)
         misses += not v.regression
-        rows.append({"pair": f"same -> slow {i}", "adjusted": v.adjusted, "floor": v.floor,
-                     "regression": v.regression, "verdict": v.verdict})  # fmt: skip
+        rows.append(
+            {
+                "pair": f"same -> slow {i}",
+                "adjusted": v.adjusted,
+                "floor": v.floor,
+                "regression": v.regression,
+                "verdict": v.verdict,
+            }
+        )
     return alarms, misses, naive_alarms, rows
 
 
@@ -98,9 +120,18 @@ def main() -> int:
             for p in loaders:
                 p.kill()
     alarms, misses, naive_alarms, rows = judge_all(same, slow, args.fail_above)
-    result = {"runs": len(same), "load": args.load, "fail_above_pct": args.fail_above,
-              "false_alarms": alarms, "naive_false_alarms": naive_alarms, "misses_of_1.3x": misses,
-              "wall_s": time.time() - t0, "pairs": rows, "same_runs": same, "slow_runs": slow}  # fmt: skip
+    result = {
+        "runs": len(same),
+        "load": args.load,
+        "fail_above_pct": args.fail_above,
+        "false_alarms": alarms,
+        "naive_false_alarms": naive_alarms,
+        "misses_of_1.3x": misses,
+        "wall_s": time.time() - t0,
+        "pairs": rows,
+        "same_runs": same,
+        "slow_runs": slow,
+    }
     print(json.dumps({k: v for k, v in result.items() if not k.endswith(("pairs", "runs"))}, indent=1))
     if args.out:
         with open(args.out, "w") as f:

@@ -124,8 +124,12 @@ def cases(small: bool, dev: str) -> dict:
     def pageable_fixed():
         model(x + pinned.to(dev, non_blocking=True).mean()).sum().backward()
 
-    out["pageable host-to-device copy"] = ("pageable" if dev == "cuda" else "outside", pageable_problem,
-                                           pageable_fixed, False)  # fmt: skip
+    out["pageable host-to-device copy"] = (
+        "pageable" if dev == "cuda" else "outside",
+        pageable_problem,
+        pageable_fixed,
+        False,
+    )
 
     def layers(inp, after_each=None, relu=torch.relu, end=None):
         """A step through the MLP, `after_each(h)` run after every layer (the planted problem) and
@@ -160,8 +164,12 @@ def cases(small: bool, dev: str) -> dict:
     # launches' own gaps (there with or without them) came first (H200, run21)
     kept = layers(xb, lambda h: worst.append(h.abs().max()), end=read_once)
     out[".item() per layer"] = ("synchronizing", layers(xb, check), kept, False)
-    out["torch.cuda.synchronize() per layer"] = ("synchronizing", layers(xb, lambda h: sync()), layers(xb),
-                                                 False)  # fmt: skip
+    out["torch.cuda.synchronize() per layer"] = (
+        "synchronizing",
+        layers(xb, lambda h: sync()),
+        layers(xb),
+        False,
+    )
 
     def collate(items):
         rows = []
@@ -183,16 +191,24 @@ def cases(small: bool, dev: str) -> dict:
 
     out["DataLoader with slow collation"] = ("data loading", data_problem, data_fixed, False)
 
-    a = torch.randn(1024 if small else 8192, 1024 if small else 8192, device=dev,
-                    dtype=torch.bfloat16 if dev == "cuda" else torch.float32)  # fmt: skip
+    a = torch.randn(
+        1024 if small else 8192,
+        1024 if small else 8192,
+        device=dev,
+        dtype=torch.bfloat16 if dev == "cuda" else torch.float32,
+    )
     out["control: one large matmul"] = ("", lambda: a @ a, lambda: a @ a, True)
 
     empty = (lambda h: torch.cuda.empty_cache()) if dev == "cuda" else None
     # each layer's linear output, freed by the relu after it, goes back to the driver and the next
     # layer asks for it again: 5-8 ms of a 50-57 ms step unprofiled on the H200, where the profile
     # saw the device 98% busy in one run and the allocator at 11% in another (not a test case yet)
-    out["empty_cache per layer, freeing each layer's output"] = ("caching allocator", layers(xb, empty),
-                                                                 layers(xb), False)  # fmt: skip
+    out["empty_cache per layer, freeing each layer's output"] = (
+        "caching allocator",
+        layers(xb, empty),
+        layers(xb),
+        False,
+    )
 
     # the relu in place: no layer frees a block the next one asks for; on the H200 removing the
     # empty_cache still saved 2.7-2.8 ms of ~51 (the backward's blocks, freed each step), read as
@@ -204,8 +220,11 @@ def cases(small: bool, dev: str) -> dict:
     fast_attn.load_state_dict(slow_attn.state_dict())
     xa = torch.randn(2 if small else 8, t_att, d_att, device=dev, requires_grad=True)
     out["attention written out (nanoGPT without flash)"] = (
-        "attention written out", lambda: slow_attn(xa).sum().backward(),
-        lambda: fast_attn(xa).sum().backward(), False)  # fmt: skip
+        "attention written out",
+        lambda: slow_attn(xa).sum().backward(),
+        lambda: fast_attn(xa).sum().backward(),
+        False,
+    )
 
     torch.manual_seed(0)
     wl, tl = (64, 128) if small else (1024, 4096)
@@ -273,8 +292,12 @@ def cases(small: bool, dev: str) -> dict:
         False,
     )
 
-    out["control: empty_cache per layer, nothing freed"] = ("", layers(xb, empty, torch.relu_),
-                                                            layers(xb, relu=torch.relu_), True)  # fmt: skip
+    out["control: empty_cache per layer, nothing freed"] = (
+        "",
+        layers(xb, empty, torch.relu_),
+        layers(xb, relu=torch.relu_),
+        True,
+    )
     return out
 
 
@@ -339,8 +362,13 @@ def sampling_overhead(dev: str, rounds: int = 5, steps: int = 10) -> dict:
             sampled.append(block())
         n += len(s.samples)
     p, q = sorted(plain)[rounds // 2], sorted(sampled)[rounds // 2]
-    return {"case": "sampling overhead, GPT-2 small step", "plain_ms": p, "sampled_ms": q,
-            "overhead": q / p - 1, "samples_per_step": n / (rounds * steps)}  # fmt: skip
+    return {
+        "case": "sampling overhead, GPT-2 small step",
+        "plain_ms": p,
+        "sampled_ms": q,
+        "overhead": q / p - 1,
+        "samples_per_step": n / (rounds * steps),
+    }
 
 
 def main() -> None:
@@ -367,20 +395,32 @@ def main() -> None:
             {"problem": problem, "fixed": fixed}, baseline="problem", budget_s=2.0 if dev == "cuda" else 0.5
         )
         realized = c.measurements["problem"].median_ms - c.measurements["fixed"].median_ms
-        row = {"case": name, "expected": want, "top": opps[0].title if opps else "",
-               "top_share": opps[0].share if opps else 0.0, "rank": None if hit is None else hit + 1,
-               "predicted_ms": opps[hit].saves_ms if hit is not None else None, "realized_ms": realized,
-               "where": opps[hit].where if hit is not None else "", "control": control,
-               "host_above_5pct": [o.title for o in opps if o.bound in ("host", "launch") and o.share > 0.05],
-               "step_ms": c.measurements["problem"].median_ms, "profile_step_ms": p.wall_ms_per_call,
-               "analysis_s": time.perf_counter() - t0}  # fmt: skip
+        row = {
+            "case": name,
+            "expected": want,
+            "top": opps[0].title if opps else "",
+            "top_share": opps[0].share if opps else 0.0,
+            "rank": None if hit is None else hit + 1,
+            "predicted_ms": opps[hit].saves_ms if hit is not None else None,
+            "realized_ms": realized,
+            "where": opps[hit].where if hit is not None else "",
+            "control": control,
+            "host_above_5pct": [o.title for o in opps if o.bound in ("host", "launch") and o.share > 0.05],
+            "step_ms": c.measurements["problem"].median_ms,
+            "profile_step_ms": p.wall_ms_per_call,
+            "analysis_s": time.perf_counter() - t0,
+        }
         idle = p.idle()
         if idle is not None:  # the pieces of the host causes' predictions, per call
             n = p.calls
-            row["idle"] = {"idle_ms": idle.idle_ms / n, "scale": idle.scale, "waited_ms": idle.waited_ms / n,
-                           "sync_saving_ms": idle.sync_saving_ms / n,
-                           "by_cause": {c: v / n for c, v in idle.by_cause.items() if v},
-                           "sync_ops_ms": sync_ops_ms(p) / n}  # fmt: skip
+            row["idle"] = {
+                "idle_ms": idle.idle_ms / n,
+                "scale": idle.scale,
+                "waited_ms": idle.waited_ms / n,
+                "sync_saving_ms": idle.sync_saving_ms / n,
+                "by_cause": {c: v / n for c, v in idle.by_cause.items() if v},
+                "sync_ops_ms": sync_ops_ms(p) / n,
+            }
         if row["predicted_ms"]:
             row["predicted_over_realized"] = row["predicted_ms"] / realized if realized > 0 else None
             # the same as shares of the step, each of the step it was taken on: the host's pace moves
@@ -388,18 +428,43 @@ def main() -> None:
             shares = (row["predicted_ms"] / p.wall_ms_per_call, realized / row["step_ms"])
             row["predicted_share_over_realized_share"] = shares[0] / shares[1] if realized > 0 else None
         rows.append(row)
-        print(json.dumps({k: row.get(k) for k in ("case", "rank", "predicted_ms", "realized_ms", "step_ms",
-                                                  "profile_step_ms", "predicted_over_realized",
-                                                  "predicted_share_over_realized_share", "top", "where",
-                                                  "host_above_5pct")}, default=str), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    k: row.get(k)
+                    for k in (
+                        "case",
+                        "rank",
+                        "predicted_ms",
+                        "realized_ms",
+                        "step_ms",
+                        "profile_step_ms",
+                        "predicted_over_realized",
+                        "predicted_share_over_realized_share",
+                        "top",
+                        "where",
+                        "host_above_5pct",
+                    )
+                },
+                default=str,
+            ),
+            flush=True,
+        )
     if dev == "cuda" and not a.only:  # one verdict for one call, with and without its Work
         n = 8192
         m = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
         plain = pl.profile(lambda: m @ m, calls=3).diagnose()
-        work = pl.profile(lambda: m @ m, calls=3, work=pl.Work(flops=2 * n**3, bytes=3 * n * n * 2,
-                                                                dtype="bf16")).diagnose()  # fmt: skip
-        rows.append({"case": "one verdict: bf16 8192 matmul", "without_work": plain.bound,
-                     "with_work": work.bound, "advice_without": plain.advice})  # fmt: skip
+        work = pl.profile(
+            lambda: m @ m, calls=3, work=pl.Work(flops=2 * n**3, bytes=3 * n * n * 2, dtype="bf16")
+        ).diagnose()
+        rows.append(
+            {
+                "case": "one verdict: bf16 8192 matmul",
+                "without_work": plain.bound,
+                "with_work": work.bound,
+                "advice_without": plain.advice,
+            }
+        )
         print(rows[-1], flush=True)
     if dev == "cuda" and not a.only:
         rows.append(sampling_overhead(dev))

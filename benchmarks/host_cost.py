@@ -69,8 +69,13 @@ def pairs(rows: int, width: int, dev: str = "cuda"):
     logits = torch.randn(rows, vocab, device=dev, dtype=dt, generator=g).requires_grad_()
     target = torch.randint(0, vocab, (rows,), device=dev, generator=g)
     ce_t, ce_p = nn.CrossEntropyLoss(), pnn.CrossEntropyLoss()
-    out.append(("CrossEntropyLoss", lambda: torch.autograd.grad(ce_t(logits, target), [logits]),
-                lambda: torch.autograd.grad(ce_p(logits, target), [logits])))  # fmt: skip
+    out.append(
+        (
+            "CrossEntropyLoss",
+            lambda: torch.autograd.grad(ce_t(logits, target), [logits]),
+            lambda: torch.autograd.grad(ce_p(logits, target), [logits]),
+        )
+    )
     return out
 
 
@@ -103,8 +108,12 @@ def host_spread_ms(f, calls: int = 500, rounds: int = 3) -> dict:
         best = min(best, (time.perf_counter() - t0) / calls)
         torch.cuda.synchronize()
     each.sort()
-    return {"best_of_rounds_ms": best * 1e3, "median_ms": each[len(each) // 2] * 1e3,
-            "p90_ms": each[int(len(each) * 0.9)] * 1e3, "max_ms": each[-1] * 1e3}  # fmt: skip
+    return {
+        "best_of_rounds_ms": best * 1e3,
+        "median_ms": each[len(each) // 2] * 1e3,
+        "p90_ms": each[int(len(each) * 0.9)] * 1e3,
+        "max_ms": each[-1] * 1e3,
+    }
 
 
 def paired_ratio(base, other, measure, rounds: int = 9) -> dict:
@@ -165,8 +174,10 @@ def main(argv=None) -> int:
             row = {"op": name, "shape": [rows, width]}
             if name in ("RMSNorm", "LayerNorm"):
                 py_fn = python_function(p_fn)
-                row["python_function"] = {"do_bench_ms": do_bench(py_fn, return_mode="median"),
-                                          "host_ms": host_ms(py_fn)}  # fmt: skip
+                row["python_function"] = {
+                    "do_bench_ms": do_bench(py_fn, return_mode="median"),
+                    "host_ms": host_ms(py_fn),
+                }
                 row["cpp_over_python_paired"] = {
                     "do_bench": paired_ratio(py_fn, p_fn, lambda f: do_bench(f, return_mode="median")),
                     "host": paired_ratio(py_fn, p_fn, lambda f: host_ms(f, calls=100)),
@@ -186,10 +197,12 @@ def main(argv=None) -> int:
             # the same two ratios with torch's call and ours taken in turn, round after round
             row["do_bench_paired"] = paired_ratio(t_fn, p_fn, lambda f: do_bench(f, return_mode="median"))
             row["host_paired"] = paired_ratio(t_fn, p_fn, lambda f: host_ms(f, calls=100))
-            print(f"{name:18} {rows}x{width}: do_bench {row['do_bench_ratio']:.2f}x torch, host "
-                  f"{row['perfloop']['host_ms'] * 1e3:.0f} us vs {row['torch']['host_ms'] * 1e3:.0f} us "
-                  f"({row['host_ratio']:.2f}x); in turn: do_bench {row['do_bench_paired']['median']:.2f}x, "
-                  f"host {row['host_paired']['median']:.2f}x")  # fmt: skip
+            print(
+                f"{name:18} {rows}x{width}: do_bench {row['do_bench_ratio']:.2f}x torch, host "
+                f"{row['perfloop']['host_ms'] * 1e3:.0f} us vs {row['torch']['host_ms'] * 1e3:.0f} us "
+                f"({row['host_ratio']:.2f}x); in turn: do_bench {row['do_bench_paired']['median']:.2f}x, "
+                f"host {row['host_paired']['median']:.2f}x"
+            )
             if "python_function" in row:
                 c = row["cpp_over_python_paired"]["do_bench"]
                 h = row["cpp_over_python_paired"]["host"]["median"]
@@ -199,8 +212,9 @@ def main(argv=None) -> int:
                     f"({c['min']:.2f}-{c['max']:.2f}), host {h:.2f}x; Python Function / torch {d:.2f}x"
                 )
             rows_out.append(row)
-            (out / "host_cost.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                            "rows": rows_out}, indent=1))  # fmt: skip
+            (out / "host_cost.json").write_text(
+                json.dumps({"device": torch.cuda.get_device_name(), "rows": rows_out}, indent=1)
+            )
     return 0
 
 

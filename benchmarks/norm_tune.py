@@ -44,12 +44,20 @@ def _tune(dtype, res: dict, m: int, n: int) -> None:
     for warps in (4, 8, 16):
 
         def fwd(warps=warps):
-            T.norm_fwd_kernel[(m,)](x, w, b, y, stats, n, n, m, n, 1e-5, RMS=False, HAS_B=True,
-                                    BLOCK=block, num_warps=warps)  # fmt: skip
+            T.norm_fwd_kernel[(m,)](
+                x, w, b, y, stats, n, n, m, n, 1e-5, RMS=False, HAS_B=True, BLOCK=block, num_warps=warps
+            )
 
         t = pl.bench(fwd, graph=True, budget_s=0.5).median_ms
-        res["rows"].append({"dtype": str(dtype), "kernel": "fwd", "warps": warps, "ms": t,
-                            "gbps": 2 * m * n * size / t / 1e6})  # fmt: skip
+        res["rows"].append(
+            {
+                "dtype": str(dtype),
+                "kernel": "fwd",
+                "warps": warps,
+                "ms": t,
+                "gbps": 2 * m * n * size / t / 1e6,
+            }
+        )
     fwd()
     dx = torch.empty_like(x)
     for per_sm, warps, rows in itertools.product((1, 2, 4), (4, 8, 16), (1, 2, 4)):
@@ -57,12 +65,38 @@ def _tune(dtype, res: dict, m: int, n: int) -> None:
         partial = torch.empty((2, g, n), device="cuda", dtype=torch.float32)
 
         def bwd(g=g, partial=partial, warps=warps, rows=rows):
-            T.norm_bwd_kernel[(g,)](x, w, dy, dx, stats, partial, n, n, n, m, n, triton.cdiv(m, g), RMS=False,
-                                    HAS_B=True, ROWS=rows, BLOCK=block, num_warps=warps)  # fmt: skip
+            T.norm_bwd_kernel[(g,)](
+                x,
+                w,
+                dy,
+                dx,
+                stats,
+                partial,
+                n,
+                n,
+                n,
+                m,
+                n,
+                triton.cdiv(m, g),
+                RMS=False,
+                HAS_B=True,
+                ROWS=rows,
+                BLOCK=block,
+                num_warps=warps,
+            )
 
         t = pl.bench(bwd, graph=True, budget_s=0.3).median_ms
-        res["rows"].append({"dtype": str(dtype), "kernel": "bwd", "programs_per_sm": per_sm, "warps": warps,
-                            "rows": rows, "ms": t, "gbps": 3 * m * n * size / t / 1e6})  # fmt: skip
+        res["rows"].append(
+            {
+                "dtype": str(dtype),
+                "kernel": "bwd",
+                "programs_per_sm": per_sm,
+                "warps": warps,
+                "rows": rows,
+                "ms": t,
+                "gbps": 3 * m * n * size / t / 1e6,
+            }
+        )
     # one forward + backward through the module and through torch's: kernels and device time
     for label, mod in (("perfloop", pl.nn.LayerNorm(n)), ("torch", torch.nn.LayerNorm(n))):
         mod = mod.to("cuda", dtype)
@@ -73,8 +107,10 @@ def _tune(dtype, res: dict, m: int, n: int) -> None:
 
         p = pl.profile(step, calls=5, count_work=False)
         res.setdefault("profiles", {})[f"{label} {dtype}"] = {
-            "device_ms": p.device_ms_per_call, "wall_ms": p.wall_ms_per_call,
-            "kernels": [(k.short, k.calls // 5, k.total_ms / 5) for k in p.kernels]}  # fmt: skip
+            "device_ms": p.device_ms_per_call,
+            "wall_ms": p.wall_ms_per_call,
+            "kernels": [(k.short, k.calls // 5, k.total_ms / 5) for k in p.kernels],
+        }
 
 
 if __name__ == "__main__":

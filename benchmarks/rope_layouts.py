@@ -56,9 +56,19 @@ def main() -> None:
         want = written(x, cos, sin, inter, pdim).to(odt)
         got = ti.rotate(x, cos, sin, inter, heads=heads, out_dtype=odt)
         err = (got.float() - want.float()).abs().max().item()
-        ms = do_bench(lambda: ti.rotate(x, cos, sin, inter, heads=heads, out_dtype=odt), rep=200)  # noqa: B023
+        ms = do_bench(
+            lambda x=x, cos=cos, sin=sin, inter=inter, heads=heads, odt=odt: ti.rotate(
+                x, cos, sin, inter, heads=heads, out_dtype=odt
+            ),
+            rep=200,
+        )
         row["perfloop"] = {"ms": ms, "tbps": moved / ms / 1e9, "err": err}
-        ms = do_bench(lambda: compiled(x, cos, sin, inter, pdim).to(odt), rep=200)  # noqa: B023
+        ms = do_bench(
+            lambda x=x, cos=cos, sin=sin, inter=inter, pdim=pdim, odt=odt: compiled(
+                x, cos, sin, inter, pdim
+            ).to(odt),
+            rep=200,
+        )
         row["torch.compile"] = {"ms": ms, "tbps": moved / ms / 1e9}
         res.append(row)
         print(json.dumps(row), flush=True)

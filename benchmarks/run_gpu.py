@@ -81,8 +81,9 @@ def _cupti_of_bench(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         m = pl.bench(fn)
         torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)  # fmt: skip
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
     per_sample, cur = [], None
     for e in kernels:
         if "FillFunctor<int>" in e.name:
@@ -144,7 +145,7 @@ def section_harness(res: Results, ceil: dict):
 
     # launch-bound: 1024-element naive GELU -- events, graph replay, CUPTI sum
     small = rand(1024)
-    fn = lambda: gelu_naive(small)  # noqa: E731
+    fn = lambda: gelu_naive(small)
     cupti, p = _cupti_ms(fn, calls=50)
     ev = pl.bench(fn)
     gr = pl.bench(fn, graph=True)
@@ -376,9 +377,11 @@ def section_attention(res: Results, ceil: dict):
                 row["triton_over_sdpa"] = sp.speedup
                 row["ci"] = sp.ci
                 out["cases"].append(row)
-                log(f"attention d={d} causal={causal} {mode:8} sdpa {row['sdpa_tflops']:6.1f} TFLOP/s  "
+                log(
+                    f"attention d={d} causal={causal} {mode:8} sdpa {row['sdpa_tflops']:6.1f} TFLOP/s  "
                     f"triton {row['triton_tflops']:6.1f} TFLOP/s  ratio {sp.speedup:.3f} "
-                    f"[{sp.ci[0]:.3f}, {sp.ci[1]:.3f}]")  # fmt: skip
+                    f"[{sp.ci[0]:.3f}, {sp.ci[1]:.3f}]"
+                )
                 res.put("attention", out)
     # memory: forward peak, Triton vs the naive version, as the sequence grows
     from perfloop.ops.attention.torch_impl import naive
@@ -387,8 +390,10 @@ def section_attention(res: Results, ceil: dict):
     for s in (2048, 4096, 8192, 16384):
         q, k, v, _ = op.make_inputs((1, 16, s, s, 64, False), dtype=torch.bfloat16, device=DEV, seed=6)
         row = {}
-        fns = {"triton": lambda q=q, k=k, v=v: flash_attention(q, k, v)[0],
-               "naive": lambda q=q, k=k, v=v: naive(q, k, v)}  # fmt: skip
+        fns = {
+            "triton": lambda q=q, k=k, v=v: flash_attention(q, k, v)[0],
+            "naive": lambda q=q, k=k, v=v: naive(q, k, v),
+        }
         for name, f in fns.items():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -419,19 +424,33 @@ def section_attention(res: Results, ceil: dict):
                     g = torch.randn_like(q)
                     w = op.work(shape, dtype)
                     for mode, fns in _attn_fns(q, k, v, causal, g).items():
-                        work = pl.Work(bytes=w.bytes, flops=w.flops * (3.5 if mode == "fwd+bwd" else 1),
-                                       dtype=w.dtype)  # fmt: skip
+                        work = pl.Work(
+                            bytes=w.bytes, flops=w.flops * (3.5 if mode == "fwd+bwd" else 1), dtype=w.dtype
+                        )
                         for name, f in fns.items():
                             try:
                                 m = pl.bench(f, work=work, budget_s=0.5)
                             except Exception as exc:
                                 log(f"sweep {name} {shape} {mode}: {exc}")
                                 continue
-                            store.add(run, m, op=f"attention {mode}" + (" causal" if causal else ""),
-                                      variant=name, shape=shape[:5], dtype=dtype_name(dtype))  # fmt: skip
-                            out["sweep"].append({"variant": name, "mode": mode, "shape": shape,
-                                                 "dtype": dtype_name(dtype), "ms": m.median_ms,
-                                                 "tflops": m.tflops})  # fmt: skip
+                            store.add(
+                                run,
+                                m,
+                                op=f"attention {mode}" + (" causal" if causal else ""),
+                                variant=name,
+                                shape=shape[:5],
+                                dtype=dtype_name(dtype),
+                            )
+                            out["sweep"].append(
+                                {
+                                    "variant": name,
+                                    "mode": mode,
+                                    "shape": shape,
+                                    "dtype": dtype_name(dtype),
+                                    "ms": m.median_ms,
+                                    "tflops": m.tflops,
+                                }
+                            )
                     res.put("attention", out)
     log(f"attention sweep: {len(out['sweep'])} points stored in run {run}")
 

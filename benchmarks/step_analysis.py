@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import train_gpt  # noqa: E402
+import train_gpt
 
-import perfloop as pl  # noqa: E402
-from perfloop.analysis.attribution import NO_MODULE, row_dict, table  # noqa: E402
-from perfloop.analysis.work import total_flops  # noqa: E402
+import perfloop as pl
+from perfloop.analysis.attribution import NO_MODULE, row_dict, table
+from perfloop.analysis.work import total_flops
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only for a dry run of this script
 SYNC = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)
@@ -48,11 +48,19 @@ def _shares(p) -> dict:
     bwd = [i for i in its if i.phase == "backward"]
     bwd_total = sum(i.ms for i in bwd)
     bwd_placed = sum(i.ms for i in bwd if i.module not in (NO_MODULE, "optimizer"))
-    return {"device_ms": total / p.calls, "attributed_share": placed / total if total else 0.0,
-            "backward_ms": bwd_total / p.calls,
-            "backward_charged_share": bwd_placed / bwd_total if bwd_total else 0.0,
-            "unplaced": sorted({f"{i.module}|{i.phase}|{i.op or i.kernel[:50]}" for i in its
-                                if i.module == NO_MODULE or not i.op})[:20]}  # fmt: skip
+    return {
+        "device_ms": total / p.calls,
+        "attributed_share": placed / total if total else 0.0,
+        "backward_ms": bwd_total / p.calls,
+        "backward_charged_share": bwd_placed / bwd_total if bwd_total else 0.0,
+        "unplaced": sorted(
+            {
+                f"{i.module}|{i.phase}|{i.op or i.kernel[:50]}"
+                for i in its
+                if i.module == NO_MODULE or not i.op
+            }
+        )[:20],
+    }
 
 
 def analyse(a) -> None:
@@ -85,27 +93,45 @@ def analyse(a) -> None:
     analytic = train_gpt.analytic_flops(c, model, a.batch, c.context)
     budget = 3 * calls * m.median_ms / 1e3 + 10
     res = {
-        "device": pl.device_info(), "torch": torch.__version__, "size": a.size, "batch": a.batch,
-        "compiled": a.compile, "step_ms_bench": m.median_ms, "step_ms_plain": plain_ms,
-        "profile_wall_ms_per_call": p.wall_ms_per_call, "ceilings": ceilings,
-        "analysis_s": t_all, "profile_s": t_profile, "analysis_budget_s": budget,
-        "within_budget": t_all <= budget, **_shares(p),
-        "flops_estimated": est, "flops_analytic": analytic,
+        "device": pl.device_info(),
+        "torch": torch.__version__,
+        "size": a.size,
+        "batch": a.batch,
+        "compiled": a.compile,
+        "step_ms_bench": m.median_ms,
+        "step_ms_plain": plain_ms,
+        "profile_wall_ms_per_call": p.wall_ms_per_call,
+        "ceilings": ceilings,
+        "analysis_s": t_all,
+        "profile_s": t_profile,
+        "analysis_budget_s": budget,
+        "within_budget": t_all <= budget,
+        **_shares(p),
+        "flops_estimated": est,
+        "flops_analytic": analytic,
         "flops_ratio": est / analytic if analytic else None,
-        "modules": [row_dict(r) for r in modules], "ops": [row_dict(r) for r in ops],
+        "modules": [row_dict(r) for r in modules],
+        "ops": [row_dict(r) for r in ops],
         "categories": [row_dict(r) for r in cats],
-        "idle": idle.__dict__ if idle else None, "diagnosis": d.to_dict(), "warnings": p.warnings,
-    }  # fmt: skip
+        "idle": idle.__dict__ if idle else None,
+        "diagnosis": d.to_dict(),
+        "warnings": p.warnings,
+    }
     (out / f"step-analysis{a.tag}.json").write_text(json.dumps(res, indent=1, default=str))
-    text = "\n\n".join([
-        f"{a.size} batch {a.batch}{' compiled' if a.compile else ''}: step {m.median_ms:.2f} ms (bench), "
-        f"{plain_ms:.2f} ms (plain); analysis {t_all:.1f} s (budget {budget:.1f} s); "
-        f"attributed {res['attributed_share']:.1%}, backward charged {res['backward_charged_share']:.1%}; "
-        f"FLOPs {est:.4g} vs analytic {analytic:.4g} ({res['flops_ratio']:.4f})",
-        table(modules, calls, "module", top=40), table(ops, calls, "op", top=30),
-        table(cats, calls, "category", top=12), str(d),
-        "idle: " + (json.dumps(idle.__dict__, default=str) if idle else "none"),
-    ])  # fmt: skip
+    text = "\n\n".join(
+        [
+            f"{a.size} batch {a.batch}{' compiled' if a.compile else ''}: step {m.median_ms:.2f} ms (bench), "
+            f"{plain_ms:.2f} ms (plain); analysis {t_all:.1f} s (budget {budget:.1f} s); "
+            f"attributed {res['attributed_share']:.1%}, "
+            f"backward charged {res['backward_charged_share']:.1%}; "
+            f"FLOPs {est:.4g} vs analytic {analytic:.4g} ({res['flops_ratio']:.4f})",
+            table(modules, calls, "module", top=40),
+            table(ops, calls, "op", top=30),
+            table(cats, calls, "category", top=12),
+            str(d),
+            "idle: " + (json.dumps(idle.__dict__, default=str) if idle else "none"),
+        ]
+    )
     (out / f"step-analysis{a.tag}.txt").write_text(text)
     print(text[:3000])
     if a.ncu and shutil.which("ncu"):
@@ -149,11 +175,25 @@ def _base(name: str) -> str:
 
 
 def ncu_check(a, out: Path, p) -> None:
-    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv",
-           "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,"
-           "lts__t_bytes_srcunit_tex_op_write.sum",
-           sys.executable, __file__, str(out), "--ncu-child", "--size", a.size,
-           "--batch", str(a.batch)]  # fmt: skip
+    cmd = [
+        "ncu",
+        "--clock-control",
+        "none",
+        "--profile-from-start",
+        "off",
+        "--csv",
+        "--metrics",
+        "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,"
+        "lts__t_bytes_srcunit_tex_op_write.sum",
+        sys.executable,
+        __file__,
+        str(out),
+        "--ncu-child",
+        "--size",
+        a.size,
+        "--batch",
+        str(a.batch),
+    ]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.ncu_timeout, env=dict(os.environ))
     (out / "ncu-stdout.csv").write_text(r.stdout[-2_000_000:])
@@ -167,8 +207,15 @@ def ncu_check(a, out: Path, p) -> None:
         except ValueError:  # "n/a": a metric this kernel did not report
             continue
         unit = row["Metric Unit"]
-        scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1, "usecond": 1e3,
-                 "msecond": 1e6}.get(unit, 1)  # fmt: skip
+        scale = {
+            "byte": 1,
+            "Kbyte": 1e3,
+            "Mbyte": 1e6,
+            "Gbyte": 1e9,
+            "nsecond": 1,
+            "usecond": 1e3,
+            "msecond": 1e6,
+        }.get(unit, 1)
         k[row["Metric Name"]] = v * scale
     est = (
         json.loads((out / "ncu-estimates.json").read_text()) if (out / "ncu-estimates.json").exists() else []
@@ -198,14 +245,28 @@ def ncu_check(a, out: Path, p) -> None:
             g["op"] = op
     rows = []
     for name, g in sorted(by.items(), key=lambda kv: -kv[1]["ns"])[:12]:
-        rows.append({"kernel": name[:90], "op": g["op"], "launches": g["n"], "est_MB": g["est"] / 1e6,
-                     "dram_MB": g["dram"] / 1e6, "ratio": g["est"] / g["dram"] if g["dram"] else None,
-                     "read_plus_l2_writes_MB": g["moved"] / 1e6,
-                     "ratio_l2_writes": g["est"] / g["moved"] if g["moved"] else None,
-                     "ncu_us": g["ns"] / 1e3})  # fmt: skip
-    res = {"rc": r.returncode, "seconds": time.perf_counter() - t0, "ncu_kernels": len(seq),
-           "estimated_kernels": len(est), "matched": matched, "rows": rows,
-           "names": sorted(theirs)[:40]}  # fmt: skip
+        rows.append(
+            {
+                "kernel": name[:90],
+                "op": g["op"],
+                "launches": g["n"],
+                "est_MB": g["est"] / 1e6,
+                "dram_MB": g["dram"] / 1e6,
+                "ratio": g["est"] / g["dram"] if g["dram"] else None,
+                "read_plus_l2_writes_MB": g["moved"] / 1e6,
+                "ratio_l2_writes": g["est"] / g["moved"] if g["moved"] else None,
+                "ncu_us": g["ns"] / 1e3,
+            }
+        )
+    res = {
+        "rc": r.returncode,
+        "seconds": time.perf_counter() - t0,
+        "ncu_kernels": len(seq),
+        "estimated_kernels": len(est),
+        "matched": matched,
+        "rows": rows,
+        "names": sorted(theirs)[:40],
+    }
     (out / "ncu-check.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1)[:4000])
 

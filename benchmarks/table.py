@@ -27,9 +27,11 @@ def ops_table(d: dict) -> str:
             f"{r['gbps']:.0f} | {tflops} | {sol} | {r['speedup']:.2f}x "
             f"[{r['speedup_ci'][0]:.2f}, {r['speedup_ci'][1]:.2f}] vs {r['speedup_vs']} |"
         )
-    lines.append(f"\nCeilings measured in the same run: copy {copy:.0f} GB/s, bf16 matmul "
-                 f"{d['ceilings']['matmul_bf16_tflops']:.0f} TFLOP/s, fp32 matmul "
-                 f"{d['ceilings']['matmul_fp32_tflops']:.1f} TFLOP/s.")  # fmt: skip
+    lines.append(
+        f"\nCeilings measured in the same run: copy {copy:.0f} GB/s, bf16 matmul "
+        f"{d['ceilings']['matmul_bf16_tflops']:.0f} TFLOP/s, fp32 matmul "
+        f"{d['ceilings']['matmul_fp32_tflops']:.1f} TFLOP/s."
+    )
     return "\n".join(lines)
 
 
@@ -53,7 +55,9 @@ if __name__ == "__main__":
     with open(sys.argv[1]) as f:
         data = json.load(f)
     dev = data["env"]["device"]
-    print(f"{dev['name']}, driver {dev['driver']}, torch {data['env']['torch']}, "
-          f"triton {data['env']['triton']}, {data['date']}\n")  # fmt: skip
+    print(
+        f"{dev['name']}, driver {dev['driver']}, torch {data['env']['torch']}, "
+        f"triton {data['env']['triton']}, {data['date']}\n"
+    )
     print(harness_table(data) + "\n")
     print(ops_table(data))

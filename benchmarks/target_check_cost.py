@@ -58,12 +58,16 @@ def main() -> None:
         fns = {"unchecked": step(logits, target, False), "checked": step(logits, target, True)}
         c = compare(fns, baseline="unchecked", budget_s=3.0)
         s = c.speedups["checked"]
-        out[label] = {"shape": [n, v], "unchecked_ms": c.measurements["unchecked"].median_ms,
-                      "checked_ms": c.measurements["checked"].median_ms,
-                      "time_ratio_checked_over_unchecked": 1 / s.speedup,
-                      "ci_of_speedup": s.ci, "significant": s.significant,
-                      "host_us_unchecked": host_us(fns["unchecked"], 300),
-                      "host_us_checked": host_us(fns["checked"], 300)}  # fmt: skip
+        out[label] = {
+            "shape": [n, v],
+            "unchecked_ms": c.measurements["unchecked"].median_ms,
+            "checked_ms": c.measurements["checked"].median_ms,
+            "time_ratio_checked_over_unchecked": 1 / s.speedup,
+            "ci_of_speedup": s.ci,
+            "significant": s.significant,
+            "host_us_unchecked": host_us(fns["unchecked"], 300),
+            "host_us_checked": host_us(fns["checked"], 300),
+        }
         print(label, json.dumps(out[label]), flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "target_check_cost.json"), "w") as f:

@@ -44,9 +44,26 @@ CANDIDATES = [
 def launch(a, b, c, cfg, m, n, k):
     bm, bn, bk, g, stages, warps = cfg
     T.matmul_relu_kernel[(cdiv(m, bm) * cdiv(n, bn),)](
-        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, PRECISION="tf32", num_stages=stages, num_warps=warps,
-    )  # fmt: skip
+        a,
+        b,
+        c,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        c.stride(1),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=g,
+        PRECISION="tf32",
+        num_stages=stages,
+        num_warps=warps,
+    )
     return c
 
 
@@ -66,9 +83,26 @@ def launch_swapped(a, b, c, cfg, round_: bool = True):
     bn, bm, bk, g, stages, warps = cfg
     (m, k), n = a.shape, b.shape[1]
     T.matmul_relu_tf32_kernel[(cdiv(n, bn) * cdiv(m, bm),)](
-        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, GROUP_N=g, ROUND=round_, num_stages=stages, num_warps=warps,
-    )  # fmt: skip
+        a,
+        b,
+        c,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        c.stride(1),
+        BLOCK_N=bn,
+        BLOCK_M=bm,
+        BLOCK_K=bk,
+        GROUP_N=g,
+        ROUND=round_,
+        num_stages=stages,
+        num_warps=warps,
+    )
     return c
 
 
@@ -79,8 +113,10 @@ def swap_size(s: int, res: dict) -> None:
     c = torch.empty(s, s, device=DEV)
     want = torch.relu(a.double() @ b.double()).float()
     fns = {"cublas+relu": lambda: torch.relu(a @ b), "op": lambda: T.matmul_relu(a, b)}
-    errors = {"cublas+relu": float((torch.relu(a @ b) - want).abs().max()),
-              "op": float((T.matmul_relu(a, b) - want).abs().max())}  # fmt: skip
+    errors = {
+        "cublas+relu": float((torch.relu(a @ b) - want).abs().max()),
+        "op": float((T.matmul_relu(a, b) - want).abs().max()),
+    }
     # every tile rounded in registers; the first also as a plain load (the 4-byte gather it avoids)
     for cfg, round_ in [(cand, True) for cand in SWAP_CANDIDATES] + [(SWAP_CANDIDATES[0], False)]:
         name = f"swapped {'registers' if round_ else 'plain'} " + "x".join(map(str, cfg))
@@ -128,8 +164,13 @@ def _timed(fns: dict, errors: dict, s: int, res: dict) -> None:
     cmp = pl.compare(fns, baseline="cublas+relu", budget_s=4.0, work=work)
     base = cmp.measurements["cublas+relu"].median_ms
     for name, m in cmp.measurements.items():
-        row = {"size": s, "variant": name, "ms": m.median_ms, "vs_cublas": base / m.median_ms,
-               "max_err": errors.get(name)}  # fmt: skip
+        row = {
+            "size": s,
+            "variant": name,
+            "ms": m.median_ms,
+            "vs_cublas": base / m.median_ms,
+            "max_err": errors.get(name),
+        }
         res["rows"].append(row)
         print(json.dumps(row), flush=True)
     for name, e in errors.items():

@@ -18,15 +18,21 @@ import sys
 import tempfile
 import time
 
-OP = ('{{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": {t}, "dur": 8, "tid": 1, "pid": 1, '
-      '"args": {{"Input Dims": [[64, 256], [256, 256]], "Input type": ["float", "float"], '
-      '"Sequence number": {k}}}}},\n'
-      '{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": {t1}, "dur": 3, "tid": 1, '
-      '"pid": 1, "args": {{"correlation": {c}}}}},\n')  # fmt: skip
-STEP = ('{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{s}", "ts": {t}, "dur": {d}, '
-        '"tid": 1, "pid": 1}},\n')  # fmt: skip
-KERNEL = ('{{"ph": "X", "cat": "kernel", "name": "sgemm_kernel", "ts": {t}, "dur": 4, "tid": 7, "pid": 0, '
-          '"args": {{"correlation": {c}}}}}')  # fmt: skip
+OP = (
+    '{{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": {t}, "dur": 8, "tid": 1, "pid": 1, '
+    '"args": {{"Input Dims": [[64, 256], [256, 256]], "Input type": ["float", "float"], '
+    '"Sequence number": {k}}}}},\n'
+    '{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": {t1}, "dur": 3, "tid": 1, '
+    '"pid": 1, "args": {{"correlation": {c}}}}},\n'
+)
+STEP = (
+    '{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{s}", "ts": {t}, "dur": {d}, '
+    '"tid": 1, "pid": 1}},\n'
+)
+KERNEL = (
+    '{{"ph": "X", "cat": "kernel", "name": "sgemm_kernel", "ts": {t}, "dur": 4, "tid": 7, "pid": 0, '
+    '"args": {{"correlation": {c}}}}}'
+)
 
 
 def write(path: str, target_bytes: int, ops_per_step: int = 1000) -> int:
@@ -78,10 +84,18 @@ def main() -> None:
         size, wrote = os.path.getsize(path), time.perf_counter() - t0
         out = subprocess.run([sys.executable, "-c", READ, path], capture_output=True, text=True, check=True)
     n, rss_kib, secs, warnings = out.stdout.split(" ", 3)
-    result = {"file_bytes": size, "events_kept": int(n), "peak_rss_bytes": int(rss_kib) * 1024,
-              "rss_over_file": int(rss_kib) * 1024 / size, "read_s": float(secs), "write_s": wrote,
-              "warnings": warnings.strip(), "machine": platform.node(), "cpus": os.cpu_count(),
-              "python": platform.python_version()}  # fmt: skip
+    result = {
+        "file_bytes": size,
+        "events_kept": int(n),
+        "peak_rss_bytes": int(rss_kib) * 1024,
+        "rss_over_file": int(rss_kib) * 1024 / size,
+        "read_s": float(secs),
+        "write_s": wrote,
+        "warnings": warnings.strip(),
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     print(json.dumps(result, indent=1))
     if a.out:
         with open(a.out, "w") as f:

@@ -22,9 +22,15 @@ def busy(ms):
     return f
 """
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def others_busy_cores(seconds: float = 0.5) -> float:
@@ -153,8 +159,9 @@ def sm90_ptx(kernel, args: tuple, meta: dict) -> str:
     spec.update(signature=signature, constexprs=constexprs, aligned=aligned)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     job = json.dumps([fn.__module__, fn.__name__, spec])
-    proc = subprocess.run([sys.executable, "-c", _SM90_PTX], input=job, capture_output=True, text=True,
-                          env=env, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _SM90_PTX], input=job, capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 

@@ -69,5 +69,7 @@ def test_the_check_sees_a_private_filled_from_outside():
         "nn/patch.py": ast.parse("from perfloop.nn.modules import _RECORDING\n"),
     }
     found = violations(files)
-    assert found == ["workflows/script.py:3 p._samples (private to analysis/profiling.py)",
-                     "nn/patch.py:1 imports perfloop.nn.modules._RECORDING"]  # fmt: skip
+    assert found == [
+        "workflows/script.py:3 p._samples (private to analysis/profiling.py)",
+        "nn/patch.py:1 imports perfloop.nn.modules._RECORDING",
+    ]

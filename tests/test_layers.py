@@ -56,8 +56,10 @@ def _imports(path: Path, mod: str) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from perfloop.x import y`: the submodule x.y if y is one, else x itself
-            names = [f"{node.module}.{a.name}" if _is_module(f"{node.module}.{a.name}"[9:]) else node.module
-                     for a in node.names]  # fmt: skip
+            names = [
+                f"{node.module}.{a.name}" if _is_module(f"{node.module}.{a.name}"[9:]) else node.module
+                for a in node.names
+            ]
         else:
             continue
         for n in names:

@@ -119,11 +119,14 @@ def test_other_speed(perfloop):
     assert {"kernel", "other"} <= keys  # -k replaced only its own key
 
 
-@pytest.mark.parametrize("content, says", [
-    ("[1, 2, 3]", "holds a list"),
-    ('{"kernel": {"label": "x"}}', "no samples_ms"),
-    ('{"kernel": {"samples_ms": [1.0, NaN]}}', "finite positive"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("[1, 2, 3]", "holds a list"),
+        ('{"kernel": {"label": "x"}}', "no samples_ms"),
+        ('{"kernel": {"samples_ms": [1.0, NaN]}}', "finite positive"),
+    ],
+)
 def test_a_malformed_baseline_is_a_usage_error(pytester, content, says):
     pytester.makepyfile(test_user=SUITE.replace("MS", "0.1"))
     (pytester.path / "bad.json").write_text(content)

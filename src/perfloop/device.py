@@ -198,10 +198,12 @@ SM_LIMITS = {
 
 def limits_of(props) -> dict:
     """SM_LIMITS with the per-SM numbers of the GPU `props` describes (torch's device properties)."""
-    return {**SM_LIMITS,
-            "regs": getattr(props, "regs_per_multiprocessor", SM_LIMITS["regs"]),
-            "threads": getattr(props, "max_threads_per_multi_processor", SM_LIMITS["threads"]),
-            "smem": getattr(props, "shared_memory_per_multiprocessor", SM_LIMITS["smem"])}  # fmt: skip
+    return {
+        **SM_LIMITS,
+        "regs": getattr(props, "regs_per_multiprocessor", SM_LIMITS["regs"]),
+        "threads": getattr(props, "max_threads_per_multi_processor", SM_LIMITS["threads"]),
+        "smem": getattr(props, "shared_memory_per_multiprocessor", SM_LIMITS["smem"]),
+    }
 
 
 def blocks_per_sm(regs: int, threads: int, smem: int, limits: dict = SM_LIMITS) -> tuple[int, str]:

@@ -68,8 +68,14 @@ def test_tf32_matmul_fills_shared_memory_16_bytes_at_a_time():
     [k] = rep["kernels"]
     assert k["memory_ops"].get("cp.async 16B", 0) > 0 and "cp.async 4B" not in k["memory_ops"]
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # compile for the GPU, not the interpreter
-    out = subprocess.run([sys.executable, "-c", B_NOT_ROUNDED], env=env, capture_output=True, text=True,
-                         timeout=300, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", B_NOT_ROUNDED],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]).get("cp.async 4B", 0) > 0
 
 

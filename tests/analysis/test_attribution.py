@@ -11,18 +11,28 @@ from perfloop.analysis.attribution import _outer_op, category
 from perfloop.ops.gelu.torch_impl import naive
 
 
-@pytest.mark.parametrize("name, cat", [
-    ("aten::addmm", "matmul"), ("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"),
-    ("aten::scaled_dot_product_attention", "attention"), ("aten::native_layer_norm", "normalization"),
-    ("aten::_to_copy", "dtype cast/copy"), ("aten::_fused_adamw_", "optimizer"),
-    ("ncclDevKernel_AllReduce_Sum_f32", "communication"),
-    ("Memcpy HtoD (Pageable -> Device)", "memcpy/memset"),
-    ("aten::sum", "reduction"), ("aten::gelu", "elementwise"), ("triton_poi_fused_0", "other"),
-    # the fused ops' own profiler ops (their C++ Functions', nn/compiled.py's custom ops)
-    ("perfloop::norm", "normalization"), ("perfloop::norm_backward", "normalization"),
-    ("perfloop::gated_backward", "elementwise"), ("perfloop::flash_attention_backward", "attention"),
-    ("perfloop::cross_entropy", "reduction"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, cat",
+    [
+        ("aten::addmm", "matmul"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"),
+        ("aten::scaled_dot_product_attention", "attention"),
+        ("aten::native_layer_norm", "normalization"),
+        ("aten::_to_copy", "dtype cast/copy"),
+        ("aten::_fused_adamw_", "optimizer"),
+        ("ncclDevKernel_AllReduce_Sum_f32", "communication"),
+        ("Memcpy HtoD (Pageable -> Device)", "memcpy/memset"),
+        ("aten::sum", "reduction"),
+        ("aten::gelu", "elementwise"),
+        ("triton_poi_fused_0", "other"),
+        # the fused ops' own profiler ops (their C++ Functions', nn/compiled.py's custom ops)
+        ("perfloop::norm", "normalization"),
+        ("perfloop::norm_backward", "normalization"),
+        ("perfloop::gated_backward", "elementwise"),
+        ("perfloop::flash_attention_backward", "attention"),
+        ("perfloop::cross_entropy", "reduction"),
+    ],
+)
 def test_categories_follow_the_rule_table(name, cat):
     assert category(name) == cat
 
@@ -134,9 +144,15 @@ def _event(name, parent=None):
     return SimpleNamespace(name=name, cpu_parent=parent)
 
 
-@pytest.mark.parametrize("boundary", ["Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad",
-                                      "autograd::engine::evaluate_function: MulBackward0",
-                                      "module: blocks.0.mlp"])  # fmt: skip
+@pytest.mark.parametrize(
+    "boundary",
+    [
+        "Optimizer.step#AdamW.step",
+        "Optimizer.zero_grad#AdamW.zero_grad",
+        "autograd::engine::evaluate_function: MulBackward0",
+        "module: blocks.0.mlp",
+    ],
+)
 def test_a_launch_is_charged_to_the_outermost_op_below_its_module_backward_or_optimizer(boundary):
     # the profiler's chain from a kernel launch up to the step: ops nest inside a module, a backward
     # node or an optimizer step, and whatever is above that boundary belongs to another charge
@@ -160,8 +176,9 @@ def test_a_launch_in_a_dynamo_region_that_ran_no_compiled_graph_is_not_a_compile
     def chain(*names):
         up = None
         for i, name in enumerate(names):
-            e = FunctionEvent(id=100 + i, name=name, thread=1, start_us=i, end_us=50 - i,
-                              device_type=DeviceType.CPU)  # fmt: skip
+            e = FunctionEvent(
+                id=100 + i, name=name, thread=1, start_us=i, end_us=50 - i, device_type=DeviceType.CPU
+            )
             e.cpu_parent = up
             up = e
         return up

@@ -57,8 +57,13 @@ def test_cuda_graph_advice_for_compiled_code_names_what_in_the_step_blocks_them(
     from perfloop.analysis.timeline import Idle
 
     brk = GraphBreak("forward", "model.py:31", ("2",), "Data-dependent branching", "data-dependent branch")
-    idle = Idle(10.0, 5.0, {}, syncs=[("aten::_local_scalar_dense", 1, 2.0, ())],
-                sync_places={"aten::_local_scalar_dense": "train.py:40"})  # fmt: skip
+    idle = Idle(
+        10.0,
+        5.0,
+        {},
+        syncs=[("aten::_local_scalar_dense", 1, 2.0, ())],
+        sync_places={"aten::_local_scalar_dense": "train.py:40"},
+    )
     blocked = Step([], None, None, None, idle, {}, 1, 10.0, 0, None, "cuda", CompiledCode([], [brk], 2.0))
     blocked.add("launch", "the GPU waits on launches", 5.0, "launch", "e", "fewer launches: torch.compile")
     advice = blocked.found[0].advice
@@ -86,14 +91,23 @@ def test_a_compile_torch_names_no_id_is_the_one_before_it():
     from perfloop.analysis.compilation import compiles
 
     def ev(i, name, start, end):
-        return FunctionEvent(id=i, name=name, thread=1, start_us=start, end_us=end,
-                             device_type=DeviceType.CPU)  # fmt: skip
+        return FunctionEvent(
+            id=i, name=name, thread=1, start_us=start, end_us=end, device_type=DeviceType.CPU
+        )
 
-    events = [ev(1, "_compile.compile_inner (dynamo_timed)", 0, 100),
-              ev(2, "CompilationMetrics_data: compile_id=0/3", 10, 11),
-              ev(3, "compile_fx.<locals>.bw_compiler (dynamo_timed)", 200, 260)]  # fmt: skip
-    m = SimpleNamespace(compile_id="0/3", co_name="forward", co_filename="/w/train.py", co_firstlineno=26,
-                        recompile_reason="0/3: L['self'].step == 3", num_graph_breaks=0)  # fmt: skip
+    events = [
+        ev(1, "_compile.compile_inner (dynamo_timed)", 0, 100),
+        ev(2, "CompilationMetrics_data: compile_id=0/3", 10, 11),
+        ev(3, "compile_fx.<locals>.bw_compiler (dynamo_timed)", 200, 260),
+    ]
+    m = SimpleNamespace(
+        compile_id="0/3",
+        co_name="forward",
+        co_filename="/w/train.py",
+        co_firstlineno=26,
+        recompile_reason="0/3: L['self'].step == 3",
+        num_graph_breaks=0,
+    )
     fwd, bwd = compiles(events, [m])
     assert (fwd.compile_id, fwd.function, fwd.where) == ("0/3", "forward", "train.py:26")
     assert (bwd.compile_id, bwd.function, bwd.where) == ("0/3", "forward", "train.py:26")

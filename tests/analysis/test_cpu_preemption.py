@@ -36,8 +36,9 @@ def test_an_op_stalled_in_one_call_is_timed_at_its_fast_call():
 
 
 def _item(op, ms, at):
-    return Item(kernel=op, op=op, module="m", phase="forward", ms=ms, start_us=at, end_us=at + ms * 1e3,
-                launch_us=at)  # fmt: skip
+    return Item(
+        kernel=op, op=op, module="m", phase="forward", ms=ms, start_us=at, end_us=at + ms * 1e3, launch_us=at
+    )
 
 
 def test_calls_that_ran_different_ops_keep_their_own_times():

@@ -20,26 +20,55 @@ def test_diagnose_classifies_launch_bound():
 
 
 def test_rules_naive_gelu_is_memory_bound_with_about_9_passes():
-    d = classify(device_ms=4.5, wall_ms=4.6, busy_fraction=0.97, distinct_kernels=6, launches=8,
-                 work=GELU, ceilings=CEIL)  # fmt: skip
+    d = classify(
+        device_ms=4.5,
+        wall_ms=4.6,
+        busy_fraction=0.97,
+        distinct_kernels=6,
+        launches=8,
+        work=GELU,
+        ceilings=CEIL,
+    )
     assert d.bound == "memory"
     assert 8 < d.evidence["hbm_passes"] < 10
     assert "fused into one kernel it is at most ~9x faster" in d.advice and "torch.compile" in d.advice
 
 
 def test_rules_fused_gelu_near_copy_is_memory_bound_at_the_limit():
-    d = classify(device_ms=0.51, wall_ms=0.52, busy_fraction=0.98, distinct_kernels=1, launches=1,
-                 work=GELU, ceilings=CEIL)  # fmt: skip
+    d = classify(
+        device_ms=0.51,
+        wall_ms=0.52,
+        busy_fraction=0.98,
+        distinct_kernels=1,
+        launches=1,
+        work=GELU,
+        ceilings=CEIL,
+    )
     assert d.bound == "memory" and "near the limit" in d.advice
 
 
 def test_rules_tiny_op_is_launch_bound():
     w = pl.Work(bytes=8192, flops=10240, dtype="torch.float32")
-    d = classify(device_ms=0.001, wall_ms=0.04, busy_fraction=0.025, distinct_kernels=1, launches=1,
-                 work=w, ceilings=CEIL)  # fmt: skip
+    d = classify(
+        device_ms=0.001,
+        wall_ms=0.04,
+        busy_fraction=0.025,
+        distinct_kernels=1,
+        launches=1,
+        work=w,
+        ceilings=CEIL,
+    )
     assert d.bound == "launch" and "CUDA graph" in d.advice
-    on_cpu = classify(device_ms=0.001, wall_ms=0.04, busy_fraction=0.025, distinct_kernels=1, launches=1,
-                      work=w, ceilings=CEIL, kind="cpu")  # fmt: skip
+    on_cpu = classify(
+        device_ms=0.001,
+        wall_ms=0.04,
+        busy_fraction=0.025,
+        distinct_kernels=1,
+        launches=1,
+        work=w,
+        ceilings=CEIL,
+        kind="cpu",
+    )
     assert on_cpu.bound == "launch" and "torch.compile" in on_cpu.advice
     assert "CUDA graph" not in on_cpu.advice and "GPU" not in on_cpu.advice, on_cpu.advice
 
@@ -47,8 +76,9 @@ def test_rules_tiny_op_is_launch_bound():
 def test_rules_big_bf16_matmul_is_compute_bound():
     n = 8192
     w = pl.Work(bytes=3 * n * n * 2, flops=2 * n**3, dtype="torch.bfloat16")
-    d = classify(device_ms=1.4, wall_ms=1.5, busy_fraction=0.93, distinct_kernels=1, launches=1,
-                 work=w, ceilings=CEIL)  # fmt: skip
+    d = classify(
+        device_ms=1.4, wall_ms=1.5, busy_fraction=0.93, distinct_kernels=1, launches=1, work=w, ceilings=CEIL
+    )
     assert d.bound == "compute"
     assert d.evidence["intensity"] > d.evidence["ridge"]
 
@@ -60,16 +90,30 @@ def test_rules_gelu_just_past_a_noisy_ridge_is_not_called_compute_bound():
     the ridge the measured ceilings cannot tell the roofs apart; the kernels are near neither."""
     w = pl.Work(bytes=2 * 2048**2 * 4, flops=10 * 2048**2, dtype="torch.float32")
     noisy = {"copy_gbps": 65.0, "matmul_fp32_tflops": 0.0697}
-    d = classify(device_ms=35.5, wall_ms=36.4, busy_fraction=0.98, distinct_kernels=4, launches=8,
-                 work=w, ceilings=noisy)  # fmt: skip
+    d = classify(
+        device_ms=35.5,
+        wall_ms=36.4,
+        busy_fraction=0.98,
+        distinct_kernels=4,
+        launches=8,
+        work=w,
+        ceilings=noisy,
+    )
     assert d.evidence["intensity"] > d.evidence["ridge"]  # the case: just past the ridge
     assert d.bound == "memory", str(d)
     assert "fused into one kernel it is at most" in d.advice
 
 
 def test_rules_without_work_say_what_is_missing():
-    d = classify(device_ms=1.0, wall_ms=1.1, busy_fraction=0.9, distinct_kernels=1, launches=1,
-                 work=None, ceilings=CEIL)  # fmt: skip
+    d = classify(
+        device_ms=1.0,
+        wall_ms=1.1,
+        busy_fraction=0.9,
+        distinct_kernels=1,
+        launches=1,
+        work=None,
+        ceilings=CEIL,
+    )
     assert d.bound == "unclear" and "work" in d.advice
 
 

@@ -162,12 +162,19 @@ def _gpu_cases() -> dict:
     return {name: (*case, case[0] in mod.COUNTED) for name, case in cases.items()}  # with: profile with Work
 
 
-GPU_CASES = ["numpy in the step", "AdamW foreach=False, 400 params", "pageable host-to-device copy",
-             ".item() per layer", "torch.cuda.synchronize() per layer", "DataLoader with slow collation",
-             "attention written out (nanoGPT without flash)",
-             "layout copies (.contiguous() around each layer)",
-             "boolean-mask indexing per layer", "NumPy mid-forward, copied to the device",
-             "control: one large matmul"]  # fmt: skip
+GPU_CASES = [
+    "numpy in the step",
+    "AdamW foreach=False, 400 params",
+    "pageable host-to-device copy",
+    ".item() per layer",
+    "torch.cuda.synchronize() per layer",
+    "DataLoader with slow collation",
+    "attention written out (nanoGPT without flash)",
+    "layout copies (.contiguous() around each layer)",
+    "boolean-mask indexing per layer",
+    "NumPy mid-forward, copied to the device",
+    "control: one large matmul",
+]
 # their line is checked too
 AT_LINE = ("boolean-mask indexing per layer", "NumPy mid-forward, copied to the device")
 # the benchmark's empty_cache control (nothing freed between layers) is not in this list: removing

@@ -49,11 +49,15 @@ def _planted(body: nn.Module, rows: int, d: int, dev: str = "cpu", linear: bool 
     return step
 
 
-@pytest.mark.parametrize("body, rows, d, module, bound", [
-    (SoftmaxBySixOps(), 2048, 1024, "1", "memory"),
-    (LayerNormByHand(1024), 2048, 1024, "1", "memory"),
-    (ThousandTinyKernels(), 4, 8, "1", "launch"),
-], ids=["softmax-in-six-ops", "unfused-layernorm", "thousand-tiny-kernels"])  # fmt: skip
+@pytest.mark.parametrize(
+    "body, rows, d, module, bound",
+    [
+        (SoftmaxBySixOps(), 2048, 1024, "1", "memory"),
+        (LayerNormByHand(1024), 2048, 1024, "1", "memory"),
+        (ThousandTinyKernels(), 4, 8, "1", "launch"),
+    ],
+    ids=["softmax-in-six-ops", "unfused-layernorm", "thousand-tiny-kernels"],
+)
 def test_the_planted_problem_ranks_first(body, rows, d, module, bound):
     d_ = pl.profile(_planted(body, rows, d), calls=2).diagnose()
     assert isinstance(d_, StepDiagnosis)
@@ -179,8 +183,10 @@ def test_pageable_copies_are_counted_in_words(per_call, title):
     from perfloop.analysis.opportunities import rank
 
     calls = 3
-    copies = [Item("Memcpy HtoD (Pageable -> Device)", "aten::copy_", "model", "forward", 4.0, 0, 1)
-              for _ in range(per_call * calls)]  # fmt: skip
+    copies = [
+        Item("Memcpy HtoD (Pageable -> Device)", "aten::copy_", "model", "forward", 4.0, 0, 1)
+        for _ in range(per_call * calls)
+    ]
     work = [Item("gemm", "aten::mm", "model.fc", "forward", 1.0, 0, 1) for _ in range(calls)]
     d = rank(copies + work, None, [], [], None, {}, calls, wall_ms=4.0 * per_call + 1.0)
     assert d.opportunities[0].title.startswith(title) and d.opportunities[0].title.endswith("per call")
@@ -217,11 +223,23 @@ def test_a_norm_the_patch_reaches_is_a_layer_or_rms_norm_not_any_op_named_norm()
     LayerNorm module: pl.patch swaps it" (found running examples/mingpt_train.py in script mode)."""
     from perfloop.analysis.patterns import chain_kind
 
-    for op in ("aten::_foreach_norm", "aten::linalg_vector_norm", "aten::norm", "aten::group_norm",
-               "aten::native_batch_norm"):  # fmt: skip
+    for op in (
+        "aten::_foreach_norm",
+        "aten::linalg_vector_norm",
+        "aten::norm",
+        "aten::group_norm",
+        "aten::native_batch_norm",
+    ):
         assert chain_kind([op]) is None, op
-    for op in ("aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::layer_norm",
-               "aten::rms_norm", "aten::_fused_rms_norm", "aten::rsqrt", "aten::var_mean"):  # fmt: skip
+    for op in (
+        "aten::native_layer_norm",
+        "aten::native_layer_norm_backward",
+        "aten::layer_norm",
+        "aten::rms_norm",
+        "aten::_fused_rms_norm",
+        "aten::rsqrt",
+        "aten::var_mean",
+    ):
         assert chain_kind([op]) == "normalization", op
     assert chain_kind(["pow", "mean", "add", "rsqrt", "mul"]) == "normalization"
     # the loss's forward row (its backward rows were named already)
@@ -248,8 +266,11 @@ def test_a_backward_chain_is_the_kind_of_its_modules_forward_chain():
         model.last_loss.backward()
 
     d = pl.profile(step, calls=2).diagnose(ceilings={"copy_gbps": 5.0, "matmul_fp32_tflops": 0.2})
-    fused = {(f.site.module, f.title.split("(")[1].split(",")[0].rstrip(")")): f.advice
-             for f in d.findings if f.kind == "fusion"}  # fmt: skip
+    fused = {
+        (f.site.module, f.title.split("(")[1].split(",")[0].rstrip(")")): f.advice
+        for f in d.findings
+        if f.kind == "fusion"
+    }
     assert "rotary" in fused.get(("layers.*.attention", "backward"), ""), fused
 
 

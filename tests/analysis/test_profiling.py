@@ -116,18 +116,24 @@ def test_memory_snapshot_without_a_gpu_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize(
     "name, short",
     [
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, float, float, "
-         "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 2ul> >(int, ...)",
-         "elementwise[mul, scalar]"),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::tanh_kernel_cuda(at::Tensor"
-         "IteratorBase&)::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >",
-         "elementwise[tanh]"),
-        ("void (anonymous namespace)::gelu_vec_kernel<float, 1>(uint4 const*, uint4*, long)",
-         "gelu_vec_kernel"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, float, "
+            "float, at::native::binary_internal::MulFunctor<float> >, std::array<char*, 2ul> >(int, ...)",
+            "elementwise[mul, scalar]",
+        ),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::tanh_kernel_cuda(at::Tensor"
+            "IteratorBase&)::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >",
+            "elementwise[tanh]",
+        ),
+        (
+            "void (anonymous namespace)::gelu_vec_kernel<float, 1>(uint4 const*, uint4*, long)",
+            "gelu_vec_kernel",
+        ),
         ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT"),
         ("triton_poi_fused_add_mul_pow_tanh_0", "triton_poi_fused_add_mul_pow_tanh_0"),
     ],
-)  # fmt: skip
+)
 def test_kernel_names_are_shortened_readably(name, short):
     from perfloop.analysis.profiling import short_name
 
@@ -183,8 +189,12 @@ def test_a_librarys_internal_deprecation_is_not_the_last_word_unless_verbose(cap
     from perfloop.cli import env, main
 
     def deprecated_inside_torch(args):
-        warnings.warn_explicit("torch.jit.script_method is deprecated", DeprecationWarning,
-                               "/x/site-packages/torch/jit/_script.py", 365)  # fmt: skip
+        warnings.warn_explicit(
+            "torch.jit.script_method is deprecated",
+            DeprecationWarning,
+            "/x/site-packages/torch/jit/_script.py",
+            365,
+        )
         warnings.warn("TensorFloat32 tensor cores available but not enabled", UserWarning, stacklevel=1)
         return 0
 

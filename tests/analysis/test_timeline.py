@@ -10,8 +10,9 @@ _ids = iter(range(1, 10**6))
 
 
 def ev(name, start, end, parent=None):
-    e = FunctionEvent(id=next(_ids), name=name, thread=1, start_us=start, end_us=end,
-                      device_type=DeviceType.CPU)  # fmt: skip
+    e = FunctionEvent(
+        id=next(_ids), name=name, thread=1, start_us=start, end_us=end, device_type=DeviceType.CPU
+    )
     if parent is not None:
         e.cpu_parent = parent
     return e
@@ -194,8 +195,9 @@ def test_launches_from_a_thread_that_was_not_sampled_are_said():
     from perfloop.analysis.stacks import CLOCK_RANGE, unsampled_launcher
 
     def on(thread, name, t):
-        return FunctionEvent(id=next(_ids), name=name, thread=thread, start_us=t, end_us=t + 1,
-                             device_type=DeviceType.CPU)  # fmt: skip
+        return FunctionEvent(
+            id=next(_ids), name=name, thread=thread, start_us=t, end_us=t + 1, device_type=DeviceType.CPU
+        )
 
     clock = on(1, CLOCK_RANGE, 0)
     mine = [on(1, "cudaLaunchKernel", t) for t in range(10)]

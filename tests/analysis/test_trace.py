@@ -16,9 +16,15 @@ def _record(path, record_shapes=True):
     x = torch.randn(64, 256)
     sched = torch.profiler.schedule(wait=0, warmup=1, active=2)
     cpu = [torch.profiler.ProfilerActivity.CPU]
-    ready = lambda p: p.export_chrome_trace(str(path))  # noqa: E731
-    with torch.profiler.profile(activities=cpu, record_shapes=record_shapes, with_stack=True,
-                                with_modules=True, schedule=sched, on_trace_ready=ready) as prof:  # fmt: skip
+    ready = lambda p: p.export_chrome_trace(str(path))
+    with torch.profiler.profile(
+        activities=cpu,
+        record_shapes=record_shapes,
+        with_stack=True,
+        with_modules=True,
+        schedule=sched,
+        on_trace_ready=ready,
+    ) as prof:
         for _ in range(3):
             net(x).sum().backward()
             prof.step()

@@ -13,8 +13,7 @@ from perfloop.results.store import Store
 
 
 def run(*args):
-    p = subprocess.run([sys.executable, "-m", "perfloop", *args], capture_output=True, text=True,
-                       timeout=600)  # fmt: skip
+    p = subprocess.run([sys.executable, "-m", "perfloop", *args], capture_output=True, text=True, timeout=600)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -26,8 +25,19 @@ def test_unknown_verb_and_flag_list_what_exists():
 
 
 def test_every_verb_has_help():
-    for verb in ["env", "list", "check", "bench", "profile", "asm", "sweep", "report", "compare",
-                 "demo", "experiment"]:  # fmt: skip
+    for verb in [
+        "env",
+        "list",
+        "check",
+        "bench",
+        "profile",
+        "asm",
+        "sweep",
+        "report",
+        "compare",
+        "demo",
+        "experiment",
+    ]:
         with pytest.raises(SystemExit) as e:
             main([verb, "--help"])
         assert e.value.code == 0
@@ -69,8 +79,20 @@ def test_check_passes_and_unknown_names_are_usage_errors(capsys):
 
 def test_bench_stores_rows_and_rejects_bad_shapes_and_dtypes(tmp_path, capsys):
     db = str(tmp_path / "b.db")
-    args = ["bench", "gelu", "--variant", "naive", "--variant", "builtin", "--shape", "128x96",
-            "--budget", "0.3", "--db", db]  # fmt: skip
+    args = [
+        "bench",
+        "gelu",
+        "--variant",
+        "naive",
+        "--variant",
+        "builtin",
+        "--shape",
+        "128x96",
+        "--budget",
+        "0.3",
+        "--db",
+        db,
+    ]
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = {r["variant"]: r for r in out["rows"]}
@@ -107,11 +129,25 @@ def test_compare_flags_a_real_slowdown_and_passes_noise(tmp_path, capsys):
 
 def test_report_exports_and_a_corrupt_db_is_a_usage_error(tmp_path, capsys):
     db = str(tmp_path / "r.db")
-    assert main(["bench", "rowsum", "--variant", "builtin", "--shape", "64x33", "--budget", "0.2",
-                 "--db", db]) == 0  # fmt: skip
+    assert (
+        main(["bench", "rowsum", "--variant", "builtin", "--shape", "64x33", "--budget", "0.2", "--db", db])
+        == 0
+    )
     capsys.readouterr()
-    assert main(["report", "--csv", str(tmp_path / "r.csv"), "--export-json", str(tmp_path / "r.json"),
-                 "--db", db]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "report",
+                "--csv",
+                str(tmp_path / "r.csv"),
+                "--export-json",
+                str(tmp_path / "r.json"),
+                "--db",
+                db,
+            ]
+        )
+        == 0
+    )
     assert "rowsum" in (tmp_path / "r.csv").read_text()
     assert json.loads((tmp_path / "r.json").read_text())[0]["shape"] == "64x33"
     assert main(["report", "--run", "missing", "--db", db]) == 2

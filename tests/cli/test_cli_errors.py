@@ -16,15 +16,18 @@ def _exit_code(argv) -> int:
         return exc.code
 
 
-@pytest.mark.parametrize("args, flag", [
-    (["bench", "gelu", "--budget", "nan"], "--budget"),
-    (["bench", "gelu", "--shape", "12xx3"], "--shape"),
-    (["bench", "matmul_relu", "--shape", "64x64"], "--shape"),
-    (["bench", "attention", "--shape", "1x2x64x64", "--variant", "builtin"], "--shape"),
-    (["bench", "gelu", "--variant", "builtin", "--shape", "10000000x10000000"], "--shape"),
-    (["sweep", "gelu", "--shapes", "64", "0x3"], "--shapes"),
-    (["bench", "gelu", "--dtype", "fp8"], "--dtype"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["bench", "gelu", "--budget", "nan"], "--budget"),
+        (["bench", "gelu", "--shape", "12xx3"], "--shape"),
+        (["bench", "matmul_relu", "--shape", "64x64"], "--shape"),
+        (["bench", "attention", "--shape", "1x2x64x64", "--variant", "builtin"], "--shape"),
+        (["bench", "gelu", "--variant", "builtin", "--shape", "10000000x10000000"], "--shape"),
+        (["sweep", "gelu", "--shapes", "64", "0x3"], "--shapes"),
+        (["bench", "gelu", "--dtype", "fp8"], "--dtype"),
+    ],
+)
 def test_bad_input_is_a_usage_error_naming_the_flag(tmp_path, capsys, args, flag):
     rc = _exit_code([*args, "--db", str(tmp_path / "e.db")])
     err = capsys.readouterr().err
@@ -33,8 +36,10 @@ def test_bad_input_is_a_usage_error_naming_the_flag(tmp_path, capsys, args, flag
 
 def _run_on(store, device, ms):
     run = store.new_run(f"on {device}")
-    m = pl.Measurement(samples_ms=tuple(ms * (1 + 0.01 * i) for i in range(20)),
-                       env={"device": {"name": device, "kind": "cpu"}})  # fmt: skip
+    m = pl.Measurement(
+        samples_ms=tuple(ms * (1 + 0.01 * i) for i in range(20)),
+        env={"device": {"name": device, "kind": "cpu"}},
+    )
     store.add(run, m, op="gelu", variant="builtin", shape=(8,), dtype="fp32")
     return run
 

@@ -11,8 +11,9 @@ import perfloop
 
 def imported_modules(code: str) -> set[str]:
     """The modules a fresh interpreter imports running `code` (from `python -X importtime`)."""
-    p = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
-                       timeout=120)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=120
+    )
     names = set()
     for line in p.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:

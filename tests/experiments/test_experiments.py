@@ -58,10 +58,15 @@ def test_experiments_show_in_the_report(store):
     """Every experiment run above has its section, and at least one plot, in the report."""
     s, d = store
     page = render_html(s, d / "report").read_text()
-    plots = {"matmul-scaling": "matmul_scaling.png", "mlp-scaling": "mlp_scaling.png",
-             "launch-overhead": "launch_overhead.png", "sync-pitfall": "sync_pitfall.png",
-             "warmup": "warmup.png", "lm-step": "lm_step_time.png",
-             "matmul-dispatch": "matmul_dispatch.png"}  # fmt: skip
+    plots = {
+        "matmul-scaling": "matmul_scaling.png",
+        "mlp-scaling": "mlp_scaling.png",
+        "launch-overhead": "launch_overhead.png",
+        "sync-pitfall": "sync_pitfall.png",
+        "warmup": "warmup.png",
+        "lm-step": "lm_step_time.png",
+        "matmul-dispatch": "matmul_dispatch.png",
+    }
     for name, png in plots.items():
         assert f"experiment: {name}" in page and f'src="{png}"' in page, name
         assert (d / "report" / png).stat().st_size > 1000, png

@@ -120,12 +120,14 @@ def test_a_contended_run_is_judged_on_its_raw_tails_not_divided_by_the_reference
     code's unevenly, so dividing one by the other made a 1.12x wobble 1.55x (an alarm) and a
     2x slowdown 1.33x (a quiet pass)."""
     a, ra = _samples(1.0, seed=1), _samples(1.0, seed=3)
-    wobble = gate.judge(a, _samples(1.12, seed=2), fail_above_pct=5, a_ref=ra, b_ref=_samples(0.72, seed=4),
-                        contended=True)  # fmt: skip
+    wobble = gate.judge(
+        a, _samples(1.12, seed=2), fail_above_pct=5, a_ref=ra, b_ref=_samples(0.72, seed=4), contended=True
+    )
     assert not wobble.regression and wobble.adjusted == pytest.approx(1.12, rel=0.03), wobble
     assert "not divided" in wobble.method and wobble.drift == pytest.approx(0.72, rel=0.05)
-    slow = gate.judge(a, _samples(3.0, seed=5), fail_above_pct=5, a_ref=ra, b_ref=_samples(1.5, seed=6),
-                      contended=True)  # fmt: skip
+    slow = gate.judge(
+        a, _samples(3.0, seed=5), fail_above_pct=5, a_ref=ra, b_ref=_samples(1.5, seed=6), contended=True
+    )
     assert slow.regression and slow.adjusted == pytest.approx(3.0, rel=0.03), slow
     quiet = gate.judge(a, _samples(2.0, seed=5), fail_above_pct=5, a_ref=ra, b_ref=_samples(1.5, seed=6))
     assert quiet.adjusted == pytest.approx(1.33, rel=0.05)  # uncontended, the reference is divided out
@@ -136,11 +138,13 @@ def test_a_slowdown_against_a_machine_that_ran_faster_is_caught_not_given_up_on(
     run while the code ran 3x slower. The machine cannot explain a change against it: the raw 3x
     stands (it used to be 'cannot judge', and a 3x slowdown passed)."""
     a, a_ref = _samples(0.5, seed=1), _samples(4.1, seed=3)
-    v = gate.judge(a, _samples(1.5, seed=2), fail_above_pct=5, a_ref=a_ref, b_ref=_samples(1.0, seed=4),
-                   contended=True)  # fmt: skip
+    v = gate.judge(
+        a, _samples(1.5, seed=2), fail_above_pct=5, a_ref=a_ref, b_ref=_samples(1.0, seed=4), contended=True
+    )
     assert v.regression and v.adjusted == pytest.approx(3.0, rel=0.05) and not v.divided, v
-    v = gate.judge(a, _samples(1.5, seed=2), fail_above_pct=5, a_ref=_samples(1.0, seed=3),
-                   b_ref=_samples(4.1, seed=4))  # fmt: skip
+    v = gate.judge(
+        a, _samples(1.5, seed=2), fail_above_pct=5, a_ref=_samples(1.0, seed=3), b_ref=_samples(4.1, seed=4)
+    )
     assert not v.regression and v.verdict.startswith("cannot judge: the machine ran 4.1x slower")
 
 

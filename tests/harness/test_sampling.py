@@ -7,8 +7,9 @@ import pytest
 from perfloop.harness import sampling
 
 
-@pytest.mark.parametrize("launches, advice", [(8, "fusing them into fewer kernels"),
-                                              (1, "give each call more work")])  # fmt: skip
+@pytest.mark.parametrize(
+    "launches, advice", [(8, "fusing them into fewer kernels"), (1, "give each call more work")]
+)
 def test_graph_gap_warning_fits_the_number_of_kernels(monkeypatch, launches, advice):
     """The replay's excess over its kernels' CUPTI time: between many dependent kernels, fuse
     them; with one kernel a call there is nothing to fuse -- the advice must say so."""

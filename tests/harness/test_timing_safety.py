@@ -13,11 +13,14 @@ from helpers import busy
 from perfloop.harness.stats import fit_power_floor
 
 
-@pytest.mark.parametrize("sizes, size_of, why", [
-    ([0, 1000, 2000, 4000], None, "not a positive number"),
-    ([(10, 10), (20, 20), (40, 40)], None, "not a number"),
-    ([1000, 1000, 1000], None, "3 distinct sizes"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "sizes, size_of, why",
+    [
+        ([0, 1000, 2000, 4000], None, "not a positive number"),
+        ([(10, 10), (20, 20), (40, 40)], None, "not a number"),
+        ([1000, 1000, 1000], None, "3 distinct sizes"),
+    ],
+)
 def test_a_sweep_keeps_its_points_when_the_fit_cannot_be_made(sizes, size_of, why):
     s = pl.sweep(lambda n: busy(0.05), sizes, size_of=size_of, budget_s=0.05)
     assert len(s.points) == len(sizes)

@@ -13,8 +13,16 @@ from perfloop.ops.layernorm import triton_impl as ln
 pytestmark = pytest.mark.skipif(not interpreting(), reason="needs TRITON_INTERPRET=1 (the CI sets it)")
 
 # ops that allocate or only describe memory: they launch nothing on a GPU
-NO_WORK = {"empty.memory_format", "empty_like.default", "new_empty.default", "view.default",
-           "_unsafe_view.default", "detach.default", "alias.default", "select.int"}  # fmt: skip
+NO_WORK = {
+    "empty.memory_format",
+    "empty_like.default",
+    "new_empty.default",
+    "view.default",
+    "_unsafe_view.default",
+    "detach.default",
+    "alias.default",
+    "select.int",
+}
 
 
 class Ops(TorchDispatchMode):

@@ -10,10 +10,15 @@ import perfloop.nn as pnn
 pytest.importorskip("triton")
 
 
-@pytest.mark.parametrize("make", [
-    lambda m: m.LayerNorm(96, eps=1e-6), lambda m: m.LayerNorm(96, bias=False),
-    lambda m: m.RMSNorm(96, eps=1e-6),
-], ids=["layernorm", "layernorm-no-bias", "rmsnorm"])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: m.LayerNorm(96, eps=1e-6),
+        lambda m: m.LayerNorm(96, bias=False),
+        lambda m: m.RMSNorm(96, eps=1e-6),
+    ],
+    ids=["layernorm", "layernorm-no-bias", "rmsnorm"],
+)
 def test_norms_match_torch_forward_and_backward_and_share_checkpoints(make):
     torch.manual_seed(0)
     ours, theirs = make(pnn), make(nn)
@@ -67,9 +72,11 @@ def test_where_no_kernel_fits_torchs_forward_runs_and_says_why_once(monkeypatch)
     assert got.ndim == 0
 
 
-@pytest.mark.parametrize("ours, act", [(pnn.SwiGLU, nn.functional.silu),
-                                       (pnn.GeGLU, lambda a: nn.functional.gelu(a, approximate="tanh"))],
-                         ids=["swiglu", "geglu"])  # fmt: skip
+@pytest.mark.parametrize(
+    "ours, act",
+    [(pnn.SwiGLU, nn.functional.silu), (pnn.GeGLU, lambda a: nn.functional.gelu(a, approximate="tanh"))],
+    ids=["swiglu", "geglu"],
+)
 def test_gated_activations_match_torch_forward_and_backward(ours, act):
     torch.manual_seed(0)
     a, b = (3 * torch.randn(5, 129)).requires_grad_(), torch.randn(5, 129).requires_grad_()

@@ -144,8 +144,17 @@ def test_measure_tries_the_kinds_that_paid_alone_together(train_gpt, monkeypatch
     def fake_measure(models, batch, loss_fn, budget_s, compiled=False):  # as the H200 gave them
         calls.append(sorted(models))
         speed = {k: alone.get(k, 1.16) for k in models if k != "before"}
-        cands = {k: {"ms": 35 / v, "speedup": v, "ci": (v - 0.01, v + 0.01), "p_value": 0.001,
-                     "significant": abs(v - 1) > 0.02, "peak": None} for k, v in speed.items()}  # fmt: skip
+        cands = {
+            k: {
+                "ms": 35 / v,
+                "speedup": v,
+                "ci": (v - 0.01, v + 0.01),
+                "p_value": 0.001,
+                "significant": abs(v - 1) > 0.02,
+                "peak": None,
+            }
+            for k, v in speed.items()
+        }
         return {
             "before_ms": 35.0,
             "candidates": cands,

@@ -36,8 +36,10 @@ def test_mingpt_attention_is_replaced_by_causal_sdpa_with_its_dropout(mingpt):
     attn = [s for s in report.swaps if s.kind == rewrite.ATTENTION]
     assert [s.name for s in attn] == ["transformer.h.0.attn", "transformer.h.1.attn"]
     assert all(s.replaced for s in attn), report
-    assert "mingpt_model.py:55 -> F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1 in " \
-           "training)" in str(report)  # fmt: skip
+    assert (
+        "mingpt_model.py:55 -> F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1 in "
+        "training)" in str(report)
+    )
     assert model.training  # the checks ran in eval mode and left the model as it was
     model.eval()
     with torch.no_grad():
@@ -74,7 +76,7 @@ def test_the_training_capture_keeps_the_attention_dropout_and_the_loss_curve(min
     g = torch.Generator().manual_seed(1)
     idx = torch.randint(0, 97, (4, 24), generator=g)
     tgt = torch.roll(idx, -1, dims=1)
-    loss_fn = lambda m, b: F.cross_entropy(m(b).flatten(0, 1), tgt.flatten())  # noqa: E731
+    loss_fn = lambda m, b: F.cross_entropy(m(b).flatten(0, 1), tgt.flatten())
 
     def curve(patched: bool, nudge: float, seed: int) -> torch.Tensor:
         torch.manual_seed(0)
@@ -97,8 +99,11 @@ def test_the_training_capture_keeps_the_attention_dropout_and_the_loss_curve(min
         return torch.tensor(losses)
 
     a, b, patched = curve(False, 0.0, 0), curve(False, 1e-6, 1), curve(True, 0.0, 0)
-    train = [f for f in rewrite.backend_for(mingpt.CausalSelfAttention.forward).found if f.replaced
-             and f.form["dropout_p"] == 0.1]  # fmt: skip
+    train = [
+        f
+        for f in rewrite.backend_for(mingpt.CausalSelfAttention.forward).found
+        if f.replaced and f.form["dropout_p"] == 0.1
+    ]
     assert train, "no training capture with the attention dropout as dropout_p"
     spread = (a - b).abs()[-20:].mean()
     assert (patched - a).abs()[-20:].mean() <= 2 * spread, (spread, patched[-5:], a[-5:], b[-5:])
@@ -372,8 +377,17 @@ def test_measure_times_the_rewritten_attention_as_its_own_kind(mingpt, monkeypat
         for label, m in models.items():
             seen[label] = isinstance(m.transformer.h[0].attn.__dict__.get("forward"), rewrite.Rewritten)
         speed = {k: 2.01 if k == f"only {rewrite.ATTENTION}" else 1.0 for k in models if k != "before"}
-        cands = {k: {"ms": 118 / v, "speedup": v, "ci": (v - 0.01, v + 0.01), "p_value": 0.001,
-                     "significant": v > 1, "peak": None} for k, v in speed.items()}  # fmt: skip
+        cands = {
+            k: {
+                "ms": 118 / v,
+                "speedup": v,
+                "ci": (v - 0.01, v + 0.01),
+                "p_value": 0.001,
+                "significant": v > 1,
+                "peak": None,
+            }
+            for k, v in speed.items()
+        }
         return {
             "before_ms": 118.0,
             "candidates": cands,

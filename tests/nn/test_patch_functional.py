@@ -41,9 +41,13 @@ def test_the_functional_norms_and_loss_of_a_gpt_are_verified_and_fused_at_their_
     ref = copy.deepcopy(model)
     report = pl.patch(model, batch, loss_fn=_loss)
     sites = {s.name.split(" (")[0] for s in report.swaps if s.replaced}
-    assert sites == {"transformer.h.0.ln_1: F.layer_norm", "transformer.h.0.ln_2: F.layer_norm",
-                     "transformer.ln_f: F.layer_norm", "GPT: F.cross_entropy",
-                     "transformer.h.0.mlp.gelu"}  # nn.GELU(), the exact form  # fmt: skip
+    assert sites == {
+        "transformer.h.0.ln_1: F.layer_norm",
+        "transformer.h.0.ln_2: F.layer_norm",
+        "transformer.ln_f: F.layer_norm",
+        "GPT: F.cross_entropy",
+        "transformer.h.0.mlp.gelu",
+    }  # nn.GELU(), the exact form
     assert "nanogpt_model.py:" in str(report)
     from perfloop.ops.cross_entropy import triton_impl as ce
     from perfloop.ops.layernorm import triton_impl as ln
@@ -168,8 +172,11 @@ def test_a_llama_style_model_gets_its_norm_classes_its_swiglu_and_its_loss_call_
     kinds = [s.kind for s in report.swaps if s.replaced]
     assert kinds.count("RMSNorm") == 2 * 2 + 1 and kinds.count("F.cross_entropy") == 1, str(report)
     assert kinds.count("F.silu(a) * b") == 2, str(report)  # SwiGLU, written out in FeedForward.forward
-    line = next(i for i, t in enumerate((EXAMPLES / "llama_model.py").read_text().splitlines(), 1)
-                if "return self.w2(F.silu(self.w1(x)) * self.w3(x))" in t)  # fmt: skip
+    line = next(
+        i
+        for i, t in enumerate((EXAMPLES / "llama_model.py").read_text().splitlines(), 1)
+        if "return self.w2(F.silu(self.w1(x)) * self.w3(x))" in t
+    )
     assert f"layers.0.feed_forward: F.silu(a) * b (llama_model.py:{line})" in report.replaced
     from perfloop.ops.swiglu import triton_impl as sw
 

@@ -189,9 +189,11 @@ def test_on_the_gpu_an_out_of_range_target_stops_with_a_device_assert_as_torchs_
     import sys
 
     # without a gradient (the forward alone) and with one (the C++ autograd Function)
-    code = ("import torch, perfloop.nn as pnn; x = torch.randn(64, 1000, device='cuda'){grad}; "
-            "t = torch.randint(0, 1000, (64,), device='cuda'); t[5] = {bad}; "
-            "pnn.CrossEntropyLoss()(x, t).item()")  # fmt: skip
+    code = (
+        "import torch, perfloop.nn as pnn; x = torch.randn(64, 1000, device='cuda'){grad}; "
+        "t = torch.randint(0, 1000, (64,), device='cuda'); t[5] = {bad}; "
+        "pnn.CrossEntropyLoss()(x, t).item()"
+    )
     for bad in (1005, -1):
         for grad in ("", ".requires_grad_()"):
             run = [sys.executable, "-c", code.format(bad=bad, grad=grad)]

@@ -151,8 +151,11 @@ def test_flash_torch_never_builds_a_seq_by_seq_tensor():
 
 
 @pytest.mark.parametrize("tiles", [(32, 16), (16, 32)], ids=str)
-@pytest.mark.parametrize("shape", [(1, 1, 64, 64, 16, True), (1, 1, 50, 70, 16, True),
-                                   (1, 1, 70, 50, 16, False), (1, 1, 96, 64, 16, True)], ids=str)  # fmt: skip
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 1, 64, 64, 16, True), (1, 1, 50, 70, 16, True), (1, 1, 70, 50, 16, False), (1, 1, 96, 64, 16, True)],
+    ids=str,
+)
 def test_unequal_tiles_split_the_loops_right(shape, tiles):
     """BLOCK_M != BLOCK_N moves the diagonal band and the ragged tail inside the tiles:
     the split into unmasked and masked loops must still visit every (query, key) once."""
@@ -162,8 +165,10 @@ def test_unequal_tiles_split_the_loops_right(shape, tiles):
     fwd = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1}
     o, lse = triton_impl.run_forward(q, k, v, causal, scale, fwd)
     g = torch.randn_like(o)
-    bwd = {"dkdv": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1},
-           "dq": {"BLOCK_M": bn, "BLOCK_N": bm, "num_warps": 4, "num_stages": 1}}  # fmt: skip
+    bwd = {
+        "dkdv": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1},
+        "dq": {"BLOCK_M": bn, "BLOCK_N": bm, "num_warps": 4, "num_stages": 1},
+    }
     dq, dk, dv = triton_impl.run_backward(q, k, v, o, lse, g, causal, scale, bwd)
     o_ref, dq_ref, dk_ref, dv_ref = _ref_grads(q, k, v, causal, g)
     _close(o, o_ref, 2e-3, "out")
@@ -201,7 +206,7 @@ def test_a_config_that_does_not_fit_steps_down_and_is_remembered(monkeypatch):
     monkeypatch.setattr(triton_impl, "_PLANS", {})
     q = torch.randn(1, 1, 256, 128, dtype=torch.bfloat16)
     k = Kernel()
-    launch = lambda cfg=None: triton_impl._launch(  # noqa: E731
+    launch = lambda cfg=None: triton_impl._launch(
         k, "dkdv", cfg, lambda c: (1, 1), (), (False, False, "tf32"), 128, 256, 256, q
     )
     launch()
@@ -221,8 +226,15 @@ def test_fp32_runs_on_tensor_cores_and_reads_v_sequence_major(tf32, monkeypatch)
     K-major only, and V is P V's second operand)."""
     seen = []
     kernel = triton_impl._fwd_kernel
-    spy = type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **kw: seen.append(
-        (a[16:18], kw["PRECISION"])) or kernel[grid](*a, **kw)})()  # fmt: skip
+    spy = type(
+        "Spy",
+        (),
+        {
+            "__getitem__": lambda self, grid: (
+                lambda *a, **kw: seen.append((a[16:18], kw["PRECISION"])) or kernel[grid](*a, **kw)
+            )
+        },
+    )()
     monkeypatch.setattr(triton_impl, "_fwd_kernel", spy)
     shape = (1, 2, 40, 48, 32, True)
     q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=12)
@@ -294,12 +306,21 @@ def test_fp32_attention_at_a_ragged_length_copies_k_and_v_16_bytes_at_a_time(mon
     launched = []
     monkeypatch.setattr(triton_impl, "launch", lambda kernel, grid, *args, **meta: launched.append(args))
     q, k, v = (torch.randn(1, 2, 1000, 128) for _ in range(3))
-    triton_impl.run_forward(q, k, v, True, 128**-0.5, cfg={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4,
-                                                           "num_stages": 1})  # fmt: skip
+    triton_impl.run_forward(
+        q, k, v, True, 128**-0.5, cfg={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    )
     monkeypatch.undo()
     cfg = dict(zip(triton_impl.CONFIG_KEYS, triton_impl.TUNED["fp32"]["fwd"]["128"], strict=True))
-    meta = {"CAUSAL": True, "UPCAST": False, "PRECISION": "tf32x3",
-            **triton_impl._shape_consts(128, 1000, 1000, cfg), **cfg}  # fmt: skip
-    copies = {k: n for k, n in vector_widths(sm90_ptx(triton_impl._fwd_kernel, launched[0], meta)).items()
-              if k.startswith("cp.async")}  # fmt: skip
+    meta = {
+        "CAUSAL": True,
+        "UPCAST": False,
+        "PRECISION": "tf32x3",
+        **triton_impl._shape_consts(128, 1000, 1000, cfg),
+        **cfg,
+    }
+    copies = {
+        k: n
+        for k, n in vector_widths(sm90_ptx(triton_impl._fwd_kernel, launched[0], meta)).items()
+        if k.startswith("cp.async")
+    }
     assert list(copies) == ["cp.async 16B"], copies

@@ -44,8 +44,18 @@ def _compiled_specs(*kernels):
     return [(tuple(spec) if spec else None, sizes) for spec, sizes in out]
 
 
-NORM_FWD = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "STATS": "*fp32", "stride_x": "i32",
-            "stride_y": "i32", "n_rows": "i32", "n_cols": "i32", "eps": "fp32"}  # fmt: skip
+NORM_FWD = {
+    "X": "*bf16",
+    "W": "*bf16",
+    "B": "*bf16",
+    "Y": "*bf16",
+    "STATS": "*fp32",
+    "stride_x": "i32",
+    "stride_y": "i32",
+    "n_rows": "i32",
+    "n_cols": "i32",
+    "eps": "fp32",
+}
 
 
 def test_compiled_kernels_parameters_are_read_from_their_signature_and_ptx():
@@ -103,8 +113,10 @@ def test_the_other_ops_cpp_functions_compile():
 
     _need_compiler()
     code = "import sys; from perfloop.ops import native; native.build(sys.argv[1]).add_plan"
-    procs = {op: subprocess.Popen([sys.executable, "-c", code, op], stderr=subprocess.PIPE, text=True)
-             for op in ("swiglu", "attention", "cross_entropy")}  # fmt: skip
+    procs = {
+        op: subprocess.Popen([sys.executable, "-c", code, op], stderr=subprocess.PIPE, text=True)
+        for op in ("swiglu", "attention", "cross_entropy")
+    }
     for op, proc in procs.items():
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{op}'s native.cpp did not build:\n{err[-3000:]}"
@@ -413,8 +425,9 @@ def _cross_entropy_step():
         ("perfloop::cross_entropy", _cross_entropy_step, 2, 1),
     ],
 )
-def test_a_profile_charges_the_cpp_functions_kernels_to_the_fused_op(op, make_step, forward_kernels,
-                                                                      backward_kernels):  # fmt: skip
+def test_a_profile_charges_the_cpp_functions_kernels_to_the_fused_op(
+    op, make_step, forward_kernels, backward_kernels
+):
     import perfloop as pl
 
     ops = {r.name: r for r in pl.profile(make_step(), calls=2).breakdown("op")}
@@ -432,8 +445,9 @@ CROSS_ENTROPY = [  # (rows, vocabulary, logits' dtype, loss dtype, rows of a pad
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,vocab,dtype,loss_dtype,padded", CROSS_ENTROPY)
-def test_the_cross_entropy_cpp_function_gives_what_the_python_one_gives(rows, vocab, dtype, loss_dtype,
-                                                                      padded):  # fmt: skip
+def test_the_cross_entropy_cpp_function_gives_what_the_python_one_gives(
+    rows, vocab, dtype, loss_dtype, padded
+):
     from perfloop.ops.cross_entropy import triton_impl as ce
 
     if native.extension("cross_entropy") is None:

@@ -17,6 +17,14 @@ def test_colsum_adds_every_partial_row_into_the_weights_dtype(parts, cols, slabs
     g = torch.Generator(device=dev).manual_seed(parts * cols)
     partial = torch.randn(slabs, parts, cols, device=dev, generator=g)
     out = torch.empty(slabs, cols, device=dev, dtype=torch.bfloat16)
-    launch(T.colsum_kernel, (cdiv(cols, T.COLSUM_BLOCK), slabs), partial, out, parts, cols,
-           ROWS=T.COLSUM_ROWS, BLOCK=T.COLSUM_BLOCK)  # fmt: skip
+    launch(
+        T.colsum_kernel,
+        (cdiv(cols, T.COLSUM_BLOCK), slabs),
+        partial,
+        out,
+        parts,
+        cols,
+        ROWS=T.COLSUM_ROWS,
+        BLOCK=T.COLSUM_BLOCK,
+    )
     torch.testing.assert_close(out, partial.sum(1).to(torch.bfloat16), rtol=1e-2, atol=1e-2)

@@ -34,8 +34,11 @@ def test_two_pass_softmax_for_rows_with_more_chunks_than_fit(dtype, monkeypatch)
     launched = []
     for name in ("softmax_split_kernel", "softmax_combine_kernel", "softmax_online_kernel"):
         kernel = getattr(triton_impl, name)
-        spy = type("Spy", (), {"__getitem__": lambda self, grid, k=kernel, n=name: launched.append(
-            (n, grid)) or k[grid]})()  # fmt: skip
+        spy = type(
+            "Spy",
+            (),
+            {"__getitem__": lambda self, grid, k=kernel, n=name: launched.append((n, grid)) or k[grid]},
+        )()
         monkeypatch.setattr(triton_impl, name, spy)
     monkeypatch.setattr(triton_impl, "_resident_programs", lambda *a: 4)
     for shape in [(3, 1000), (2, 3, 129), (1, 17)]:
@@ -45,8 +48,11 @@ def test_two_pass_softmax_for_rows_with_more_chunks_than_fit(dtype, monkeypatch)
         tol = 1e-5 if dtype == torch.float32 else 1e-2
         torch.testing.assert_close(y.double(), op.reference(x), atol=tol, rtol=tol)
         rows, chunks = x.numel() // shape[-1], -(-shape[-1] // 16)
-        assert launched == [("softmax_split_kernel", (rows * chunks,)), ("softmax_combine_kernel", (rows,)),
-                            ("softmax_split_kernel", (rows * chunks,))]  # fmt: skip
+        assert launched == [
+            ("softmax_split_kernel", (rows * chunks,)),
+            ("softmax_combine_kernel", (rows,)),
+            ("softmax_split_kernel", (rows * chunks,)),
+        ]
     monkeypatch.setattr(triton_impl, "MAX_TWO_PASS_CHUNKS", 8)
     (x,) = op.make_inputs((3, 1000), dtype=dtype, seed=6)  # 63 chunks a row
     launched.clear()

@@ -57,8 +57,11 @@ def test_the_launcher_reads_its_table(monkeypatch):
 
     seen = []
     kernel = triton_impl.rowsum_kernel
-    spy = type("Spy", (), {"__getitem__": lambda self, grid: lambda *a, **kw: seen.append(kw)
-                           or kernel[grid](*a, **kw)})()  # fmt: skip
+    spy = type(
+        "Spy",
+        (),
+        {"__getitem__": lambda self, grid: lambda *a, **kw: seen.append(kw) or kernel[grid](*a, **kw)},
+    )()
     monkeypatch.setattr(triton_impl, "rowsum_kernel", spy)
     monkeypatch.setattr(triton_impl, "TUNED", {"block": 64, "num_warps": 2})
     x = torch.randn(3, 300)
@@ -70,17 +73,52 @@ def test_attention_choice_is_the_best_geometric_mean():
     from perfloop.ops.attention import tuning as at
 
     rows = [
-        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
-         "ratio": 0.8},
-        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
-         "ratio": 0.8},
-        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
-         "ratio": 1.5},
-        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
-         "ratio": 0.5},  # one great case, one poor: geometric mean 0.87 > 0.8
-        {"kernel": "fwd", "head_dim": 128, "BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
-         "ratio": 2.0},  # ran one case only: not comparable
-    ]  # fmt: skip
+        {
+            "kernel": "fwd",
+            "head_dim": 128,
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "num_warps": 4,
+            "num_stages": 3,
+            "ratio": 0.8,
+        },
+        {
+            "kernel": "fwd",
+            "head_dim": 128,
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "num_warps": 4,
+            "num_stages": 3,
+            "ratio": 0.8,
+        },
+        {
+            "kernel": "fwd",
+            "head_dim": 128,
+            "BLOCK_M": 128,
+            "BLOCK_N": 64,
+            "num_warps": 8,
+            "num_stages": 2,
+            "ratio": 1.5,
+        },
+        {
+            "kernel": "fwd",
+            "head_dim": 128,
+            "BLOCK_M": 128,
+            "BLOCK_N": 64,
+            "num_warps": 8,
+            "num_stages": 2,
+            "ratio": 0.5,
+        },  # one great case, one poor: geometric mean 0.87 > 0.8
+        {
+            "kernel": "fwd",
+            "head_dim": 128,
+            "BLOCK_M": 32,
+            "BLOCK_N": 32,
+            "num_warps": 4,
+            "num_stages": 2,
+            "ratio": 2.0,
+        },  # ran one case only: not comparable
+    ]
     table = {"16bit": {"fwd": {"64": [1, 1, 1, 1], "128": [1, 1, 1, 1]}}}
     out = at._choose(rows, ["fwd"], table)
     assert out["16bit"]["fwd"]["128"] == [128, 64, 8, 2]
@@ -94,8 +132,11 @@ def test_a_table_tuned_on_another_gpu_is_not_used_silently(tmp_path, monkeypatch
     folder.mkdir()
     tuning.save_table(folder, {"block": 2048}, "NVIDIA A100-SXM4-80GB")
     monkeypatch.setattr(tuning, "_gpu_name", lambda: "NVIDIA H200")
-    with pytest.warns(tuning.TableWarning, match=r"softmax/tuned.json was tuned on NVIDIA A100-SXM4-80GB, "
-                      r"not on this NVIDIA H200"):  # fmt: skip
+    with pytest.warns(
+        tuning.TableWarning,
+        match=r"softmax/tuned.json was tuned on NVIDIA A100-SXM4-80GB, "
+        r"not on this NVIDIA H200",
+    ):
         assert tuning.load_table(folder) == {"block": 2048}
     monkeypatch.setattr(tuning, "_gpu_name", lambda: "NVIDIA A100-SXM4-80GB")
     with warnings.catch_warnings():
@@ -133,8 +174,13 @@ def _launch_settings_chosen_in_code(path) -> list[str]:
     def constants(v) -> bool:
         return all(isinstance(e, ast.Constant) for e in (v.elts if isinstance(v, ast.Tuple) else [v]))
 
-    literal_names = {t.id for node in tree.body if isinstance(node, ast.Assign) and constants(node.value)
-                     for t in ast.walk(node.targets[0]) if isinstance(t, ast.Name)}  # fmt: skip
+    literal_names = {
+        t.id
+        for node in tree.body
+        if isinstance(node, ast.Assign) and constants(node.value)
+        for t in ast.walk(node.targets[0])
+        if isinstance(t, ast.Name)
+    }
 
     def numeric(v) -> bool:
         if isinstance(v, ast.Constant):
@@ -155,9 +201,12 @@ def _launch_settings_chosen_in_code(path) -> list[str]:
             node.func, ast.Subscript
         )  # launch(kernel, ...) or kernel[grid](...)
         if is_launch:
-            out += [f"{path.parent.name}:{node.lineno} {k.arg}={ast.unparse(k.value)}"
-                    for k in node.keywords if k.arg in SETTINGS or "BLOCK" in (k.arg or "")
-                    if numeric(k.value)]  # fmt: skip
+            out += [
+                f"{path.parent.name}:{node.lineno} {k.arg}={ast.unparse(k.value)}"
+                for k in node.keywords
+                if k.arg in SETTINGS or "BLOCK" in (k.arg or "")
+                if numeric(k.value)
+            ]
     return out
 
 

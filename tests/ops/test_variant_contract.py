@@ -30,7 +30,7 @@ def test_check_refuses_an_output_in_another_dtype():
 
 def test_check_refuses_a_variant_that_takes_out_and_ignores_it():
     op = pl.ops.get("gelu")
-    ignores = lambda x, out=None: torch.nn.functional.gelu(x, approximate="tanh")  # noqa: E731
+    ignores = lambda x, out=None: torch.nn.functional.gelu(x, approximate="tanh")
     with pl.ops.temporary_variant(op, "ignores", ignores) as name:
         said = "returned a new tensor where `out=` was given"
         with pytest.raises(CheckFailed, match=said):
@@ -87,11 +87,14 @@ def test_a_variant_without_backward_says_so_when_gradients_are_wanted():
                 op.variant(name)(torch.randn(8, requires_grad=True))  # no gradient wanted: no word
 
 
-@pytest.mark.parametrize("op_name, shape, match", [
-    ("matmul_relu", (64, 64), "takes 3 sizes"),
-    ("attention", (1, 2, 64, 64), "takes 6 sizes"),
-    ("gelu", (10**7, 10**7), "GiB"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "op_name, shape, match",
+    [
+        ("matmul_relu", (64, 64), "takes 3 sizes"),
+        ("attention", (1, 2, 64, 64), "takes 6 sizes"),
+        ("gelu", (10**7, 10**7), "GiB"),
+    ],
+)
 def test_a_shape_the_op_cannot_take_is_refused_before_allocating(op_name, shape, match):
     with pytest.raises(ValueError, match=f"shape: .*{match}"):
         pl.ops.get(op_name).check_shape(shape)

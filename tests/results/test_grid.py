@@ -11,8 +11,16 @@ import pytest
 
 from perfloop.results import grid
 
-GRID = list(itertools.product((1, 2, 4, 8), (8, 16, 32), (512, 1000, 2047, 3000, 4096, 8192), (64, 128),
-                              ("full", "causal"), ("fwd", "fwd+bwd")))  # fmt: skip
+GRID = list(
+    itertools.product(
+        (1, 2, 4, 8),
+        (8, 16, 32),
+        (512, 1000, 2047, 3000, 4096, 8192),
+        (64, 128),
+        ("full", "causal"),
+        ("fwd", "fwd+bwd"),
+    )
+)
 PLANTED = "b=2 h=8 t=3000 d=64 mask=causal mode=fwd"  # 0.998x SDPA a turn ago, 0.41x after a change
 
 
@@ -51,8 +59,9 @@ def test_a_point_no_longer_measured_is_a_drop_with_the_reason():
 def test_worst_points_and_the_heatmap(tmp_path):
     rec = _recording(1, 0.02, {PLANTED: 0.41})
     assert grid.worst(rec, 3)[0] == (PLANTED, 0.41)
-    path = grid.heatmap(rec, tmp_path / "grid.png", rows="b h", cols="t", panels="d mask mode",
-                        title="attention / SDPA")  # fmt: skip
+    path = grid.heatmap(
+        rec, tmp_path / "grid.png", rows="b h", cols="t", panels="d mask mode", title="attention / SDPA"
+    )
     from PIL import Image
 
     img = Image.open(path).convert("RGB")
@@ -89,8 +98,12 @@ def test_two_recorded_runs_of_unchanged_code_raise_no_drop_and_a_real_one_is_sti
     # the 0.998x -> 0.41x at a short point; 15% off a long one
     for key, fell_to, held in ((small, 0.41, "35%"), (large, 0.85, "10%")):
         p = now["points"][key]
-        slower = {**p, "speedup": p["speedup"] * fell_to, "ci": [c * fell_to for c in p["ci"]],
-                  "triton_ms": p["triton_ms"] / fell_to}  # fmt: skip
+        slower = {
+            **p,
+            "speedup": p["speedup"] * fell_to,
+            "ci": [c * fell_to for c in p["ci"]],
+            "triton_ms": p["triton_ms"] / fell_to,
+        }
         found = grid.drops(last, {**now, "points": {**now["points"], key: slower}})
         assert [d.key for d in found] == [key], (key, found)
         assert f"held to a {held} fall" in str(found[0])

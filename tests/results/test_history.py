@@ -69,8 +69,14 @@ def test_every_planted_step_of_5_percent_or_more_is_found_between_the_right_comm
 def test_a_line_too_short_or_without_commits_is_said_not_guessed(tmp_path):
     s = Store(tmp_path / "short.db")
     for ms in (1.0, 1.01, 0.99):
-        s.add(s.new_run("t"), Measurement(samples_ms=(ms, ms * 1.01, ms * 0.99)), op="x", variant="v",
-              shape=(8,), dtype="fp32")  # fmt: skip
+        s.add(
+            s.new_run("t"),
+            Measurement(samples_ms=(ms, ms * 1.01, ms * 0.99)),
+            op="x",
+            variant="v",
+            shape=(8,),
+            dtype="fp32",
+        )
     [t] = trends(s)
     assert t.changes == []
     assert any("a change point needs 6" in n for n in t.notes)

@@ -102,8 +102,23 @@ def test_the_cli_takes_good_bad_and_the_step_from_a_stored_change_point(tmp_path
         store.add(store.new_run("night"), m, op="step", variant="v", shape=(1,), dtype="fp32")
     assert main(["history", "step", "--db", str(tmp_path / "runs.db")]) == 0
     assert "perfloop bisect --key step/v/1/fp32" in capsys.readouterr().out
-    rc = main(["bisect", "--key", "step", "--db", str(tmp_path / "runs.db"), "--repo", str(repo), "--metric",
-               "stdout", "--json", "--", sys.executable, "bench.py"])  # fmt: skip
+    rc = main(
+        [
+            "bisect",
+            "--key",
+            "step",
+            "--db",
+            str(tmp_path / "runs.db"),
+            "--repo",
+            str(repo),
+            "--metric",
+            "stdout",
+            "--json",
+            "--",
+            sys.executable,
+            "bench.py",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["good"] == commits[0] and out["bad"] == commits[-1]
@@ -170,8 +185,14 @@ def test_the_bisect_line_history_and_the_report_print_runs_as_printed(tmp_path, 
     for commit, level in [(commits[0], 1.0)] * 4 + [(commits[-1], 1.3)] * 4:
         samples = tuple(level * 20 * (1 + 0.01 * rng.gauss(0, 1)) for _ in range(15))
         m = Measurement(samples_ms=samples, env={"git": commit[:12], "device": {"name": "AMD EPYC 7B13"}})
-        store.add(store.new_run("pytest --perfloop-db"), m, op="test:bench.py::test_step", variant="pytest",
-                  shape=(), dtype="")  # fmt: skip
+        store.add(
+            store.new_run("pytest --perfloop-db"),
+            m,
+            op="test:bench.py::test_step",
+            variant="pytest",
+            shape=(),
+            dtype="",
+        )
     monkeypatch.chdir(repo)
     assert main(["history", "test_step", "--db", db]) == 0
     [said] = re.findall(r"name the commit: (perfloop bisect .*? -- COMMAND)", capsys.readouterr().out)
@@ -209,9 +230,11 @@ def test_a_command_too_noisy_to_tell_is_said_so_not_called_stepless(tmp_path, gi
     repo = tmp_path / "r"
     commits = _repo(repo, n=3, slow_at=99, delay=0.005)
     counter = tmp_path / "n"
-    noisy = (f"{sys.executable} -c \"import pathlib; p = pathlib.Path({str(counter)!r}); "
-             "n = int(p.read_text()) if p.exists() else 0; p.write_text(str(n + 1)); "
-             "print([1.0, 3.0, 1.5, 2.5, 2.0][n % 5])\"")  # fmt: skip
+    noisy = (
+        f'{sys.executable} -c "import pathlib; p = pathlib.Path({str(counter)!r}); '
+        "n = int(p.read_text()) if p.exists() else 0; p.write_text(str(n + 1)); "
+        'print([1.0, 3.0, 1.5, 2.5, 2.0][n % 5])"'
+    )
     for expect in (1.3, None):
         with pytest.raises(BisectError) as e:
             bisect(commits[0], commits[-1], noisy, repo=repo, metric="stdout", expect=expect)
@@ -263,8 +286,13 @@ def test_sigterm_cleans_up_the_worktrees_as_ctrl_c_does(tmp_path, git_env):
         "--",
         sys.executable,
     ]
-    p = subprocess.Popen([sys.executable, "-m", "perfloop", *argv, "bench.py"], env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-m", "perfloop", *argv, "bench.py"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "perfloop-bisect" not in _git(repo, "worktree", "list"):
         time.sleep(0.1)

@@ -74,9 +74,27 @@ def test_sharding_balances_the_work_not_the_count():
 
 def test_distributed_sweep_shards_points_and_stores_them_once(tmp_path, capsys):
     db = str(tmp_path / "s.db")
-    rc = main(["sweep", "gelu", "--variant", "naive", "--variant", "builtin", "--shapes", "64x64",
-               "128x128", "--distributed", "--nproc", "2", "--budget", "0.2",
-               "--json", "--db", db])  # fmt: skip
+    rc = main(
+        [
+            "sweep",
+            "gelu",
+            "--variant",
+            "naive",
+            "--variant",
+            "builtin",
+            "--shapes",
+            "64x64",
+            "128x128",
+            "--distributed",
+            "--nproc",
+            "2",
+            "--budget",
+            "0.2",
+            "--json",
+            "--db",
+            db,
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["by_rank"] == {"0": 2, "1": 2}  # sharded evenly
@@ -97,8 +115,9 @@ def test_a_rank_that_dies_mid_sweep_loses_only_its_own_points(tmp_path, capsys):
     shapes = [(64,), (96,), (128,), (160,)]  # by cost: rank 0 takes 160 and 64, rank 1 96 and 128
     assert comm.shard([comm._cost(op, sh, __import__("torch").float32) for sh in shapes], 2) == [0, 1, 1, 0]
     args = argparse.Namespace(nproc=2, budget=0.2, json=True)
-    rc = distributed_sweep_cli(args, op, ["builtin"], shapes, __import__("torch").float32, s, run,
-                               entry="_sweep_then_die")  # fmt: skip
+    rc = distributed_sweep_cli(
+        args, op, ["builtin"], shapes, __import__("torch").float32, s, run, entry="_sweep_then_die"
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and "failed" in out["rank_failure"]
     kept = {r["shape"] for r in Store(tmp_path / "d.db").rows(run)}

@@ -143,8 +143,23 @@ def test_the_cli_runs_a_script_in_the_environment_it_was_given(tmp_path, monkeyp
         "    m(torch.randn(4, 8)).sum().backward()\n"
         "    opt.step()\n"
     )
-    assert main(["profile", "--db", str(tmp_path / "r.db"), "--skip", "1", "--steps", "1", "--script",
-                 str(script), str(seen)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                "--db",
+                str(tmp_path / "r.db"),
+                "--skip",
+                "1",
+                "--steps",
+                "1",
+                "--script",
+                str(script),
+                str(seen),
+            ]
+        )
+        == 0
+    )
     assert seen.read_text() == "unset"
 
 

@@ -15,8 +15,15 @@ from perfloop.results.store import Store
 from perfloop.workflows.script import OPTIMIZER_STEP, profile_script
 
 BENCH = Path(__file__).resolve().parents[2] / "examples" / "nanogpt_bench.py"
-TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--batch_size=2", "--vocab_size=256",
-        "--real_steps=4"]  # fmt: skip
+TINY = [
+    "--n_layer=1",
+    "--n_embd=32",
+    "--n_head=2",
+    "--block_size=32",
+    "--batch_size=2",
+    "--vocab_size=256",
+    "--real_steps=4",
+]
 
 
 def _clean():
@@ -87,9 +94,12 @@ def test_nvtx_ranges_are_steps_by_their_name(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda msg: pushed.append(msg))  # no NVTX on a CPU
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: pushed.pop())
     path = tmp_path / "nvtx.py"
-    path.write_text(SCRIPT.replace('with torch.profiler.record_function("train_step"):', "if True:")
-                    .replace("        net(x)", '        torch.cuda.nvtx.range_push("it")\n        net(x)')
-                    + '        torch.cuda.nvtx.range_pop()\n')  # fmt: skip
+    path.write_text(
+        SCRIPT.replace('with torch.profiler.record_function("train_step"):', "if True:").replace(
+            "        net(x)", '        torch.cuda.nvtx.range_push("it")\n        net(x)'
+        )
+        + "        torch.cuda.nvtx.range_pop()\n"
+    )
     p = profile_script(path, [], "it", skip=1, steps=3)
     _clean()
     assert p.calls == 3 and pushed == []
@@ -146,8 +156,11 @@ def test_a_window_the_scripts_profiler_overlaps_is_refused_with_what_to_do(tmp_p
 def test_the_ranking_names_the_call_sites_and_the_patch_pl_patch_would_make(tmp_path, capsys):
     """Each fusable chain names its call site (file:line, module) and says whether pl.patch
     reaches it; the text output lists what pl.patch would check."""
-    line = next(i for i, t in enumerate((BENCH.parent / "nanogpt_model.py").read_text().splitlines(), 1)
-                if "loss = F.cross_entropy(" in t)  # fmt: skip
+    line = next(
+        i
+        for i, t in enumerate((BENCH.parent / "nanogpt_model.py").read_text().splitlines(), 1)
+        if "loss = F.cross_entropy(" in t
+    )
     db = str(tmp_path / "r.db")
     assert main(["profile", "--db", db, "--json", "--skip", "1", "--script", str(BENCH), *TINY]) == 0
     out = capsys.readouterr().out
@@ -189,9 +202,11 @@ def test_a_chain_whose_code_pl_patch_cannot_see_is_said_so():
 def test_an_ops_row_names_every_call_site_of_its_kind():
     from perfloop.analysis.patterns import where_any as _where_any
 
-    sites = {"a.ln": {"normalization": "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"},
-             "b.ln": {"normalization": "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"},
-             "head": {"normalization": "RMSNorm module: pl.patch swaps it"}}  # fmt: skip
+    sites = {
+        "a.ln": {"normalization": "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"},
+        "b.ln": {"normalization": "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"},
+        "head": {"normalization": "RMSNorm module: pl.patch swaps it"},
+    }
     ln = "F.layer_norm at m.py:3 (LN.forward): pl.patch reaches it"
     assert _where_any("normalization", sites) == f"{ln} (x2 modules); RMSNorm module: pl.patch swaps it"
     assert "no norm pl.patch can reach in the model" in _where_any("normalization", {"head": {}})

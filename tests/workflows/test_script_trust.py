@@ -148,8 +148,19 @@ class _chdir:
 def test_report_and_trace_land_where_perfloop_ran_though_the_script_changes_directory(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     script = _write(tmp_path, STEPS + "import os\nos.chdir('elsewhere')\nfor _ in range(5):\n    step()\n")
-    r = _run_cli(tmp_path, "--skip", "1", "--steps", "1", "--report", "rep", "--trace", "t.json",
-                 "--script", str(script))  # fmt: skip
+    r = _run_cli(
+        tmp_path,
+        "--skip",
+        "1",
+        "--steps",
+        "1",
+        "--report",
+        "rep",
+        "--trace",
+        "t.json",
+        "--script",
+        str(script),
+    )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "rep" / "index.html").exists() and (tmp_path / "t.json").exists()
     assert not (tmp_path / "elsewhere" / "rep").exists() and not (tmp_path / "elsewhere" / "t.json").exists()
@@ -225,8 +236,19 @@ def test_the_documented_example_runs_as_written(tmp_path, capsys):
 
 def test_perfloop_options_handed_to_a_failing_script_are_named_and_its_exit_is_its_code(tmp_path, capsys):
     example = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
-    rc = main(["profile", "--db", str(tmp_path / "r.db"), "--script", str(example), "--range", "step",
-               "--size", "tiny"])  # fmt: skip
+    rc = main(
+        [
+            "profile",
+            "--db",
+            str(tmp_path / "r.db"),
+            "--script",
+            str(example),
+            "--range",
+            "step",
+            "--size",
+            "tiny",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "sys.exit(2)" in err and "SystemExit" not in err
     assert "--range reached the script" in err and "Put perfloop's options before --script" in err
@@ -269,7 +291,9 @@ def test_report_and_exports_show_a_profile_run_and_compare_says_what_each_run_ho
 def test_a_dataloader_with_forked_workers_runs_as_under_plain_python(tmp_path):
     # the workers are forked from inside the script: each ends with os._exit, which must end the
     # worker there, not run perfloop's own exit path in it ("no step found", exit 2)
-    script = _write(tmp_path, """
+    script = _write(
+        tmp_path,
+        """
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
@@ -283,7 +307,8 @@ def test_a_dataloader_with_forked_workers_runs_as_under_plain_python(tmp_path):
                 torch.nn.functional.mse_loss(net(x), y).backward()
                 opt.step()
         print("trained")
-        """)  # fmt: skip
+        """,
+    )
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert plain.returncode == 0 and "trained" in plain.stdout, plain.stderr
     r = _run_cli(tmp_path, "--skip", "2", "--steps", "2", "--json", "--script", str(script))

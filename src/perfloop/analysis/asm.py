@@ -77,8 +77,7 @@ def _resources(cubin: bytes) -> dict:
     info = {"sass": sass.stdout}
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res.stdout)
     if m:
-        info.update(registers=int(m[1]), stack_bytes=int(m[2]), smem_bytes=int(m[3]),
-                    spill_stores=int(m[4]))  # fmt: skip
+        info.update(registers=int(m[1]), stack_bytes=int(m[2]), smem_bytes=int(m[3]), spill_stores=int(m[4]))
     return info
 
 
@@ -106,7 +105,7 @@ def compile_spec(spec: dict, arch: str = "sm_90"):
 
 def _triton_report(op, variant, dtype, arch: str) -> dict:
     try:
-        import triton  # noqa: F401 -- said here, before any spec is read
+        import triton  # noqa: F401
     except ImportError as exc:
         raise AsmError(f"{op.name}/{variant}: needs Triton to compile its kernels ({exc})") from exc
     impl = op.variant(variant).loader.partition(":")[0]
@@ -183,12 +182,20 @@ def _cuda_report(op, variant, dtype, arch: str) -> dict:
     gencode = f"-gencode=arch=compute_{arch[3:]},code={arch}"
     with tempfile.TemporaryDirectory() as d:
         cubin, ptx = Path(d) / "k.cubin", Path(d) / "k.ptx"
-        p = subprocess.run([nvcc, "-cubin", "-O3", gencode, "-Xptxas", "-v", str(cu), "-o", str(cubin)],
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+        p = subprocess.run(
+            [nvcc, "-cubin", "-O3", gencode, "-Xptxas", "-v", str(cu), "-o", str(cubin)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if p.returncode != 0:
             raise AsmError(f"nvcc failed:\n{p.stderr[-3000:]}")
-        subprocess.run([nvcc, "-ptx", "-O3", f"-arch=compute_{arch[3:]}", str(cu), "-o", str(ptx)],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+        subprocess.run(
+            [nvcc, "-ptx", "-O3", f"-arch=compute_{arch[3:]}", str(cu), "-o", str(ptx)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         ptx_text = ptx.read_text() if ptx.exists() else ""
         sass = _resources(cubin.read_bytes()).get("sass", "")
     threads = getattr(module, "THREADS_PER_BLOCK", 256)
@@ -243,8 +250,11 @@ def _in_fresh_process(op: str, variant: str, dtype, arch: str) -> dict:
     name = TRITON_TYPES[dtype]
     proc = subprocess.run(
         [sys.executable, "-m", "perfloop.analysis.asm", op, variant, name, arch],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if proc.returncode != 0:
         raise AsmError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "asm failed")
     return json.loads(proc.stdout)

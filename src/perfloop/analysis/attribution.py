@@ -163,8 +163,13 @@ def annotations(events) -> set[str]:
 
 
 def device_events(events, ranges: set[str]) -> list:
-    return [e for e in events if e.device_type == DeviceType.CUDA
-            and not getattr(e, "is_user_annotation", False) and e.name not in ranges]  # fmt: skip
+    return [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and e.name not in ranges
+    ]
 
 
 def cpu_ops(events) -> list:
@@ -185,8 +190,11 @@ def windows(events, name: str) -> list[tuple[float, float]]:
     """The host-side intervals of every occurrence of the range `name` (a name ending in "*":
     every range whose name starts so)."""
     hit = (lambda n: n.startswith(name[:-1])) if name.endswith("*") else (lambda n: n == name)
-    return sorted((e.time_range.start, e.time_range.end) for e in events
-                  if e.device_type == DeviceType.CPU and hit(e.name))  # fmt: skip
+    return sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == DeviceType.CPU and hit(e.name)
+    )
 
 
 def within(its: list[Item], spans: list[tuple[float, float]]) -> list[Item]:
@@ -293,8 +301,11 @@ def _outer_op(e) -> str:
 def _launched(op, kernel_start: float) -> float:
     """When the host launched a kernel of `op`: the last launch call under the op that began
     before the kernel did (the op's start where none is recorded)."""
-    starts = [c.time_range.start for c in _descendants(op)
-              if c.name.startswith(LAUNCH_APIS) and c.time_range.start <= kernel_start]  # fmt: skip
+    starts = [
+        c.time_range.start
+        for c in _descendants(op)
+        if c.name.startswith(LAUNCH_APIS) and c.time_range.start <= kernel_start
+    ]
     return max(starts) if starts else op.time_range.start
 
 
@@ -362,8 +373,13 @@ def group(
             if ws:
                 dtypes = {w[2] for w in ws if w[2]}
                 flops = sum(w[0] for w in ws)
-                row = replace(row, flops=flops, bytes=sum(w[1] for w in ws), dtype="/".join(sorted(dtypes)),
-                              work_from=WORK_FROM if flops else WORK_FROM.split("; ")[1])  # fmt: skip
+                row = replace(
+                    row,
+                    flops=flops,
+                    bytes=sum(w[1] for w in ws),
+                    dtype="/".join(sorted(dtypes)),
+                    work_from=WORK_FROM if flops else WORK_FROM.split("; ")[1],
+                )
                 if ceilings:
                     at = [roofline.ceiling_ms(*w[:3], ceilings) for w in ws]
                     row = roofline.apply(
@@ -416,8 +432,10 @@ def table(rows: list[Row], calls: int, title: str, top: int = 12) -> str:
     """Rows as text: time per call, share, backward share, achieved rates, bound, headroom."""
     from perfloop.harness.measurement import fmt_ms
 
-    head = (f"{title:<44} {'calls':>6} {'ms/call':>9} {'share':>6} {'bwd':>5} {'GB/s':>9} "
-            f"{'TFLOP/s':>9} {'bound':>8} {'headroom':>9}")  # fmt: skip
+    head = (
+        f"{title:<44} {'calls':>6} {'ms/call':>9} {'share':>6} {'bwd':>5} {'GB/s':>9} "
+        f"{'TFLOP/s':>9} {'bound':>8} {'headroom':>9}"
+    )
     lines = [head]
     for r in rows[:top]:
         lines.append(
@@ -443,7 +461,14 @@ def compare_rows(a: list[dict], b: list[dict], a_calls: int, b_calls: int) -> li
     the change in ms; largest change first. A row only one side has is 0 on the other."""
     ta = {r["name"]: r["device_ms"] / a_calls for r in a}
     tb = {r["name"]: r["device_ms"] / b_calls for r in b}
-    out = [{"name": n, "a_ms": ta.get(n, 0.0), "b_ms": tb.get(n, 0.0),
+    out = [
+        {
+            "name": n,
+            "a_ms": ta.get(n, 0.0),
+            "b_ms": tb.get(n, 0.0),
             "ratio": tb.get(n, 0.0) / ta[n] if ta.get(n) else None,
-            "change_ms": tb.get(n, 0.0) - ta.get(n, 0.0)} for n in {*ta, *tb}]  # fmt: skip
+            "change_ms": tb.get(n, 0.0) - ta.get(n, 0.0),
+        }
+        for n in {*ta, *tb}
+    ]
     return sorted(out, key=lambda r: -abs(r["change_ms"]))

@@ -254,8 +254,9 @@ class Profile:
         if self.kind != "cuda" and spans and len(spans) > 1:
             # a CPU: the call (step) that idled least, as every call's (another process's time
             # slices land between ops too)
-            each = [idle(events, intervals, sites, [s], pageable=pageable, samples=self._samples)
-                    for s in spans]  # fmt: skip
+            each = [
+                idle(events, intervals, sites, [s], pageable=pageable, samples=self._samples) for s in spans
+            ]
             each = [r for r in each if r is not None]
             r = min(each, key=lambda x: x.idle_ms).times(len(spans)) if each else None
         else:
@@ -331,10 +332,17 @@ class Profile:
         if not self.items():
             from perfloop.analysis.findings import Diagnosis
 
-            return Diagnosis([], self.wall_ms_per_call, 0.0, 0.0, note=(
-                f"the calls ran no torch op the profiler recorded ({fmt_ms(self.wall_ms_per_call)} of wall "
-                "time a call): their work ran on another thread (the profiler records the threads it runs "
-                "on: profile inside that thread), or they did no torch work"))  # fmt: skip
+            return Diagnosis(
+                [],
+                self.wall_ms_per_call,
+                0.0,
+                0.0,
+                note=(
+                    f"the calls ran no torch op the profiler recorded ({fmt_ms(self.wall_ms_per_call)} of "
+                    "wall time a call): their work ran on another thread (the profiler records the threads "
+                    "it runs on: profile inside that thread), or they did no torch work"
+                ),
+            )
         if self.work is not None:
             return diagnose(self, ceilings)
         ceilings = ceilings if ceilings is not None else measured_ceilings()
@@ -423,8 +431,10 @@ def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[s
         return kind, [(i.kernel, i.start_us, i.end_us) for i in its], launches or len(its)
     dev = device_events(events, annotations(events))
     if on_cuda and not dev:
-        warnings.append("no kernel ran on the GPU: the call ran on the CPU (are its model and tensors on "
-                        "'cuda'?), or CUPTI recorded nothing; its CPU ops are shown instead")  # fmt: skip
+        warnings.append(
+            "no kernel ran on the GPU: the call ran on the CPU (are its model and tensors on "
+            "'cuda'?), or CUPTI recorded nothing; its CPU ops are shown instead"
+        )
     if dev:
         items = [(e.name, e.time_range.start, e.time_range.end) for e in dev]
         launches = sum(1 for e in events if e.name in KERNEL_LAUNCHES) or len(
@@ -444,8 +454,10 @@ def _kernel_table(items: list[tuple]) -> list[KernelStat]:
         a[0] += 1
         a[1] += (e - s) / 1e3
     total = sum(v[1] for v in agg.values()) or 1e-12
-    stats = (KernelStat(name=n, short=short_name(n), calls=c, total_ms=t, share=t / total)
-             for n, (c, t) in agg.items())  # fmt: skip
+    stats = (
+        KernelStat(name=n, short=short_name(n), calls=c, total_ms=t, share=t / total)
+        for n, (c, t) in agg.items()
+    )
     return sorted(stats, key=lambda k: -k.total_ms)
 
 
@@ -562,8 +574,10 @@ def build_profile(
     if spans:
         wall_ms = host_ms = sum(e - s for s, e in spans) / 1e3
         if plain_wall_ms and len(spans) > 1 and wall_ms * 1e3 < COVERED * (spans[-1][1] - spans[0][0]):
-            warnings.append(f"idle time measured under the profiler: other work runs between the "
-                            f"occurrences of {range_name!r}, so their pace is not its time")  # fmt: skip
+            warnings.append(
+                f"idle time measured under the profiler: other work runs between the "
+                f"occurrences of {range_name!r}, so their pace is not its time"
+            )
             plain_wall_ms = None
         if kind != "cuda" and len(spans) > 1:  # a CPU: each occurrence at the fastest one's pace
             wall_ms = host_ms = min(e - s for s, e in spans) * len(spans) / 1e3

@@ -56,14 +56,20 @@ def apply(row, ceilings: dict, memory_ms: float, compute_ms: float, l2_bytes: in
     note = ""
     if of_copy is not None and of_copy > SUSPECT:
         if l2_bytes and row.bytes / row.calls < l2_bytes:
-            note = (f"{of_copy:.0%} of the copy ceiling: its operands fit in the L2 cache "
-                    f"({l2_bytes / 2**20:.0f} MiB), which serves them faster than DRAM")  # fmt: skip
+            note = (
+                f"{of_copy:.0%} of the copy ceiling: its operands fit in the L2 cache "
+                f"({l2_bytes / 2**20:.0f} MiB), which serves them faster than DRAM"
+            )
         else:
-            note = (f"{of_copy:.0%} of the copy ceiling: the byte estimate is suspect (the kernel "
-                    "may read less than its whole tensors); check it with ncu")  # fmt: skip
+            note = (
+                f"{of_copy:.0%} of the copy ceiling: the byte estimate is suspect (the kernel "
+                "may read less than its whole tensors); check it with ncu"
+            )
     if of_matmul is not None and of_matmul > SUSPECT:
-        note = (f"{of_matmul:.0%} of the {row.dtype or 'fp32'} matmul ceiling: the FLOP formula or the "
-                "dtype is suspect (a kernel that skips work, or a narrower dtype than recorded)")  # fmt: skip
+        note = (
+            f"{of_matmul:.0%} of the {row.dtype or 'fp32'} matmul ceiling: the FLOP formula or the "
+            "dtype is suspect (a kernel that skips work, or a narrower dtype than recorded)"
+        )
     return replace(
         row,
         gbps=gbps,

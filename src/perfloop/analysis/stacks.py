@@ -142,6 +142,8 @@ def unsampled_launcher(events) -> str | None:
     if not launches or not others or sum(others.values()) < 0.1 * len(launches):
         return None
     thread, n = others.most_common(1)[0]
-    return (f"thread {thread} issued {n} of the {len(launches)} launches: perfloop samples the Python "
-            "stack of the thread that called it, so the idle those launches left is charged by cause but "
-            "not to a line")  # fmt: skip
+    return (
+        f"thread {thread} issued {n} of the {len(launches)} launches: perfloop samples the Python "
+        "stack of the thread that called it, so the idle those launches left is charged by cause but "
+        "not to a line"
+    )

@@ -28,8 +28,14 @@ from torch.autograd import DeviceType
 
 from perfloop.analysis.spans import Intervals, Points
 
-SYNC_APIS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-             "cuStreamSynchronize", "cuCtxSynchronize")  # fmt: skip
+SYNC_APIS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+)
 SYNC = "synchronizing calls"
 LAUNCH = "host launch overhead"
 FIRST = "before the first kernel"
@@ -41,12 +47,30 @@ OUTSIDE = "host work outside torch"
 COMPILE = "compilation (Dynamo, Inductor)"
 GRAPH_BREAK = "eager code between compiled graphs"
 CAUSES = (SYNC, LAUNCH, FIRST, PAGEABLE, ALLOCATOR, DATA, OPTIMIZER, OUTSIDE, COMPILE, GRAPH_BREAK)
-ALLOC_APIS = ("cudaMalloc", "cudaFree", "cuMemAlloc", "cuMemFree", "cudaHostAlloc", "cuMemCreate",
-              "cuMemMap", "cuMemUnmap", "cuMemRelease", "cuMemAddressReserve")  # fmt: skip
+ALLOC_APIS = (
+    "cudaMalloc",
+    "cudaFree",
+    "cuMemAlloc",
+    "cuMemFree",
+    "cudaHostAlloc",
+    "cuMemCreate",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemRelease",
+    "cuMemAddressReserve",
+)
 OUTSIDE_US = 100.0  # a stretch this long with no torch op running is host work, not launch overhead
 # ops whose output's size is data: the host waits for the device to know it
-DATA_DEPENDENT = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
-                  "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave")  # fmt: skip
+DATA_DEPENDENT = (
+    "aten::nonzero",
+    "aten::masked_select",
+    "aten::unique",
+    "aten::_unique",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
+    "aten::repeat_interleave",
+)
 # the idle a host that runs ahead of the device (no sync holding it back) hides under queued work
 OVERLAPPED = (SYNC, LAUNCH, FIRST, GRAPH_BREAK)
 RANGES = {"enumerate(DataLoader)": DATA, "Optimizer.step#": OPTIMIZER, "Optimizer.zero_grad#": OPTIMIZER}
@@ -77,8 +101,9 @@ class Idle:
 
     def charged(self, host_pace: float = 1.0) -> Idle:
         """A copy with the launch gaps the syncs caused charged to them (both rules below)."""
-        out = replace(self, by_cause=dict(self.by_cause), syncs=list(self.syncs), places=list(self.places),
-                      raw=self)  # fmt: skip
+        out = replace(
+            self, by_cause=dict(self.by_cause), syncs=list(self.syncs), places=list(self.places), raw=self
+        )
         return out.syncs_take_launch_gaps().syncs_take_their_ops(host_pace)
 
     def syncs_take_their_ops(self, host_pace: float = 1.0) -> Idle:
@@ -125,17 +150,25 @@ class Idle:
 
     def _idle_times(self, k: float, **fields) -> Idle:
         """A copy with every idle stretch (causes, syncs, places, the syncs' saving) times k."""
-        return replace(self, by_cause={c: v * k for c, v in self.by_cause.items()},
-                       syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
-                       places=[(c, p, ms * k) for c, p, ms in self.places],
-                       sync_saving_ms=self.sync_saving_ms * k, **fields,
-                       launch_in_graphs_ms=_times(self.launch_in_graphs_ms, k),
-                       break_saving_ms={w: v * k for w, v in self.break_saving_ms.items()})  # fmt: skip
+        return replace(
+            self,
+            by_cause={c: v * k for c, v in self.by_cause.items()},
+            syncs=[(op, n, ms * k, s) for op, n, ms, s in self.syncs],
+            places=[(c, p, ms * k) for c, p, ms in self.places],
+            sync_saving_ms=self.sync_saving_ms * k,
+            **fields,
+            launch_in_graphs_ms=_times(self.launch_in_graphs_ms, k),
+            break_saving_ms={w: v * k for w, v in self.break_saving_ms.items()},
+        )
 
     def data_dependent(self) -> list[tuple[str, str]]:
         """(op, a user's op around it) of the synchronizing calls whose output size is data."""
-        return [(op, outer) for op, *_ in self.syncs if op.startswith(DATA_DEPENDENT)
-                for outer in sorted(self.outer.get(op) or {op})]  # fmt: skip
+        return [
+            (op, outer)
+            for op, *_ in self.syncs
+            if op.startswith(DATA_DEPENDENT)
+            for outer in sorted(self.outer.get(op) or {op})
+        ]
 
     def scaled_to(self, wall_ms: float) -> Idle:
         """The same breakdown for the calls' wall time without the profiler (whose per-op cost
@@ -261,8 +294,11 @@ def _clip(holes, spans):
 
 
 def _runtime(events, names) -> list[tuple[float, float]]:
-    return [(e.time_range.start, e.time_range.end) for e in events
-            if e.device_type == DeviceType.CPU and e.name.startswith(names)]  # fmt: skip
+    return [
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == DeviceType.CPU and e.name.startswith(names)
+    ]
 
 
 def _ranges(events) -> list[tuple[float, float, str]]:
@@ -440,10 +476,17 @@ class _Host:
         return cause, blocking, inside, broken
 
 
-def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None = None,
-         spans: list[tuple[float, float]] | None = None, *, launched_at: list[float] | None = None,
-         pageable: list[tuple[float, float]] | None = None, samples=None,
-         compiled: tuple = ((), ())) -> Idle | None:  # fmt: skip
+def idle(
+    events,
+    device_intervals: list[tuple[float, float]],
+    sites: dict | None = None,
+    spans: list[tuple[float, float]] | None = None,
+    *,
+    launched_at: list[float] | None = None,
+    pageable: list[tuple[float, float]] | None = None,
+    samples=None,
+    compiled: tuple = ((), ()),
+) -> Idle | None:
     """The idle breakdown of a profile (None when nothing ran on the device). `sites`: op ->
     source lines that made that synchronizing call (from the WorkCounter); `spans`: the host
     intervals the profile is limited to (the occurrences of a range), idle counted inside them;
@@ -467,12 +510,19 @@ def idle(events, device_intervals: list[tuple[float, float]], sites: dict | None
         holes = _clip(gaps(device_intervals, start, end), spans)
     syncs = _own_drains_dropped(_sync_calls(events), launched_at)
     samples = Points(samples or [])
-    host = _Host(Intervals(syncs), Intervals(_runtime(cpu, ("cudaMemcpy",)) if pageable else []),
-                 Intervals(_runtime(cpu, ALLOC_APIS)), Intervals(_ranges(cpu)),
-                 Intervals([(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name]),
-                 Intervals([(a, b) for a, b in compiled[0]]), Intervals(compiled[1]),
-                 Intervals(list(compiled[3]) if len(compiled) > 3 else []), samples,
-                 _before_first(device_intervals, spans), bool(pageable))  # fmt: skip
+    host = _Host(
+        Intervals(syncs),
+        Intervals(_runtime(cpu, ("cudaMemcpy",)) if pageable else []),
+        Intervals(_runtime(cpu, ALLOC_APIS)),
+        Intervals(_ranges(cpu)),
+        Intervals([(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name]),
+        Intervals([(a, b) for a, b in compiled[0]]),
+        Intervals(compiled[1]),
+        Intervals(list(compiled[3]) if len(compiled) > 3 else []),
+        samples,
+        _before_first(device_intervals, spans),
+        bool(pageable),
+    )
     holes = _split_at_syncs(holes, host.syncs)
     ended = {round(be, 3): behind for _, be, behind in _drained(device_intervals, launched_at)}
     sync_host, outer, sync_places = _sync_ops(syncs, samples, spans)

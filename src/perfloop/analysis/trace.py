@@ -83,7 +83,7 @@ class TraceEvents:
 def _open(path) -> tuple:
     """(text stream, the raw file under it) of the file, gzipped (by its magic bytes, as torch
     writes .json.gz) or not; the raw file's position is how far the read has come."""
-    raw = open(path, "rb")  # noqa: SIM115 -- closed with the text stream
+    raw = open(path, "rb")  # noqa: SIM115 (the caller closes it, after the stream over it)
     gz = raw.read(2) == b"\x1f\x8b"
     raw.seek(0)
     return io.TextIOWrapper(gzip.GzipFile(fileobj=raw) if gz else raw, encoding="utf-8"), raw
@@ -189,8 +189,10 @@ def _number(r: dict, key: str, i: int, low: float, high: float) -> float:
     v = r.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (low <= v <= high):
         what = "missing" if key not in r else f"{v!r}"
-        raise ValueError(f"trace: event {i} ({r.get('name', '?')!r}): {key!r} is {what}; it must be a "
-                         f"finite number of microseconds in [{low:g}, {high:g}]")  # fmt: skip
+        raise ValueError(
+            f"trace: event {i} ({r.get('name', '?')!r}): {key!r} is {what}; it must be a "
+            f"finite number of microseconds in [{low:g}, {high:g}]"
+        )
     return float(v)
 
 
@@ -222,8 +224,9 @@ def _frozen(v):
     return tuple(_frozen(x) for x in v) if isinstance(v, list) else v
 
 
-def read(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None
-         ) -> tuple[list, dict, list[str]]:  # fmt: skip
+def read(
+    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None
+) -> tuple[list, dict, list[str]]:
     """(events, the trace's top-level fields, warnings) of a torch.profiler Chrome trace, plain or
     gzipped, streamed. `progress(bytes read, file size)` is called as it reads."""
     meta: dict = {}
@@ -252,10 +255,15 @@ def read(path: str | os.PathLike, progress: Callable[[int, int], None] | None = 
             k = bisect.bisect_right(steps, cutoff) - 1
             cutoff = steps[k] if k >= 1 else cutoff  # whole steps only, where one fits
             kept = bisect.bisect_left(steps, cutoff)
-            warnings.append(f"the trace holds {n:,} events: kept the first {MAX_EVENTS:,} or fewer "
-                            + (f"(its first {kept} of {len(steps)} ProfilerStep ranges)" if kept
-                               else "(its leading span)")
-                            + " to keep memory bounded; write a shorter trace for the rest")  # fmt: skip
+            warnings.append(
+                f"the trace holds {n:,} events: kept the first {MAX_EVENTS:,} or fewer "
+                + (
+                    f"(its first {kept} of {len(steps)} ProfilerStep ranges)"
+                    if kept
+                    else "(its leading span)"
+                )
+                + " to keep memory bounded; write a shorter trace for the rest"
+            )
         del earliest
         meta.clear()
     events, by_corr, launches, corr_kept = [], {}, [], set()
@@ -270,11 +278,16 @@ def read(path: str | os.PathLike, progress: Callable[[int, int], None] | None = 
         if name.startswith("nn.Module: "):
             name = MODULE + name[len("nn.Module: ") :]
         args = {k: _frozen(args[k]) for k in _KEPT_ARGS if k in args}
-        e = _Event(name=sys.intern(name), device_type=DeviceType.CUDA if cat in _GPU_CATS else DeviceType.CPU,
-                   time_range=_Range(start, start + dur), thread=r.get("tid", 0),
-                   sequence_nr=args.get("Sequence number", -1), fwd_thread=args.get("Fwd thread id", 0),
-                   is_user_annotation=cat in ("user_annotation", "gpu_user_annotation", "python_function"),
-                   args=args)  # fmt: skip
+        e = _Event(
+            name=sys.intern(name),
+            device_type=DeviceType.CUDA if cat in _GPU_CATS else DeviceType.CPU,
+            time_range=_Range(start, start + dur),
+            thread=r.get("tid", 0),
+            sequence_nr=args.get("Sequence number", -1),
+            fwd_thread=args.get("Fwd thread id", 0),
+            is_user_annotation=cat in ("user_annotation", "gpu_user_annotation", "python_function"),
+            args=args,
+        )
         events.append(e)
         if cat in ("kernel", "gpu_memcpy", "gpu_memset") and corr is not None:
             by_corr[corr] = e
@@ -361,8 +374,9 @@ def _subtree(e):
         yield from _subtree(c)
 
 
-def from_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None
-               ) -> profiling.Profile:  # fmt: skip
+def from_trace(
+    path: str | os.PathLike, progress: Callable[[int, int], None] | None = None
+) -> profiling.Profile:
     """A Profile of a Chrome trace torch.profiler wrote (export_chrome_trace, tensorboard's
     handler): kernels, ops, modules, phases, idle; FLOPs and bytes where it has shapes. With
     torch.profiler's step() ranges (ProfilerStep#N) each is one call."""
@@ -387,12 +401,18 @@ def from_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
         step="ProfilerStep" if steps else None,
     )
     if not shapes:
-        warnings.append("the trace has no shapes (record it with record_shapes=True): time by kernel, op, "
-                        "module and category, and idle time, but no FLOPs, bytes or roofline")  # fmt: skip
+        warnings.append(
+            "the trace has no shapes (record it with record_shapes=True): time by kernel, op, "
+            "module and category, and idle time, but no FLOPs, bytes or roofline"
+        )
     else:
-        warnings.append("FLOPs and bytes from the trace's input shapes: matmul FLOPs, and the bytes of each "
-                        "op's inputs (its outputs are not in the trace)")  # fmt: skip
-    warnings.append("idle and host time as the trace recorded them, under torch.profiler, whose cost per op "
-                    "slows the host and lengthens its gaps: the host causes' savings are upper bounds; "
-                    "`perfloop profile --script` times the steps unprofiled too")  # fmt: skip
+        warnings.append(
+            "FLOPs and bytes from the trace's input shapes: matmul FLOPs, and the bytes of each "
+            "op's inputs (its outputs are not in the trace)"
+        )
+    warnings.append(
+        "idle and host time as the trace recorded them, under torch.profiler, whose cost per op "
+        "slows the host and lengthens its gaps: the host causes' savings are upper bounds; "
+        "`perfloop profile --script` times the steps unprofiled too"
+    )
     return p

@@ -33,14 +33,51 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 
 MARKER = "pl.op#"
 
-OVERWRITES = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_",
-              "exponential_", "index_put_", "masked_fill_", "scatter_", "set_"}  # fmt: skip
-NO_DATA = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_",
-           "_unsafe_view", "_local_scalar_dense", "lift_fresh", "detach", "alias"}  # fmt: skip
-SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "unique_consecutive", "_unique2",
-         "item", "equal", "is_nonzero"}  # fmt: skip
-_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
-           torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8"}  # fmt: skip
+OVERWRITES = {
+    "copy_",
+    "fill_",
+    "zero_",
+    "normal_",
+    "uniform_",
+    "random_",
+    "bernoulli_",
+    "exponential_",
+    "index_put_",
+    "masked_fill_",
+    "scatter_",
+    "set_",
+}
+NO_DATA = {
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "resize_",
+    "_unsafe_view",
+    "_local_scalar_dense",
+    "lift_fresh",
+    "detach",
+    "alias",
+}
+SYNCS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "masked_select",
+    "unique_consecutive",
+    "_unique2",
+    "item",
+    "equal",
+    "is_nonzero",
+}
+_DTYPES = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float64: "fp64",
+    torch.float8_e4m3fn: "fp8",
+    torch.float8_e5m2: "fp8",
+}
 
 
 @dataclass
@@ -141,8 +178,12 @@ def _bytes(func, name: str, args, kwargs, out) -> tuple[tuple, tuple]:
         reads = [(_key(t), footprint(t)) for t in (b["grad_output"], b["indices"])]
     else:
         skip = {id(t) for t in written} if name in OVERWRITES else set()
-        reads = [(_key(t), footprint(t)) for a in schema.arguments
-                 for t in _tensors(b.get(a.name)) if id(t) not in skip]  # fmt: skip
+        reads = [
+            (_key(t), footprint(t))
+            for a in schema.arguments
+            for t in _tensors(b.get(a.name))
+            if id(t) not in skip
+        ]
     written_ids = {id(t) for t in written}
     fresh = [t for t in outs if id(t) not in written_ids and not any(t is w for w in written)]
     writes = [(_key(t), footprint(t)) for t in written + fresh]
@@ -208,13 +249,19 @@ class WorkCounter(TorchDispatchMode):
             and any(t.is_cuda for t in _tensors(list(args)))
         )
         if moving or name in SYNCS:
-            self.records.append(OpWork(
-                index=index, op=func._schema.name, flops=flops or 0.0,
-                bytes=float(sum(n for _, n in reads) + sum(n for _, n in writes)),
-                dtype=_dtype(func, args, kwargs, flops), flops_from="formula" if flops else "",
-                reads=reads, writes=writes,
-                site=user_site() if (name in SYNCS or to_host) else "",
-            ))  # fmt: skip
+            self.records.append(
+                OpWork(
+                    index=index,
+                    op=func._schema.name,
+                    flops=flops or 0.0,
+                    bytes=float(sum(n for _, n in reads) + sum(n for _, n in writes)),
+                    dtype=_dtype(func, args, kwargs, flops),
+                    flops_from="formula" if flops else "",
+                    reads=reads,
+                    writes=writes,
+                    site=user_site() if (name in SYNCS or to_host) else "",
+                )
+            )
         else:
             self.records.append(None)  # keeps indices equal to the markers' numbers
         return out
@@ -231,9 +278,20 @@ def total_flops(records) -> float:
     return math.fsum(r.flops for r in records)
 
 
-TYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4, "bool": 1,
-              "unsigned char": 1, "signed char": 1, "short int": 2, "c10::Float8_e4m3fn": 1,
-              "c10::Float8_e5m2": 1}  # fmt: skip
+TYPE_BYTES = {
+    "float": 4,
+    "c10::BFloat16": 2,
+    "c10::Half": 2,
+    "double": 8,
+    "long int": 8,
+    "int": 4,
+    "bool": 1,
+    "unsigned char": 1,
+    "signed char": 1,
+    "short int": 2,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+}
 TYPE_NAMES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
 
 

@@ -18,8 +18,23 @@ import warnings
 from perfloop import __version__
 from perfloop.cli.args import USAGE_ERROR, UsageError
 
-VERBS = ("env", "list", "check", "bench", "profile", "asm", "sweep", "report", "history", "runs", "bisect",
-         "compare", "comm", "demo", "experiment")  # fmt: skip
+VERBS = (
+    "env",
+    "list",
+    "check",
+    "bench",
+    "profile",
+    "asm",
+    "sweep",
+    "report",
+    "history",
+    "runs",
+    "bisect",
+    "compare",
+    "comm",
+    "demo",
+    "experiment",
+)
 
 
 def _prepare_triton() -> None:

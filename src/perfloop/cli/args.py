@@ -87,8 +87,9 @@ def get_variants(op, names: list[str] | None, timing: bool, dtype=None) -> list[
         takes = {n for n in op.variants if dtype in op.variant(n).dtypes}
         if not takes:
             known = sorted({dtype_name(d) for n in op.variants for d in op.variant(n).dtypes})
-            raise UsageError(f"--dtype: no variant of {op.name} takes {dtype_name(dtype)}; use one of "
-                             f"{', '.join(known)}")  # fmt: skip
+            raise UsageError(
+                f"--dtype: no variant of {op.name} takes {dtype_name(dtype)}; use one of {', '.join(known)}"
+            )
         skipped |= {n: f"does not take {dtype_name(dtype)}" for n in chosen if n not in takes}
         chosen = [n for n in chosen if n in takes]
     for n, why in skipped.items():
@@ -106,8 +107,10 @@ def open_store(args, writing: bool = True):
 
     path = Path(args.db) if args.db else default_path()
     if not writing and str(path) != ":memory:" and not path.exists():
-        raise UsageError(f"--db: {path} does not exist: nothing is stored there yet (bench, sweep, demo, "
-                         "profile and pytest --perfloop-db write it); check the path")  # fmt: skip
+        raise UsageError(
+            f"--db: {path} does not exist: nothing is stored there yet (bench, sweep, demo, "
+            "profile and pytest --perfloop-db write it); check the path"
+        )
     try:
         store = Store(args.db)
         if writing:

@@ -31,13 +31,22 @@ def run(args) -> int:
         return 0
     rows = []
     for k in rep["kernels"]:
-        rows.append([k["name"][:50], k.get("registers", "?"), k.get("smem_bytes", 0),
-                     k.get("spill_stores", 0), k.get("threads", "?"),
-                     f"{k['occupancy']:.0%}" if k.get("occupancy") is not None else "?",
-                     k.get("limited_by", "")])  # fmt: skip
-    table(f"{op.name}/{args.variant} for {args.arch}",
-          ["kernel", "regs/thread", "smem B", "spill B", "threads", "occupancy", "limited by"],
-          rows)  # fmt: skip
+        rows.append(
+            [
+                k["name"][:50],
+                k.get("registers", "?"),
+                k.get("smem_bytes", 0),
+                k.get("spill_stores", 0),
+                k.get("threads", "?"),
+                f"{k['occupancy']:.0%}" if k.get("occupancy") is not None else "?",
+                k.get("limited_by", ""),
+            ]
+        )
+    table(
+        f"{op.name}/{args.variant} for {args.arch}",
+        ["kernel", "regs/thread", "smem B", "spill B", "threads", "occupancy", "limited by"],
+        rows,
+    )
     for note in rep["notes"]:
         console().print(f"- {note}")
     if args.show:

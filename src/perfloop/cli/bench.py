@@ -46,8 +46,17 @@ def run(args) -> int:
         shape_errors(),
         status(args, f"checking, then timing {len(variants)} variants of {op.name} interleaved"),
     ):
-        _, rows = bench_variants(op, variants, shape, dtype, budget_s=args.budget, flush_l2=not args.no_flush,
-                                 graph=args.graph, store=store, run_id=run_id)  # fmt: skip
+        _, rows = bench_variants(
+            op,
+            variants,
+            shape,
+            dtype,
+            budget_s=args.budget,
+            flush_l2=not args.no_flush,
+            graph=args.graph,
+            store=store,
+            run_id=run_id,
+        )
     if args.json:
         from perfloop.device import env_fingerprint
 

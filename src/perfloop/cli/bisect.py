@@ -17,8 +17,12 @@ def register(verb) -> None:
         "--change", type=int, default=-1, help="which of --key's change points (default: the last)"
     )
     p.add_argument("--repo", default=".", help="the git repository (default: this folder's)")
-    p.add_argument("--metric", choices=("wall", "stdout"), default="wall",
-                   help="wall: the command's wall time; stdout: the number (ms) it prints last")  # fmt: skip
+    p.add_argument(
+        "--metric",
+        choices=("wall", "stdout"),
+        default="wall",
+        help="wall: the command's wall time; stdout: the number (ms) it prints last",
+    )
     p.add_argument("--expect", type=float, help="the step's ratio, slow/fast (none: time BAD first)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run of the command")
 
@@ -29,8 +33,11 @@ def _from_change_point(args) -> tuple[str, str, float]:
     found = [t for t in trends(open_store(args, writing=False), args.key) if t.changes]
     if len(found) != 1:
         keys = ", ".join("/".join(t.key) for t in found[:5])
-        what = f"{len(found)} keys with change points match it: {keys}" if found else (
-            "none of the keys matching it has a change point")  # fmt: skip
+        what = (
+            f"{len(found)} keys with change points match it: {keys}"
+            if found
+            else ("none of the keys matching it has a change point")
+        )
         raise UsageError(f"--key: {args.key!r}: {what}; see `perfloop history`")
     changes = found[0].changes
     if not -len(changes) <= args.change < len(changes):
@@ -48,8 +55,10 @@ def run(args) -> int:
 
     command = args.script_args
     if not command:
-        raise UsageError("command: give the command that times the code after `--`, e.g. "
-                         "perfloop bisect v1 HEAD -- python bench.py")  # fmt: skip
+        raise UsageError(
+            "command: give the command that times the code after `--`, e.g. "
+            "perfloop bisect v1 HEAD -- python bench.py"
+        )
     good, bad, expect = args.good, args.bad, args.expect
     if args.key:
         if good or bad:
@@ -60,8 +69,9 @@ def run(args) -> int:
         raise UsageError("good and bad: give the commits either side of the step, or --key KEY")
     status(args, f"bisect {good}..{bad}: timing `{' '.join(command)}` in worktrees")
     try:
-        b = bisect(good, bad, command, repo=args.repo, metric=args.metric, expect=expect,
-                   timeout_s=args.timeout)  # fmt: skip
+        b = bisect(
+            good, bad, command, repo=args.repo, metric=args.metric, expect=expect, timeout_s=args.timeout
+        )
     except BisectError as exc:
         raise UsageError(str(exc)) from None
     if args.json:
@@ -70,13 +80,20 @@ def run(args) -> int:
     out = console()
     for t in b.timed:
         word = "slow" if t.slow else "fast"
-        out.print(f"  {t.commit[:12]} {t.ratio:6.3f}x [{t.ci[0]:.3f}, {t.ci[1]:.3f}] {word:<4} "
-                  f"({t.rounds} rounds)  {t.subject[:60]}", markup=False, highlight=False)  # fmt: skip
+        out.print(
+            f"  {t.commit[:12]} {t.ratio:6.3f}x [{t.ci[0]:.3f}, {t.ci[1]:.3f}] {word:<4} "
+            f"({t.rounds} rounds)  {t.subject[:60]}",
+            markup=False,
+            highlight=False,
+        )
     c = b.culprit
-    out.print(f"first slow commit: {c.commit[:12]} {c.subject!r}: {c.ratio:.3f}x "
-              f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}] of {b.good[:12]}, {len(b.timed) + 1} commits timed of "
-              f"{len(b.candidates) + 1}",
-              style="bold", markup=False)  # fmt: skip
+    out.print(
+        f"first slow commit: {c.commit[:12]} {c.subject!r}: {c.ratio:.3f}x "
+        f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}] of {b.good[:12]}, {len(b.timed) + 1} commits timed of "
+        f"{len(b.candidates) + 1}",
+        style="bold",
+        markup=False,
+    )
     for n in b.notes:
         out.print(f"  {n}", style="yellow", markup=False)
     return 0

@@ -38,9 +38,16 @@ def run(args) -> int:
             step(f"check {op.name}/{v}")
             try:
                 recs = op.check(v, dtypes=dtypes, seeds=args.seeds, seed=args.seed)
-                results.append({"op": op.name, "variant": v, "ok": True, "cases": len(recs),
-                                "max_abs_err": max(r["max_abs"] for r in recs),
-                                "of_tolerance": max(r["of_tolerance"] for r in recs)})  # fmt: skip
+                results.append(
+                    {
+                        "op": op.name,
+                        "variant": v,
+                        "ok": True,
+                        "cases": len(recs),
+                        "max_abs_err": max(r["max_abs"] for r in recs),
+                        "of_tolerance": max(r["of_tolerance"] for r in recs),
+                    }
+                )
             except CheckFailed as exc:
                 failed = True
                 results.append({"op": op.name, "variant": v, "ok": False, "error": str(exc)})
@@ -48,10 +55,16 @@ def run(args) -> int:
         emit_json(results)
     else:
         rows = [
-            [r["op"], r["variant"], "ok" if r["ok"] else "FAIL",
-             f"{r['cases']} cases, max abs err {r['max_abs_err']:.2g}, worst at {r['of_tolerance']:.2f} "
-             "of the tolerance" if r["ok"] else r["error"]]
+            [
+                r["op"],
+                r["variant"],
+                "ok" if r["ok"] else "FAIL",
+                f"{r['cases']} cases, max abs err {r['max_abs_err']:.2g}, worst at {r['of_tolerance']:.2f} "
+                "of the tolerance"
+                if r["ok"]
+                else r["error"],
+            ]
             for r in results
-        ]  # fmt: skip
+        ]
         table("check against the float64 reference", ["op", "variant", "result", "detail"], rows)
     return FAILED if failed else 0

@@ -39,8 +39,9 @@ def run(args) -> int:
         dist.destroy_process_group()
     elif args.nproc:
         try:
-            rows = comm.spawn(args.nproc, "collectives_on_ranks", sizes, names, args.iters,
-                              timeout_s=args.timeout)  # fmt: skip
+            rows = comm.spawn(
+                args.nproc, "collectives_on_ranks", sizes, names, args.iters, timeout_s=args.timeout
+            )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     else:
@@ -54,9 +55,26 @@ def run(args) -> int:
     if args.json:
         emit_json({"run_id": run_id, "rows": rows})
     else:
-        table(f"collectives on {rows[0]['ranks']} ranks ({rows[0]['backend']})",
-              ["collective", "bytes (nccl-tests)", "time (slowest rank)", "algbw GB/s", "busbw GB/s",
-               "correct"],
-              [[r["collective"], r["bytes"], f"{r['time_ms']:.4f} ms", f"{r['algbw_gbps']:.2f}",
-                f"{r['busbw_gbps']:.2f}", "yes" if r["correct"] else "NO"] for r in rows])  # fmt: skip
+        table(
+            f"collectives on {rows[0]['ranks']} ranks ({rows[0]['backend']})",
+            [
+                "collective",
+                "bytes (nccl-tests)",
+                "time (slowest rank)",
+                "algbw GB/s",
+                "busbw GB/s",
+                "correct",
+            ],
+            [
+                [
+                    r["collective"],
+                    r["bytes"],
+                    f"{r['time_ms']:.4f} ms",
+                    f"{r['algbw_gbps']:.2f}",
+                    f"{r['busbw_gbps']:.2f}",
+                    "yes" if r["correct"] else "NO",
+                ]
+                for r in rows
+            ],
+        )
     return 0 if all(r["correct"] for r in rows) else FAILED

@@ -68,12 +68,16 @@ def run(args) -> int:
             profiled = _profiles(store, run, run)
             return f"{run} holds {'a step profile and ' if profiled else ''}no measurements"
 
-        raise UsageError(f"{what(a, rows_a)}; {what(b, rows_b)}: compare takes two benchmark runs (bench, "
-                         "sweep, demo) or two profile runs (profile --script / --trace-file)")  # fmt: skip
+        raise UsageError(
+            f"{what(a, rows_a)}; {what(b, rows_b)}: compare takes two benchmark runs (bench, "
+            "sweep, demo) or two profile runs (profile --script / --trace-file)"
+        )
     if _devices(rows_a) != _devices(rows_b):
-        raise UsageError(f"runs {a} ({', '.join(sorted(_devices(rows_a)))}) and {b} "
-                         f"({', '.join(sorted(_devices(rows_b)))}) ran on different devices: their times "
-                         "cannot be compared; compare runs taken on one device")  # fmt: skip
+        raise UsageError(
+            f"runs {a} ({', '.join(sorted(_devices(rows_a)))}) and {b} "
+            f"({', '.join(sorted(_devices(rows_b)))}) ran on different devices: their times "
+            "cannot be compared; compare runs taken on one device"
+        )
     ref_a = next((r["samples"] for r in rows_a if r["op"] == gate.REFERENCE_OP), None)
     ref_b = next((r["samples"] for r in rows_b if r["op"] == gate.REFERENCE_OP), None)
     ra = {_key(r): r for r in rows_a if r["op"] != gate.REFERENCE_OP}
@@ -88,15 +92,37 @@ def run(args) -> int:
     histories = _histories(store, common, commit, b)
     out, regressed = [], False
     for k in common:
-        v = gate.judge(ra[k]["samples"], rb[k]["samples"], fail_above_pct=limit, kind=kind, a_ref=ref_a,
-                       b_ref=ref_b, history=histories[k],
-                       contended=gate.contended(ra[k]["meta"]) or gate.contended(rb[k]["meta"]))  # fmt: skip
+        v = gate.judge(
+            ra[k]["samples"],
+            rb[k]["samples"],
+            fail_above_pct=limit,
+            kind=kind,
+            a_ref=ref_a,
+            b_ref=ref_b,
+            history=histories[k],
+            contended=gate.contended(ra[k]["meta"]) or gate.contended(rb[k]["meta"]),
+        )
         regressed |= v.regression
-        out.append({"op": k[0], "variant": k[1], "shape": k[2], "dtype": k[3], "graph": bool(k[4]),
-                    "a_ms": ra[k]["median_ms"], "b_ms": rb[k]["median_ms"], "ratio": v.ratio,
-                    "drift": v.drift, "adjusted": v.adjusted, "noise_floor": v.floor,
-                    "floor_source": v.floor_source, "p_value": v.p_value, "verdict": v.verdict,
-                    "regression": v.regression, "method": v.method})  # fmt: skip
+        out.append(
+            {
+                "op": k[0],
+                "variant": k[1],
+                "shape": k[2],
+                "dtype": k[3],
+                "graph": bool(k[4]),
+                "a_ms": ra[k]["median_ms"],
+                "b_ms": rb[k]["median_ms"],
+                "ratio": v.ratio,
+                "drift": v.drift,
+                "adjusted": v.adjusted,
+                "noise_floor": v.floor,
+                "floor_source": v.floor_source,
+                "p_value": v.p_value,
+                "verdict": v.verdict,
+                "regression": v.regression,
+                "method": v.method,
+            }
+        )
     unjudged = [r for r in out if r["verdict"].startswith("cannot judge")]
     code = FAILED if regressed else (CANNOT_JUDGE if args.strict and unjudged else 0)
     if args.json:
@@ -104,20 +130,47 @@ def run(args) -> int:
             {"run_a": a, "run_b": b, "rows": out, "regressed": regressed, "cannot_judge": len(unjudged)}
         )
         return code
-    table(f"{b} against {a} (time ratio b/a of the fast tails; >1 is slower)",
-          ["op", "variant", "shape", "dtype", "a (median)", "b (median)", "ratio", "noise floor", "p",
-           "verdict"],
-          [[r["op"], r["variant"], r["shape"], r["dtype"], fmt_ms(r["a_ms"]), fmt_ms(r["b_ms"]),
-            f"{r['adjusted']:.3f}", f"{r['noise_floor']:.1%}", f"{r['p_value']:.2g}",
-            r["verdict"] + (" REGRESSION" if r["regression"] else "")] for r in out])  # fmt: skip
+    table(
+        f"{b} against {a} (time ratio b/a of the fast tails; >1 is slower)",
+        [
+            "op",
+            "variant",
+            "shape",
+            "dtype",
+            "a (median)",
+            "b (median)",
+            "ratio",
+            "noise floor",
+            "p",
+            "verdict",
+        ],
+        [
+            [
+                r["op"],
+                r["variant"],
+                r["shape"],
+                r["dtype"],
+                fmt_ms(r["a_ms"]),
+                fmt_ms(r["b_ms"]),
+                f"{r['adjusted']:.3f}",
+                f"{r['noise_floor']:.1%}",
+                f"{r['p_value']:.2g}",
+                r["verdict"] + (" REGRESSION" if r["regression"] else ""),
+            ]
+            for r in out
+        ],
+    )
     how = out[0]["method"].split("; noise floor")[0]
     sources = ", ".join(sorted({r["floor_source"] for r in out}))
     console().print(f"judged on {how}; noise floor: {sources}")
     if limit is not None and regressed:
         console().print(f"slowdown beyond {limit:g}% and beyond the run-to-run noise", style="red")
     elif limit is not None and any(r["noise_floor"] * 100 > limit for r in out):
-        console().print(f"note: the noise between runs here is above {limit:g}%, so a slowdown of {limit:g}% "
-                        "cannot be told from noise; it takes one past the floor", style="yellow")  # fmt: skip
+        console().print(
+            f"note: the noise between runs here is above {limit:g}%, so a slowdown of {limit:g}% "
+            "cannot be told from noise; it takes one past the floor",
+            style="yellow",
+        )
     for r in unjudged if args.strict else []:
         print(
             f"perfloop compare: --strict: {r['op']}/{r['variant']} {r['shape']}: {r['verdict']}",
@@ -145,12 +198,23 @@ def _compare_profiles(args, pa: dict, pb: dict, a: str, b: str) -> int:
         emit_json({"run_a": a, "run_b": b, "ops": ops, "modules": modules, "totals": totals})
         return 0
     for what, rows in (("op", ops), ("module", modules)):
-        table(f"{b} against {a}: device time per call by {what}, largest change first",
-              [what, "a", "b", "b/a", "change"],
-              [[r["name"][:60], fmt_ms(r["a_ms"]), fmt_ms(r["b_ms"]),
-                f"{r['ratio']:.2f}" if r["ratio"] is not None else "new", f"{r['change_ms']:+.3f} ms"]
-               for r in rows[:15]])  # fmt: skip
+        table(
+            f"{b} against {a}: device time per call by {what}, largest change first",
+            [what, "a", "b", "b/a", "change"],
+            [
+                [
+                    r["name"][:60],
+                    fmt_ms(r["a_ms"]),
+                    fmt_ms(r["b_ms"]),
+                    f"{r['ratio']:.2f}" if r["ratio"] is not None else "new",
+                    f"{r['change_ms']:+.3f} ms",
+                ]
+                for r in rows[:15]
+            ],
+        )
     (da, db), (wa, wb) = totals["device_ms_per_call"], totals["wall_ms_per_call"]
-    console().print(f"device {fmt_ms(da)} -> {fmt_ms(db)} per call; wall {fmt_ms(wa)} -> {fmt_ms(wb)} "
-                    "(one profile each: judge a speed-up by timing the step: bench, compare)")  # fmt: skip
+    console().print(
+        f"device {fmt_ms(da)} -> {fmt_ms(db)} per call; wall {fmt_ms(wa)} -> {fmt_ms(wb)} "
+        "(one profile each: judge a speed-up by timing the step: bench, compare)"
+    )
     return 0

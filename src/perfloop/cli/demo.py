@@ -41,8 +41,9 @@ def _check_variants(op, dtype, dev) -> tuple[list[str], list[list[str]]]:
         try:
             recs = op.check(name, dtypes=[dtype], shapes=op.test_shapes[2:5], seeds=1, seed=0)
             note = "correct" + (" (Triton interpreter: not timed)" if v.interpreted else "")
-            rows.append([name, "ok", f"{note}; {len(recs)} cases, max abs err "
-                                     f"{max(r['max_abs'] for r in recs):.1e}"])  # fmt: skip
+            rows.append(
+                [name, "ok", f"{note}; {len(recs)} cases, max abs err {max(r['max_abs'] for r in recs):.1e}"]
+            )
             if not v.interpreted:
                 runnable.append(name)
         except CheckFailed as exc:
@@ -74,9 +75,13 @@ def run(args) -> int:
         f" | shape {shape[0]}x{shape[1]} fp32"
     )
     c = ceilings()
-    said = [f"{what} {c[key]:.{digits}f} {unit}" if (c.get(key) or 0) > 0 else f"{what} not measured"
-            for what, key, unit, digits in (("copy", "copy_gbps", "GB/s", 0),
-                                            ("fp32 matmul", "matmul_fp32_tflops", "TFLOP/s", 2))]  # fmt: skip
+    said = [
+        f"{what} {c[key]:.{digits}f} {unit}" if (c.get(key) or 0) > 0 else f"{what} not measured"
+        for what, key, unit, digits in (
+            ("copy", "copy_gbps", "GB/s", 0),
+            ("fp32 matmul", "matmul_fp32_tflops", "TFLOP/s", 2),
+        )
+    ]
     out.print(f"measured ceilings: {', '.join(said)}")
     store = open_store(args)
     run_id = start_run(store)
@@ -85,8 +90,9 @@ def run(args) -> int:
     before, d = profile_variant(op, "naive", shape, dtype)
     out.print(before.table())
     out.print(str(d))
-    store.add_artifact(run_id, "profile", before.to_dict() | {"diagnosis": d.to_dict()},
-                       op="gelu", variant="naive")  # fmt: skip
+    store.add_artifact(
+        run_id, "profile", before.to_dict() | {"diagnosis": d.to_dict()}, op="gelu", variant="naive"
+    )
 
     out.rule("3. fix: check every fused variant against the float64 reference")
     runnable, rows = _check_variants(op, dtype, dev)
@@ -94,14 +100,23 @@ def run(args) -> int:
 
     out.rule("1 + 4. measure, then measure again: interleaved, L2 flushed, 95% CIs")
     with status(args, "timing the variants, interleaved"):
-        _, bench_rows = bench_variants(op, runnable, shape, dtype, budget_s=args.budget,
-                                       flush_l2=not args.no_flush, store=store, run_id=run_id)  # fmt: skip
+        _, bench_rows = bench_variants(
+            op,
+            runnable,
+            shape,
+            dtype,
+            budget_s=args.budget,
+            flush_l2=not args.no_flush,
+            store=store,
+            run_id=run_id,
+        )
     print_bench_rows(bench_rows)
     best = max((r for r in bench_rows if r.variant != "naive"), key=lambda r: r.speedup, default=None)
     if best:
         after, d2 = profile_variant(op, best.variant, shape, dtype)
-        store.add_artifact(run_id, "profile", after.to_dict() | {"diagnosis": d2.to_dict()},
-                           op="gelu", variant=best.variant)  # fmt: skip
+        store.add_artifact(
+            run_id, "profile", after.to_dict() | {"diagnosis": d2.to_dict()}, op="gelu", variant=best.variant
+        )
         out.print(f"naive -> {best.variant}: what changed in the profile")
         out.print(str(diff(before, after)))
         out.print(

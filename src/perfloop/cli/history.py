@@ -9,8 +9,12 @@ from perfloop.cli.output import console, emit_json
 
 def register(verb) -> None:
     p = verb("history", "a benchmark's trend over the stored runs, and where it stepped", run, db=True)
-    p.add_argument("key", nargs="?", default="", help="part of a key, op/variant/shape/dtype/device "
-                   "(e.g. gelu/triton); none: every key")  # fmt: skip
+    p.add_argument(
+        "key",
+        nargs="?",
+        default="",
+        help="part of a key, op/variant/shape/dtype/device (e.g. gelu/triton); none: every key",
+    )
     p.add_argument("--last", type=int, default=12, help="runs shown per key in the terminal (default 12)")
 
 
@@ -37,8 +41,12 @@ def run(args) -> int:
             p = t.points[i]
             lo, hi = p.ci_ms
             why = "  left out: contended" if i in t.left_out else ("  contended" if p.contended else "")
-            out.print(f"  {p.created[:19]}  {p.commit or '(no commit)':<18} {p.median_ms:10.4f} ms  "
-                      f"[{lo:.4f}, {hi:.4f}]{why}", markup=False, highlight=False)  # fmt: skip
+            out.print(
+                f"  {p.created[:19]}  {p.commit or '(no commit)':<18} {p.median_ms:10.4f} ms  "
+                f"[{lo:.4f}, {hi:.4f}]{why}",
+                markup=False,
+                highlight=False,
+            )
         for c in t.changes:
             out.print(f"  step: {c}", style="red" if c.ratio > 1 else "green", markup=False)
         line = bisect_command(t)

@@ -83,11 +83,15 @@ def print_bench_rows(rows) -> None:
     for r in rows:
         sig = "" if r.significant in (None, True) else " (n.s.)"
         line = [
-            r.variant, r.dtype, fmt_ms(r.median_ms), f"{fmt_ms(r.ci95_ms[0])}..{fmt_ms(r.ci95_ms[1])}",
-            num(r.gbps), num(r.tflops),
+            r.variant,
+            r.dtype,
+            fmt_ms(r.median_ms),
+            f"{fmt_ms(r.ci95_ms[0])}..{fmt_ms(r.ci95_ms[1])}",
+            num(r.gbps),
+            num(r.tflops),
             "-" if r.sol is None else f"{100 * r.sol:.0f}%" + ("?" if r.sol > OVER_CEILING else ""),
             f"{r.speedup:.2f}x [{r.speedup_ci[0]:.2f}, {r.speedup_ci[1]:.2f}]{sig}",
-        ]  # fmt: skip
+        ]
         if has_graph:
             line.append(fmt_ms(r.graph_median_ms) if r.graph_median_ms is not None else "-")
             line.append(fmt_ms(r.graph_kernel_ms) if r.graph_kernel_ms else "-")

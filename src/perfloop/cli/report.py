@@ -24,13 +24,17 @@ def _check_target(flag: str, path: str, store, force: bool) -> None:
 
     target = Path(path)
     if store.path != ":memory:" and target.exists() and target.resolve() == Path(store.path).resolve():
-        raise UsageError(f"{flag} {path}: that is the database itself; writing there would destroy it. "
-                         "Choose another file, e.g. results.csv")  # fmt: skip
+        raise UsageError(
+            f"{flag} {path}: that is the database itself; writing there would destroy it. "
+            "Choose another file, e.g. results.csv"
+        )
     if target.is_dir():
         raise UsageError(f"{flag} {path}: is a folder; give a file path")
     if target.exists() and target.stat().st_size and not is_our_export(target) and not force:
-        raise UsageError(f"{flag} {path}: exists and is not a perfloop export; it was left as it is. "
-                         "Choose another file, or add --force to replace it")  # fmt: skip
+        raise UsageError(
+            f"{flag} {path}: exists and is not a perfloop export; it was left as it is. "
+            "Choose another file, or add --force to replace it"
+        )
 
 
 def _write(flag: str, path: str, text: str) -> None:
@@ -48,12 +52,23 @@ def _profile_table(profiles: list[dict]) -> None:
         best = max(p.get(what) or [], key=lambda r: r.get("device_ms", 0.0), default=None)
         return f"{best['name'][:40]} ({fmt_ms(best['device_ms'] / (p.get('calls') or 1))})" if best else ""
 
-    table("stored profiles", ["run", "source", "window", "calls", "wall/call", "device/call", "top op",
-          "top module"],
-          [[a["run_id"], a["op"] or "", a["variant"] or "", a["payload"].get("calls", ""),
-            fmt_ms(a["payload"]["wall_ms_per_call"]) if a["payload"].get("wall_ms_per_call") else "",
-            fmt_ms(a["payload"]["device_ms_per_call"]) if a["payload"].get("device_ms_per_call") else "",
-            top(a["payload"], "ops"), top(a["payload"], "modules")] for a in profiles])  # fmt: skip
+    table(
+        "stored profiles",
+        ["run", "source", "window", "calls", "wall/call", "device/call", "top op", "top module"],
+        [
+            [
+                a["run_id"],
+                a["op"] or "",
+                a["variant"] or "",
+                a["payload"].get("calls", ""),
+                fmt_ms(a["payload"]["wall_ms_per_call"]) if a["payload"].get("wall_ms_per_call") else "",
+                fmt_ms(a["payload"]["device_ms_per_call"]) if a["payload"].get("device_ms_per_call") else "",
+                top(a["payload"], "ops"),
+                top(a["payload"], "modules"),
+            ]
+            for a in profiles
+        ],
+    )
 
 
 def run(args) -> int:
@@ -96,9 +111,21 @@ def run(args) -> int:
             _profile_table(profiles)
         if not rows:
             return 0
-        table(f"results in {store.path}", ["op", "variant", "shape", "dtype", "median", "rate",
-              "speed-up", "device"],
-              [[r["op"], r["variant"] + (" (graph)" if r["graph"] else ""), r["shape"], r["dtype"],
-                fmt_ms(r["median_ms"]), fmt_rate(r), fmt_speedup(r), r["device"] or ""]
-               for r in rows])  # fmt: skip
+        table(
+            f"results in {store.path}",
+            ["op", "variant", "shape", "dtype", "median", "rate", "speed-up", "device"],
+            [
+                [
+                    r["op"],
+                    r["variant"] + (" (graph)" if r["graph"] else ""),
+                    r["shape"],
+                    r["dtype"],
+                    fmt_ms(r["median_ms"]),
+                    fmt_rate(r),
+                    fmt_speedup(r),
+                    r["device"] or "",
+                ]
+                for r in rows
+            ],
+        )
     return 0

@@ -45,9 +45,15 @@ def run(args) -> int:
         return distributed(args, op, variants, shapes, dtype, store, run_id)
     with shape_errors("--shapes"), progress(args, len(shapes) * len(variants), "sweep") as step:
         results = sweep_variants(
-            op, variants, shapes, dtype, budget_s=args.budget, store=store, run_id=run_id,
+            op,
+            variants,
+            shapes,
+            dtype,
+            budget_s=args.budget,
+            store=store,
+            run_id=run_id,
             on_point=lambda v, pt: step(f"{v} {shape_str(pt.size)}"),
-        )  # fmt: skip
+        )
     if args.plot:
         from perfloop.results.plots import plot_lines
 
@@ -59,9 +65,17 @@ def run(args) -> int:
         emit_json({"run_id": run_id, "sweeps": sweep_points(results)})
         return 0
     for v, s in results.items():
-        rows = [[shape_str(p.size), fmt_ms(m.median_ms) if m else "error",
-                 f"{m.gbps:.3g}" if m and m.gbps else "-", f"{m.tflops:.3g}" if m and m.tflops else "-",
-                 p.error or ""] for p in s.points for m in [p.measurement]]  # fmt: skip
+        rows = [
+            [
+                shape_str(p.size),
+                fmt_ms(m.median_ms) if m else "error",
+                f"{m.gbps:.3g}" if m and m.gbps else "-",
+                f"{m.tflops:.3g}" if m and m.tflops else "-",
+                p.error or "",
+            ]
+            for p in s.points
+            for m in [p.measurement]
+        ]
         table(f"{op.name}/{v} {dtype_name(dtype)}", ["shape", "median", "GB/s", "TFLOP/s", "error"], rows)
         if s.fit:
             console().print(fmt_fit(s.fit, size="elements"))
@@ -83,8 +97,9 @@ def distributed(args, op, variants, shapes, dtype, store, run_id, entry="sweep_o
             op.check_shape(s, dtype)
     failure = None
     try:  # each rank stores its own points as it measures them
-        res = comm.spawn(args.nproc, entry, op.name, variants, shapes, dtype_name(dtype), args.budget,
-                         store.path, run_id)  # fmt: skip
+        res = comm.spawn(
+            args.nproc, entry, op.name, variants, shapes, dtype_name(dtype), args.budget, store.path, run_id
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except RuntimeError as exc:  # a rank died: what the others measured is already stored
@@ -95,13 +110,21 @@ def distributed(args, op, variants, shapes, dtype, store, run_id, entry="sweep_o
     wanted = [(v, shape_str(s)) for v in variants for s in shapes]
     missing = [w for w in wanted if w not in stored]
     errors = [p for p in res["points"] if "error" in p]
-    out = {"run_id": run_id, "stored": len(stored), "missing": missing, "errors": errors,
-           "rank_failure": failure, "by_rank": res["by_rank"]}  # fmt: skip
+    out = {
+        "run_id": run_id,
+        "stored": len(stored),
+        "missing": missing,
+        "errors": errors,
+        "rank_failure": failure,
+        "by_rank": res["by_rank"],
+    }
     if args.json:
         emit_json(out)
     else:
-        rows = [[v, s, f"{stored[(v, s)]['median_ms']:.4f} ms" if (v, s) in stored else "missing"]
-                for v, s in wanted]  # fmt: skip
+        rows = [
+            [v, s, f"{stored[(v, s)]['median_ms']:.4f} ms" if (v, s) in stored else "missing"]
+            for v, s in wanted
+        ]
         table(f"{op.name} sweep on {args.nproc} ranks (run {run_id})", ["variant", "shape", "median"], rows)
         for p in errors:
             console().print(f"{p['variant']} {p['shape']} on rank {p['rank']}: {p['error']}", style="yellow")

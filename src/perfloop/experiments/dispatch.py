@@ -33,8 +33,14 @@ def decode(name: str) -> dict:
     if m := re.search(r"tilesize(\d+x\d+x\d+)", low) or re.search(r"_(\d{2,3}x\d{2,3}(?:_\d+x\d+)?)_", low):
         info["tile"] = m.group(1)
     # (nvjet names carry no data type: their `_h_`/`_v_` is not fp16, so it is not read as such)
-    for pat, dt in (("bf16", "bf16"), ("f16", "fp16"), ("tf32", "tf32"), ("sgemm", "fp32"),
-                    ("s1688", "tf32"), ("f32", "fp32")):  # fmt: skip
+    for pat, dt in (
+        ("bf16", "bf16"),
+        ("f16", "fp16"),
+        ("tf32", "tf32"),
+        ("sgemm", "fp32"),
+        ("s1688", "tf32"),
+        ("f32", "fp32"),
+    ):
         if pat in low:
             info["dtype"] = dt
             break
@@ -44,8 +50,14 @@ def decode(name: str) -> dict:
 def matmul_dispatch(quick=False, store=None, run_id=None, out_dir=None) -> dict:
     dev = device()
     if dev == "cuda":
-        shapes = [(128, 128, 128), (1024, 1024, 1024), (8192, 8192, 8192), (8192, 8192, 64),
-                  (16, 8192, 8192), (8192, 64, 8192)]  # fmt: skip
+        shapes = [
+            (128, 128, 128),
+            (1024, 1024, 1024),
+            (8192, 8192, 8192),
+            (8192, 8192, 64),
+            (16, 8192, 8192),
+            (8192, 64, 8192),
+        ]
         dtypes = [torch.float32, torch.bfloat16]
     else:
         shapes = [(64, 64, 64), (512, 512, 512), (512, 512, 16), (8, 512, 512)]
@@ -61,10 +73,19 @@ def matmul_dispatch(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             main = p.kernels[0]
             info = decode(main.name)
             t = bench(torch.matmul, a, b, budget_s=0.3 if quick else 0.5).median_ms
-            rows.append([f"{m_}x{n_}x{k_}", ops.dtype_name(dtype), main.short[:48], info["library"],
-                         info["arch"], info["tile"],
-                         info["dtype"] if info["dtype"] != "?" else "? (not in the name)", ms(t),
-                         2 * m_ * n_ * k_ / (t * 1e-3) / 1e12])  # fmt: skip
+            rows.append(
+                [
+                    f"{m_}x{n_}x{k_}",
+                    ops.dtype_name(dtype),
+                    main.short[:48],
+                    info["library"],
+                    info["arch"],
+                    info["tile"],
+                    info["dtype"] if info["dtype"] != "?" else "? (not in the name)",
+                    ms(t),
+                    2 * m_ * n_ * k_ / (t * 1e-3) / 1e12,
+                ]
+            )
     kernels = {r[2] for r in rows}
     if dev == "cuda":
         conclusion = (
@@ -77,13 +98,21 @@ def matmul_dispatch(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             "BLAS; its kernel choice is not visible to the profiler -- run this on a GPU"
         )
     plot = plot_matmul_dispatch(rows, Path(out_dir or "."))
-    return finish("matmul-dispatch", ["shape MxNxK", "dtype", "kernel", "library", "arch", "tile",
-                  "math", "median", "TFLOP/s"], rows, conclusion, [plot], store, run_id)  # fmt: skip
+    return finish(
+        "matmul-dispatch",
+        ["shape MxNxK", "dtype", "kernel", "library", "arch", "tile", "math", "median", "TFLOP/s"],
+        rows,
+        conclusion,
+        [plot],
+        store,
+        run_id,
+    )
 
 
 def plot_matmul_dispatch(rows, out: Path) -> str:
     groups: dict = {}
     for shape, dtype, *_, tflops in rows:
         groups.setdefault(shape, {})[dtype] = float(tflops)
-    return plot_bars(out / "matmul_dispatch.png", "`a @ b`: TFLOP/s of the kernel each shape got",
-                     "TFLOP/s (log)", groups)  # fmt: skip
+    return plot_bars(
+        out / "matmul_dispatch.png", "`a @ b`: TFLOP/s of the kernel each shape got", "TFLOP/s (log)", groups
+    )

@@ -136,8 +136,14 @@ def lm_step(quick=False, store=None, run_id=None, out_dir=None, context: int = 2
     for name in names:
         for precision in ("fp32", "bf16 autocast"):
             try:
-                out = _run_size(SIZES[name], precision, dev, batch, context, memory_snapshot
-                                if name == names[0] and precision == "fp32" else None)  # fmt: skip
+                out = _run_size(
+                    SIZES[name],
+                    precision,
+                    dev,
+                    batch,
+                    context,
+                    memory_snapshot if name == names[0] and precision == "fp32" else None,
+                )
                 results[(name, precision)] = out
                 for what, (t, peak) in out.items():
                     rows.append([name, precision, what, ms(t), f"{peak / 2**30:.2f} GiB" if peak else "-"])
@@ -152,12 +158,21 @@ def lm_step(quick=False, store=None, run_id=None, out_dir=None, context: int = 2
         if a and b:
             speed = a["AdamW step"][0] / b["AdamW step"][0]
             bwd = a["forward+backward"][0] / a["forward"][0]
-            parts.append(f"{name}: a bf16-autocast AdamW step runs {speed:.2f}x as fast as fp32; "
-                         f"forward + backward costs {bwd:.1f}x a forward")  # fmt: skip
+            parts.append(
+                f"{name}: a bf16-autocast AdamW step runs {speed:.2f}x as fast as fp32; "
+                f"forward + backward costs {bwd:.1f}x a forward"
+            )
     conclusion = "; ".join(parts) or "no size fit in memory"
     plots = plot_lm_step(rows, Path(out_dir or "."))
-    return finish("lm-step", ["size", "precision", "what", "median", "peak memory"], rows,
-                  f"batch {batch}, context {context}: {conclusion}", plots, store, run_id)  # fmt: skip
+    return finish(
+        "lm-step",
+        ["size", "precision", "what", "median", "peak memory"],
+        rows,
+        f"batch {batch}, context {context}: {conclusion}",
+        plots,
+        store,
+        run_id,
+    )
 
 
 def plot_lm_step(rows, out: Path) -> list[str]:
@@ -171,9 +186,13 @@ def plot_lm_step(rows, out: Path) -> list[str]:
         times.setdefault(f"{size} {what}", {})[precision] = t
         if what == "AdamW step" and str(peak).endswith("GiB"):
             memory.setdefault(size, {})[precision] = float(str(peak).split()[0])
-    plots = [plot_bars(out / "lm_step_time.png", "LM: forward, forward + backward, AdamW step",
-                       "ms (log)", times)]  # fmt: skip
+    plots = [
+        plot_bars(out / "lm_step_time.png", "LM: forward, forward + backward, AdamW step", "ms (log)", times)
+    ]
     if memory:
-        plots.append(plot_bars(out / "lm_step_memory.png", "LM: peak memory of an AdamW step", "GiB",
-                               memory, log=False))  # fmt: skip
+        plots.append(
+            plot_bars(
+                out / "lm_step_memory.png", "LM: peak memory of an AdamW step", "GiB", memory, log=False
+            )
+        )
     return plots

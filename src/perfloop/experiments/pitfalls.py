@@ -32,8 +32,9 @@ def launch_overhead(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             fn()  # compile, record graphs
         p = profile(fn, calls=20)
         m = bench(fn, budget_s=0.3 if quick else 1.0)
-        rows.append([name, p.launches_per_call, ms(p.host_ms_per_call), ms(p.device_ms_per_call),
-                     ms(m.median_ms)])  # fmt: skip
+        rows.append(
+            [name, p.launches_per_call, ms(p.host_ms_per_call), ms(p.device_ms_per_call), ms(m.median_ms)]
+        )
     if dev == "cuda":
         g = bench(gelu_naive, x, graph=True)
         p = profile(gelu_naive, x, calls=20)
@@ -50,15 +51,29 @@ def launch_overhead(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             f"{rows[0][4]} eager and {rows[1][4]} compiled"
         )
     plot = plot_launch_overhead(rows, Path(out_dir or "."))
-    return finish("launch-overhead", ["how", "launches/call", "host/call", "device/call", "median"],
-                  rows, conclusion, [plot], store, run_id)  # fmt: skip
+    return finish(
+        "launch-overhead",
+        ["how", "launches/call", "host/call", "device/call", "median"],
+        rows,
+        conclusion,
+        [plot],
+        store,
+        run_id,
+    )
 
 
 def plot_launch_overhead(rows, out: Path) -> str:
-    groups = {r[0]: {"host time/call": parse_ms(r[2]), "device time/call": parse_ms(r[3]),
-                     "measured/call": parse_ms(r[4])} for r in rows}  # fmt: skip
-    return plot_bars(out / "launch_overhead.png", "a small op: where the time of a call goes",
-                     "ms per call (log)", groups)  # fmt: skip
+    groups = {
+        r[0]: {
+            "host time/call": parse_ms(r[2]),
+            "device time/call": parse_ms(r[3]),
+            "measured/call": parse_ms(r[4]),
+        }
+        for r in rows
+    }
+    return plot_bars(
+        out / "launch_overhead.png", "a small op: where the time of a call goes", "ms per call (log)", groups
+    )
 
 
 def sync_pitfall(quick=False, store=None, run_id=None, out_dir=None) -> dict:
@@ -82,8 +97,11 @@ def sync_pitfall(quick=False, store=None, run_id=None, out_dir=None) -> dict:
     sync()
     with_sync = (time.time() - t) * 1e3 / reps
     m = bench(gelu_naive, x, budget_s=0.5 if quick else 1.0)
-    rows = [["time.time(), no synchronize", ms(no_sync)], ["time.time(), synchronize", ms(with_sync)],
-            [f"perfloop.bench ({m.meta['timer']})", ms(m.median_ms)]]  # fmt: skip
+    rows = [
+        ["time.time(), no synchronize", ms(no_sync)],
+        ["time.time(), synchronize", ms(with_sync)],
+        [f"perfloop.bench ({m.meta['timer']})", ms(m.median_ms)],
+    ]
     if dev == "cuda":
         conclusion = (
             f"without synchronize the timer read {ms(no_sync)}: {m.median_ms / no_sync:.0f}x too fast "
@@ -118,12 +136,12 @@ def warmup(quick=False, store=None, run_id=None, out_dir=None) -> dict:
     for name in kinds:
         if name == "torch.compile":
             fresh = torch.compile(lambda t: gelu_naive(t) * 1.0)  # a new graph: compiles on call 1
-            fn = lambda fresh=fresh: fresh(x)  # noqa: E731
+            fn = lambda fresh=fresh: fresh(x)
         elif name == "triton":
             from perfloop.ops.gelu import triton_impl
 
             # a block size the process has not compiled yet: call 1 compiles
-            fn = lambda: triton_impl.gelu(x, block=512)  # noqa: E731
+            fn = lambda: triton_impl.gelu(x, block=512)
         else:
             fn = kinds[name]
         firsts = []
@@ -134,11 +152,13 @@ def warmup(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             sync()
             firsts.append((time.perf_counter() - t) * 1e3)
         steady = bench(fn, budget_s=0.3 if quick else 1.0).median_ms
-        rows.append([name, ms(firsts[0]), ms(firsts[1]), ms(firsts[2]), ms(steady),
-                     f"{firsts[0] / steady:.0f}x"])  # fmt: skip
+        rows.append(
+            [name, ms(firsts[0]), ms(firsts[1]), ms(firsts[2]), ms(steady), f"{firsts[0] / steady:.0f}x"]
+        )
         series[name] = ([1, 2, 3, 4], [*firsts, steady])
-    plot = plot_lines(out / "warmup.png", "the first calls against steady state", "call (4 = steady)",
-                      "time (ms)", series)  # fmt: skip
+    plot = plot_lines(
+        out / "warmup.png", "the first calls against steady state", "call (4 = steady)", "time (ms)", series
+    )
     worst = max(rows, key=lambda r: float(r[5][:-1]))
     conclusion = (
         f"the first call of {worst[0]} took {worst[1]}, {worst[5]} its steady state ({worst[4]}): "
@@ -146,5 +166,12 @@ def warmup(quick=False, store=None, run_id=None, out_dir=None) -> dict:
     )
     if "triton" not in kinds:
         conclusion += " (Triton runs interpreted here: not timed)"
-    return finish("warmup", ["code", "call 1", "call 2", "call 3", "steady", "call 1 / steady"], rows,
-                  conclusion, [plot], store, run_id)  # fmt: skip
+    return finish(
+        "warmup",
+        ["code", "call 1", "call 2", "call 3", "steady", "call 1 / steady"],
+        rows,
+        conclusion,
+        [plot],
+        store,
+        run_id,
+    )

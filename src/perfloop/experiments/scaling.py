@@ -36,13 +36,24 @@ def matmul_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             times.append(m.median_ms)
             rows.append([d, ops.dtype_name(dtype), ms(m.median_ms), m.tflops])
             if store is not None:
-                store.add(run_id, m, op="experiment matmul", variant="a @ b", shape=(d, d, d),
-                          dtype=ops.dtype_name(dtype))  # fmt: skip
+                store.add(
+                    run_id,
+                    m,
+                    op="experiment matmul",
+                    variant="a @ b",
+                    shape=(d, d, d),
+                    dtype=ops.dtype_name(dtype),
+                )
         f = stats.fit_power_floor(sizes, times)
         fits[ops.dtype_name(dtype)] = f
         series[ops.dtype_name(dtype)] = (sizes, times)
-    plot = plot_lines(out / "matmul_scaling.png", "square matmul: time against size", "d (d x d x d)",
-                      "median time (ms)", series)  # fmt: skip
+    plot = plot_lines(
+        out / "matmul_scaling.png",
+        "square matmul: time against size",
+        "d (d x d x d)",
+        "median time (ms)",
+        series,
+    )
     parts = []
     for name, f in fits.items():
         knee = f"d ~ {f['knee']:.0f}" if f.get("knee") else "no size measured"
@@ -51,8 +62,16 @@ def matmul_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
             f"d^{f['exponent']:.2f} (3 is cubic; R^2 {f['r2']:.3f})"
         )
     conclusion = "; ".join(parts) + (" (CPU: one thread)" if dev == "cpu" else "")
-    return finish("matmul-scaling", ["d", "dtype", "median", "TFLOP/s"], rows, conclusion, [plot],
-                  store, run_id, {"fits": fits})  # fmt: skip
+    return finish(
+        "matmul-scaling",
+        ["d", "dtype", "median", "TFLOP/s"],
+        rows,
+        conclusion,
+        [plot],
+        store,
+        run_id,
+        {"fits": fits},
+    )
 
 
 def _mlp(width: int, layers: int, dev: str):
@@ -108,8 +127,14 @@ def mlp_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
         fit = stats.linear_fit(values, times)
         fitted[axis] = fit | {"growth": times[-1] / times[0], "range": values[-1] / values[0]}
         series[axis] = (list(range(len(values))), [t / times[0] for t in times])
-    plot = plot_lines(out / "mlp_scaling.png", "MLP forward + backward: time against each knob",
-                      "point along the axis", "time / first point", series, log=False)  # fmt: skip
+    plot = plot_lines(
+        out / "mlp_scaling.png",
+        "MLP forward + backward: time against each knob",
+        "point along the axis",
+        "time / first point",
+        series,
+        log=False,
+    )
     lines = [
         f"{a}: {f['growth']:.2f}x the time over a {f['range']:.0f}x range (linear fit R^2 {f['r2']:.3f})"
         for a, f in fitted.items()
@@ -121,5 +146,13 @@ def mlp_scaling(quick=False, store=None, run_id=None, out_dir=None) -> dict:
         else f"batch scales the time {b['growth']:.2f}x over {b['range']:.0f}x: compute-bound"
     )
     conclusion = "; ".join(lines) + ". " + regime + "." + (" (CPU: one thread)" if dev == "cpu" else "")
-    return finish("mlp-scaling", ["axis", "value", "median (fwd+bwd)"], rows, conclusion, [plot],
-                  store, run_id, {"fits": fitted})  # fmt: skip
+    return finish(
+        "mlp-scaling",
+        ["axis", "value", "median (fwd+bwd)"],
+        rows,
+        conclusion,
+        [plot],
+        store,
+        run_id,
+        {"fits": fitted},
+    )

@@ -24,10 +24,12 @@ BUDGET_S = 2.0  # per ceiling
 
 
 def _median_ms(fn) -> float:
-    sampler = prepare(fn, (), {}, flush_l2=True, graph=False, warmup_s=0.025,
-                      on_cuda=torch.cuda.is_available())[0]  # fmt: skip
-    samples, _ = sample_until(sampler, min_samples=10, max_samples=10_000, target_ci=0.01,
-                              deadline=time.perf_counter() + BUDGET_S)  # fmt: skip
+    sampler = prepare(
+        fn, (), {}, flush_l2=True, graph=False, warmup_s=0.025, on_cuda=torch.cuda.is_available()
+    )[0]
+    samples, _ = sample_until(
+        sampler, min_samples=10, max_samples=10_000, target_ci=0.01, deadline=time.perf_counter() + BUDGET_S
+    )
     return stats.quantile(samples, 0.5)
 
 

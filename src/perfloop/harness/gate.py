@@ -81,8 +81,10 @@ class Verdict:
         if self.drift and self.divided:
             how = f"fast tails (p10), divided by the reference workload ({self.drift:.3f}x)"
         elif self.drift:
-            how = (f"fast tails (p10), not divided by the reference workload ({self.drift:.3f}x): "
-                   "it did not follow the code")  # fmt: skip
+            how = (
+                f"fast tails (p10), not divided by the reference workload ({self.drift:.3f}x): "
+                "it did not follow the code"
+            )
         else:
             how = "fast tails (p10)"
         return f"{how}; noise floor {self.floor:.1%} ({self.floor_source})"
@@ -95,7 +97,7 @@ def tracks(samples: Sequence[float], ref: Sequence[float] | None) -> bool:
         return False
     raw = np.log(np.asarray(samples, dtype=float))
     per_round = raw - np.log(np.asarray(ref, dtype=float))
-    mad = lambda x: float(np.median(np.abs(x - np.median(x))))  # noqa: E731
+    mad = lambda x: float(np.median(np.abs(x - np.median(x))))
     return mad(per_round) < mad(raw)
 
 
@@ -168,8 +170,10 @@ def judge(
         # the machine itself ran that much slower or faster in one run, the way the code moved:
         # what remains of the code's change after dividing that out is not a measurement
         word = "slower" if drift > 1 else "faster"
-        why = (f"cannot judge: the machine ran {max(drift, 1 / drift):.1f}x {word} in the later run "
-               "(the reference workload); run both again on a quiet machine")  # fmt: skip
+        why = (
+            f"cannot judge: the machine ran {max(drift, 1 / drift):.1f}x {word} in the later run "
+            "(the reference workload); run both again on a quiet machine"
+        )
         return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
     machine = max(drift, 1 / drift) if drift is not None else 1.0
     same_way = drift is not None and (drift > 1) == (ratio > 1)
@@ -182,25 +186,31 @@ def judge(
         # noise floor against it), in a way the reference could not divide out, by enough to
         # leave the code's change unknown
         if same_way:
-            why = (f"cannot judge: with another process busy on a core, the machine's pace (the "
-                   f"reference workload) moved {machine:.2f}x the code's way between the runs, round "
-                   f"by round unlike the code: of the code's raw {ratio:.2f}x only "
-                   f"{max(ratio, 1 / ratio) / machine:.2f}x is surely its own, inside the {floor:.0%} "
-                   "floor; run both again on a quiet machine")  # fmt: skip
+            why = (
+                f"cannot judge: with another process busy on a core, the machine's pace (the "
+                f"reference workload) moved {machine:.2f}x the code's way between the runs, round "
+                f"by round unlike the code: of the code's raw {ratio:.2f}x only "
+                f"{max(ratio, 1 / ratio) / machine:.2f}x is surely its own, inside the {floor:.0%} "
+                "floor; run both again on a quiet machine"
+            )
         else:
-            why = (f"cannot judge: with another process busy on a core, the machine's pace (the "
-                   f"reference workload) moved {machine:.2f}x between the runs, round by round unlike "
-                   f"the code, and the code's raw {ratio:.2f}x is less than {bound:.2f}x; run both "
-                   "again on a quiet machine")  # fmt: skip
+            why = (
+                f"cannot judge: with another process busy on a core, the machine's pace (the "
+                f"reference workload) moved {machine:.2f}x between the runs, round by round unlike "
+                f"the code, and the code's raw {ratio:.2f}x is less than {bound:.2f}x; run both "
+                "again on a quiet machine"
+            )
         return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
     would = ratio / drift if drift is not None else ratio  # the code's change were the move divided out
     if contended and not divided and abs(math.log(ratio)) <= math.log1p(floor) < abs(math.log(would)):
         # inside the floor raw, past it with the machine's move divided out: neither is sure
         word = "faster" if drift < 1 else "slower"
-        why = (f"cannot judge: with another process busy on a core, the raw times read the same "
-               f"({ratio:.2f}x) but {would:.2f}x with the machine's pace divided out (the reference "
-               f"workload ran {machine:.2f}x {word}, round by round unlike the code); run both "
-               "again on a quiet machine")  # fmt: skip
+        why = (
+            f"cannot judge: with another process busy on a core, the raw times read the same "
+            f"({ratio:.2f}x) but {would:.2f}x with the machine's pace divided out (the reference "
+            f"workload ran {machine:.2f}x {word}, round by round unlike the code); run both "
+            "again on a quiet machine"
+        )
         return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
     # the raw times must have moved too: where they did not, only the reference workload did,
@@ -211,17 +221,21 @@ def judge(
         p_raw = stats.independent_ratio(a_raw, b_raw)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
         raw_says = p_raw < alpha and abs(math.log(ratio)) > math.log1p(floor)
         if raw_says and not significant:  # a clear raw change the reference would silence: said
-            word = lambda yes, r: ("slower" if r > 1 else "faster") if yes else "the same"  # noqa: E731
-            why = (f"cannot judge: with another process busy on a core, the raw times read "
-                   f"{word(raw_says, ratio)} ({ratio:.2f}x) and divided by the reference "
-                   f"{word(significant, adjusted)} ({adjusted:.2f}x); run both again on a quiet "
-                   "machine")  # fmt: skip
+            word = lambda yes, r: ("slower" if r > 1 else "faster") if yes else "the same"
+            why = (
+                f"cannot judge: with another process busy on a core, the raw times read "
+                f"{word(raw_says, ratio)} ({ratio:.2f}x) and divided by the reference "
+                f"{word(significant, adjusted)} ({adjusted:.2f}x); run both again on a quiet "
+                "machine"
+            )
             return Verdict(ratio, drift, adjusted, floor, source, p, False, why, divided)
     if not significant and p >= alpha and abs(math.log(adjusted)) > math.log1p(floor) and raw_moved:
         # past the floor, but the runs' samples are too spread to tell it from noise: said, not "same"
-        why = (f"cannot judge: {adjusted:.2f}x is past the {floor:.0%} noise floor, but the two runs' "
-               f"samples do not differ significantly (p {p:.2g}); run both again on a quieter "
-               "machine")  # fmt: skip
+        why = (
+            f"cannot judge: {adjusted:.2f}x is past the {floor:.0%} noise floor, but the two runs' "
+            f"samples do not differ significantly (p {p:.2g}); run both again on a quieter "
+            "machine"
+        )
         return Verdict(ratio, drift, adjusted, floor, source, p, False, why, divided)
     if not significant:
         verdict = f"same (within {floor:.0%} noise)"

@@ -151,14 +151,21 @@ class Measurement:
         tf = self.tflops / peak if self.tflops and peak else 0
         if tf >= gb:
             dtype = self.work.dtype if self.work and self.work.dtype else None
-            hint = (f"Work.dtype is {dtype}: is that the precision the matmuls ran in?" if dtype else
-                    "Work.dtype is not given, so the fp32 ceiling applies: under bf16 autocast give "
-                    "Work(..., dtype='bf16')")  # fmt: skip
-            return (f"suspect: {tf:.0%} of the measured matmul ceiling, above the ceiling: the flops "
-                    f"are overcounted or the ceiling is the wrong one. {hint}")  # fmt: skip
-        return (f"suspect: {gb:.0%} of the measured copy ceiling, above the ceiling: the bytes are "
-                "overcounted (an input read once counted twice?) or the data stayed in cache "
-                "(flush_l2=False, or inputs smaller than the L2)")  # fmt: skip
+            hint = (
+                f"Work.dtype is {dtype}: is that the precision the matmuls ran in?"
+                if dtype
+                else "Work.dtype is not given, so the fp32 ceiling applies: under bf16 autocast give "
+                "Work(..., dtype='bf16')"
+            )
+            return (
+                f"suspect: {tf:.0%} of the measured matmul ceiling, above the ceiling: the flops "
+                f"are overcounted or the ceiling is the wrong one. {hint}"
+            )
+        return (
+            f"suspect: {gb:.0%} of the measured copy ceiling, above the ceiling: the bytes are "
+            "overcounted (an input read once counted twice?) or the data stayed in cache "
+            "(flush_l2=False, or inputs smaller than the L2)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -276,8 +283,10 @@ class Sweep:
 def fmt_fit(fit: dict, size: str = "size") -> str:
     """A sweep's fit in one sentence: time = floor + c*n^k, and where the work starts to dominate."""
     knee = f"{fit['knee']:.3g}" if fit.get("knee") else "n/a"
-    return (f"fit: time = {fmt_ms(fit['floor'])} + c*n^{fit['exponent']:.2f}; work dominates above "
-            f"{size} ~{knee} (R^2 {fit['r2']:.3f})")  # fmt: skip
+    return (
+        f"fit: time = {fmt_ms(fit['floor'])} + c*n^{fit['exponent']:.2f}; work dominates above "
+        f"{size} ~{knee} (R^2 {fit['r2']:.3f})"
+    )
 
 
 def matmul_ceiling(ceil: dict | None, dtype: object) -> float | None:

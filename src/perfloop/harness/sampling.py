@@ -76,8 +76,12 @@ def input_states(fn: Callable, args: Sequence) -> list[tuple[torch.Tensor, bool,
 
 def zero_input_warnings(states: list[tuple[torch.Tensor, bool, bool]]) -> list[str]:
     """Inputs that are all zeros before any call (`input_states`)."""
-    return [f"an input of shape {tuple(t.shape)} is all zeros: zeros hide unwritten outputs and can run "
-            "faster than real data; time on random inputs" for t, zero, _ in states if zero]  # fmt: skip
+    return [
+        f"an input of shape {tuple(t.shape)} is all zeros: zeros hide unwritten outputs and can run "
+        "faster than real data; time on random inputs"
+        for t, zero, _ in states
+        if zero
+    ]
 
 
 def input_drift_warnings(before: list[tuple[torch.Tensor, bool, bool]]) -> list[str]:
@@ -86,13 +90,17 @@ def input_drift_warnings(before: list[tuple[torch.Tensor, bool, bool]]) -> list[
     for t, was_zero, was_finite in before:
         d = t.detach()
         if not was_zero and not bool(d.any()):
-            warns.append(f"an input of shape {tuple(t.shape)} became all zeros while it was timed: fn "
-                         "overwrites its input in place, so the later samples timed zeros; give each "
-                         "call fresh inputs (or clone inside fn)")  # fmt: skip
+            warns.append(
+                f"an input of shape {tuple(t.shape)} became all zeros while it was timed: fn "
+                "overwrites its input in place, so the later samples timed zeros; give each "
+                "call fresh inputs (or clone inside fn)"
+            )
         elif was_finite and d.is_floating_point() and not bool(torch.isfinite(d).all()):
-            warns.append(f"an input of shape {tuple(t.shape)} became inf/NaN while it was timed: fn "
-                         "changes its input in place, so the later samples timed infs or NaNs; give each "
-                         "call fresh inputs (or clone inside fn)")  # fmt: skip
+            warns.append(
+                f"an input of shape {tuple(t.shape)} became inf/NaN while it was timed: fn "
+                "changes its input in place, so the later samples timed infs or NaNs; give each "
+                "call fresh inputs (or clone inside fn)"
+            )
     return warns
 
 
@@ -133,9 +141,11 @@ class CpuLoad:
         if self.other_cores is None or self.other_cores <= BUSY_OTHERS:
             return None
         cores = os.cpu_count() or 1
-        return (f"contended: other processes used ~{self.other_cores:.1f} of {cores} CPU cores while this "
-                "was timed, so the samples include waiting for the CPU (a tight CI does not mean a true "
-                "time); measure on an idle machine, or compare candidates interleaved")  # fmt: skip
+        return (
+            f"contended: other processes used ~{self.other_cores:.1f} of {cores} CPU cores while this "
+            "was timed, so the samples include waiting for the CPU (a tight CI does not mean a true "
+            "time); measure on an idle machine, or compare candidates interleaved"
+        )
 
 
 # ------------------------------------------------------------------ samplers

@@ -87,8 +87,13 @@ def bench(
     )
     try:
         with CpuLoad() as load:
-            samples, reason = sample_until(sampler, min_samples=min_samples, max_samples=max_samples,
-                                           target_ci=target_ci, deadline=t0 + budget_s)  # fmt: skip
+            samples, reason = sample_until(
+                sampler,
+                min_samples=min_samples,
+                max_samples=max_samples,
+                target_ci=target_ci,
+                deadline=t0 + budget_s,
+            )
     except Exception as exc:
         raise BenchError(
             f"fn raised while sampling: {type(exc).__name__}: {exc}; the measurement was discarded"
@@ -173,8 +178,10 @@ def compare(
     if baseline not in fns:
         raise ValueError(f"baseline: {baseline!r} is not one of {sorted(fns)}")
     if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
-        raise ValueError(f"min_effect: the smallest speed-up called significant, as a fraction in [0, 1) "
-                         f"(0.005 = 0.5%), got {min_effect!r}")  # fmt: skip
+        raise ValueError(
+            f"min_effect: the smallest speed-up called significant, as a fraction in [0, 1) "
+            f"(0.005 = 0.5%), got {min_effect!r}"
+        )
     validate(next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False, "rounds")
     on_cuda = _device.has_cuda()
     t0 = time.perf_counter()
@@ -303,14 +310,18 @@ def _check_same_outputs(outs: dict[str, Any], baseline: str, check_values: bool)
     for name, out in outs.items():
         got = _outline(out)
         if got != want:
-            raise ValueError(f"fns[{name!r}]: its output {got} differs from the baseline {baseline!r}'s "
-                             f"{want}; candidates must compute the same thing to be compared")  # fmt: skip
+            raise ValueError(
+                f"fns[{name!r}]: its output {got} differs from the baseline {baseline!r}'s "
+                f"{want}; candidates must compute the same thing to be compared"
+            )
         if check_values and name != baseline:
             for a, b in zip(_tensors(outs[baseline]), _tensors(out), strict=True):
                 if not torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3, equal_nan=True):
                     err = (a.float() - b.float()).abs().max().item()
-                    raise ValueError(f"fns[{name!r}]: its output differs from the baseline {baseline!r}'s "
-                                     f"by up to {err:.3g} (rtol 1e-2, atol 1e-3)")  # fmt: skip
+                    raise ValueError(
+                        f"fns[{name!r}]: its output differs from the baseline {baseline!r}'s "
+                        f"by up to {err:.3g} (rtol 1e-2, atol 1e-3)"
+                    )
 
 
 def sweep(
@@ -340,8 +351,10 @@ def sweep(
         raise ValueError("sizes: empty; give at least one size, e.g. sizes=[1024, 4096, 16384]")
     # Bad bench arguments are the caller's mistake, not a size's: fail before measuring.
     opts = {n: p.default for n, p in inspect.signature(bench).parameters.items()} | bench_kwargs
-    validate(factory, *(opts[n] for n in ("budget_s", "target_ci", "min_samples", "max_samples",
-                                           "warmup_s", "graph")))  # fmt: skip
+    validate(
+        factory,
+        *(opts[n] for n in ("budget_s", "target_ci", "min_samples", "max_samples", "warmup_s", "graph")),
+    )
     points = []
     for size in sizes:
         try:

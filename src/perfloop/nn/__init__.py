@@ -14,5 +14,16 @@ from perfloop.nn.modules import (
 )
 from perfloop.nn.patch import PatchReport, patch
 
-__all__ = ["GELU", "CrossEntropyLoss", "GeGLU", "LayerNorm", "LinearCrossEntropy", "PatchReport", "RMSNorm",
-           "RoPE", "SwiGLU", "fused_like", "patch"]  # fmt: skip
+__all__ = [
+    "GELU",
+    "CrossEntropyLoss",
+    "GeGLU",
+    "LayerNorm",
+    "LinearCrossEntropy",
+    "PatchReport",
+    "RMSNorm",
+    "RoPE",
+    "SwiGLU",
+    "fused_like",
+    "patch",
+]

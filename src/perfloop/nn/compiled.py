@@ -60,8 +60,9 @@ def _(logits, target, ignore_index):
 
 
 @torch.library.custom_op("perfloop::cross_entropy_backward", mutates_args=())
-def _cross_entropy_backward(logits: Tensor, target: Tensor, lse: Tensor, n_valid: Tensor, dloss: Tensor,
-                            ignore_index: int) -> Tensor:  # fmt: skip
+def _cross_entropy_backward(
+    logits: Tensor, target: Tensor, lse: Tensor, n_valid: Tensor, dloss: Tensor, ignore_index: int
+) -> Tensor:
     return _ce.backward_parts(logits, target, lse, n_valid, dloss, ignore_index)
 
 
@@ -93,8 +94,9 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
 
 
 @torch.library.custom_op("perfloop::linear_cross_entropy", mutates_args=())
-def _linear_cross_entropy(h: Tensor, weight: Tensor, target: Tensor, ignore_index: int, chunk: int
-                          ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def _linear_cross_entropy(
+    h: Tensor, weight: Tensor, target: Tensor, ignore_index: int, chunk: int
+) -> tuple[Tensor, Tensor, Tensor]:
     return _lce.forward_parts(h, weight, target, ignore_index, chunk)
 
 
@@ -135,8 +137,9 @@ def _(x, weight, bias, eps, rms):
 
 
 @torch.library.custom_op("perfloop::norm_backward", mutates_args=())
-def _norm_backward(dy: Tensor, x: Tensor, weight: Tensor, stats: Tensor, has_bias: bool, rms: bool
-                   ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def _norm_backward(
+    dy: Tensor, x: Tensor, weight: Tensor, stats: Tensor, has_bias: bool, rms: bool
+) -> tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = _norm.backward_parts(dy, x, weight, stats, has_bias, rms)
     return dx, dw, db.clone() if db is not None else dw.new_empty(0)  # dw, db: one storage, two outputs
 
@@ -179,9 +182,18 @@ def _here(x: Tensor) -> bool:
 def graph_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     """Under torch.compile: F.cross_entropy as perfloop's graph node, or None where it does not
     take the call (then torch's own goes into the graph)."""
-    if not ("cross_entropy" in IN_GRAPH and isinstance(target, Tensor) and _here(x) and weight is None
-            and reduction == "mean" and not label_smoothing and x.ndim == 2 and target.ndim == 1
-            and target.dtype == torch.int64 and x.dtype in _FLOATS):  # fmt: skip
+    if not (
+        "cross_entropy" in IN_GRAPH
+        and isinstance(target, Tensor)
+        and _here(x)
+        and weight is None
+        and reduction == "mean"
+        and not label_smoothing
+        and x.ndim == 2
+        and target.ndim == 1
+        and target.dtype == torch.int64
+        and x.dtype in _FLOATS
+    ):
         return None
     loss = cross_entropy(x, target, ignore_index)
     return loss if autocast_on(x.device.type) else loss.to(x.dtype)
@@ -190,8 +202,13 @@ def graph_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="me
 def graph_linear_cross_entropy(h, weight, target, ignore_index):
     """Under torch.compile: LinearCrossEntropy's loss as perfloop's graph node (h and weight in
     one dtype, autocast already applied), or None."""
-    if not ("linear_cross_entropy" in IN_GRAPH and _here(h) and h.dtype == weight.dtype
-            and target.dtype == torch.int64 and h.dtype in _FLOATS):  # fmt: skip
+    if not (
+        "linear_cross_entropy" in IN_GRAPH
+        and _here(h)
+        and h.dtype == weight.dtype
+        and target.dtype == torch.int64
+        and h.dtype in _FLOATS
+    ):
         return None
     with torch.autocast(h.device.type, enabled=False):
         chunk = _lce.chunk_rows(h.shape[0], weight.shape[0], h.element_size())
@@ -200,9 +217,17 @@ def graph_linear_cross_entropy(h, weight, target, ignore_index):
 
 def graph_norm(name: str, x, normalized_shape, weight, bias, eps, rms: bool):
     """Under torch.compile: F.layer_norm / F.rms_norm as perfloop's graph node, or None."""
-    if not (name in IN_GRAPH and isinstance(x, Tensor) and _here(x) and weight is not None and x.ndim
-            and tuple(normalized_shape) == tuple(x.shape[-1:]) and weight.shape == x.shape[-1:]
-            and x.dtype in _FLOATS and x.shape[-1] <= _norm.MAX_N):  # fmt: skip
+    if not (
+        name in IN_GRAPH
+        and isinstance(x, Tensor)
+        and _here(x)
+        and weight is not None
+        and x.ndim
+        and tuple(normalized_shape) == tuple(x.shape[-1:])
+        and weight.shape == x.shape[-1:]
+        and x.dtype in _FLOATS
+        and x.shape[-1] <= _norm.MAX_N
+    ):
         return None
     x = _autocast_fp32(x)
     return norm(x, weight, bias, eps if eps is not None else torch.finfo(x.dtype).eps, rms)

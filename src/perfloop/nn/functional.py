@@ -48,8 +48,15 @@ def _takes(x) -> bool:
 
 
 def _norm_why(x, normalized_shape, weight) -> str | None:
-    key = ("norm", x.device, x.dtype, x.shape[-1] if x.ndim else 0, autocast_on(x.device.type),
-           tuple(normalized_shape), None if weight is None else (weight.shape, weight.dtype))  # fmt: skip
+    key = (
+        "norm",
+        x.device,
+        x.dtype,
+        x.shape[-1] if x.ndim else 0,
+        autocast_on(x.device.type),
+        tuple(normalized_shape),
+        None if weight is None else (weight.shape, weight.dtype),
+    )
     return _cached(key, lambda: why_not_norm(x, normalized_shape, weight))
 
 
@@ -70,7 +77,7 @@ def _graph():
     return compiled
 
 
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002 -- torch's names
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if torch.compiler.is_compiling():
         y = _graph().graph_norm("layer_norm", input, normalized_shape, weight, bias, eps, rms=False)
         return F.layer_norm(input, normalized_shape, weight, bias, eps) if y is None else y
@@ -81,7 +88,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
     return fused_norm(autocast_fp32(input), weight, bias, eps, False)
 
 
-def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
+def rms_norm(input, normalized_shape, weight=None, eps=None):
     if torch.compiler.is_compiling():
         y = _graph().graph_norm("rms_norm", input, normalized_shape, weight, None, eps, rms=True)
         return F.rms_norm(input, normalized_shape, weight, eps) if y is None else y
@@ -93,14 +100,22 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
     return fused_norm(x, weight, None, eps if eps is not None else torch.finfo(x.dtype).eps, True)
 
 
-def why_not_cross_entropy(input, target, weight, reduction, label_smoothing) -> str | None:  # noqa: A002
+def why_not_cross_entropy(input, target, weight, reduction, label_smoothing) -> str | None:
     from perfloop.ops.cross_entropy.triton_impl import supported
 
     return why_not_loss_options(weight, label_smoothing, reduction) or supported(input, target)
 
 
-def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,  # noqa: A002
-                  reduction="mean", label_smoothing=0.0):  # fmt: skip
+def cross_entropy(
+    input,
+    target,
+    weight=None,
+    size_average=None,
+    ignore_index=-100,
+    reduce=None,
+    reduction="mean",
+    label_smoothing=0.0,
+):
     if torch.compiler.is_compiling() and size_average is None and reduce is None:
         loss = _graph().graph_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
         if loss is not None:
@@ -109,8 +124,18 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     def why():
         if size_average is not None or reduce is not None or not isinstance(target, torch.Tensor):
             return "torch's own"
-        key = ("ce", input.device, input.dtype, input.ndim, target.dtype, target.ndim,
-               target.shape[:1] == input.shape[:1], weight is None, label_smoothing, reduction)  # fmt: skip
+        key = (
+            "ce",
+            input.device,
+            input.dtype,
+            input.ndim,
+            target.dtype,
+            target.ndim,
+            target.shape[:1] == input.shape[:1],
+            weight is None,
+            label_smoothing,
+            reduction,
+        )
         return _cached(key, lambda: why_not_cross_entropy(input, target, weight, reduction, label_smoothing))
 
     if not _takes(input) or why():
@@ -124,7 +149,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     return fused_cross_entropy(input, target, ignore_index, dtype)
 
 
-def gelu(input, approximate="none"):  # noqa: A002
+def gelu(input, approximate="none"):
     ok = (torch.float32, torch.float16, torch.bfloat16)
     if approximate not in ("tanh", "none") or not _takes(input) or input.dtype not in ok:
         return F.gelu(input, approximate=approximate)
@@ -167,10 +192,18 @@ def gelu_gate(a, b, approximate="none"):
     return geglu(a, b, approximate=approximate)
 
 
-FUSED = {"layer_norm": layer_norm, "rms_norm": rms_norm, "cross_entropy": cross_entropy, "gelu": gelu,
-         "silu_gate": silu_gate, "gelu_gate": gelu_gate}  # fmt: skip
-TORCH = {"silu_gate": lambda a, b: F.silu(a) * b,
-         "gelu_gate": lambda a, b, approximate="none": F.gelu(a, approximate=approximate) * b}  # fmt: skip
+FUSED = {
+    "layer_norm": layer_norm,
+    "rms_norm": rms_norm,
+    "cross_entropy": cross_entropy,
+    "gelu": gelu,
+    "silu_gate": silu_gate,
+    "gelu_gate": gelu_gate,
+}
+TORCH = {
+    "silu_gate": lambda a, b: F.silu(a) * b,
+    "gelu_gate": lambda a, b, approximate="none": F.gelu(a, approximate=approximate) * b,
+}
 GATES = {"silu": "silu_gate", "gelu": "gelu_gate"}  # an activation times a gate, written out
 
 
@@ -203,8 +236,9 @@ def why_not_call(name: str, args: tuple, kwargs: dict) -> str | None:
     if name == "cross_entropy":
         if a.get("size_average") is not None or a.get("reduce") is not None:
             return "size_average= or reduce= (deprecated forms)"
-        return why_not_cross_entropy(x, a.get("target"), a.get("weight"), a.get("reduction", "mean"),
-                                     a.get("label_smoothing", 0.0))  # fmt: skip
+        return why_not_cross_entropy(
+            x, a.get("target"), a.get("weight"), a.get("reduction", "mean"), a.get("label_smoothing", 0.0)
+        )
     why = why_not_gelu_options(a.get("approximate", "none"))
     if why:
         return why
@@ -359,8 +393,11 @@ def gated_code(fn, aliases: dict[str, str]):
     bare = {a: what for a, what in aliases.items() if what in GATES}
 
     def activation(node) -> str | None:
-        if not (isinstance(node, ast.Call) and len(node.args) == 1
-                and not any(isinstance(a, ast.Starred) for a in node.args)):  # fmt: skip
+        if not (
+            isinstance(node, ast.Call)
+            and len(node.args) == 1
+            and not any(isinstance(a, ast.Starred) for a in node.args)
+        ):
             return None
         f = node.func
         on_f = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in f_names
@@ -418,13 +455,18 @@ def _loads(fn, name: str) -> set[int]:
     import dis
 
     ops = ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD")
-    return {i.positions.lineno for code in _codes(fn.__code__) for i in dis.get_instructions(code)
-            if i.opname in ops and i.argval == name}  # fmt: skip
+    return {
+        i.positions.lineno
+        for code in _codes(fn.__code__)
+        for i in dis.get_instructions(code)
+        if i.opname in ops and i.argval == name
+    }
 
 
 def _function(fn, bound: dict, code=None):
-    out = types.FunctionType(code or fn.__code__, _Globals(fn.__globals__, bound), fn.__name__,
-                             fn.__defaults__, fn.__closure__)  # fmt: skip
+    out = types.FunctionType(
+        code or fn.__code__, _Globals(fn.__globals__, bound), fn.__name__, fn.__defaults__, fn.__closure__
+    )
     out.__kwdefaults__ = fn.__kwdefaults__
     return out
 

@@ -45,8 +45,9 @@ def _fallback(module: nn.Module, why: str) -> None:
     name = module.__name__ if isinstance(module, type) else type(module).__name__
     if (name, why) not in _WARNED:
         _WARNED.add((name, why))
-        warnings.warn(f"perfloop.nn.{name}: {why}; running torch's own forward instead",
-                      RuntimeWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"perfloop.nn.{name}: {why}; running torch's own forward instead", RuntimeWarning, stacklevel=3
+        )
 
 
 def kernel_here(x: torch.Tensor) -> str | None:
@@ -95,8 +96,15 @@ class _FusedNorm:
             from perfloop.nn.compiled import graph_norm
 
             bias = None if rms else self.bias
-            y = graph_norm("rms_norm" if rms else "layer_norm", x, self.normalized_shape, self.weight, bias,
-                           self.eps, rms)  # fmt: skip
+            y = graph_norm(
+                "rms_norm" if rms else "layer_norm",
+                x,
+                self.normalized_shape,
+                self.weight,
+                bias,
+                self.eps,
+                rms,
+            )
             return super().forward(x) if y is None else y
         why = _why_no_kernel(self, x)
         if why:
@@ -113,7 +121,7 @@ class _FusedNorm:
 class LayerNorm(_FusedNorm, nn.LayerNorm):
     """nn.LayerNorm over the last dimension, one fused kernel forward and one backward."""
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 -- torch's keyword
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self._fused_forward(input)
 
 
@@ -131,7 +139,7 @@ class GELU(nn.GELU):
 
     autocast_fp32 = False
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 -- torch's keyword
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         from perfloop.ops.gelu.triton_impl import gelu
 
         x = input
@@ -149,15 +157,16 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
     """nn.CrossEntropyLoss for (N, C) logits and class indices, mean reduction: the loss in one
     read of the logits, their gradient in one more read and one write, in the logits' dtype."""
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # noqa: A002 -- torch's
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy, supported
 
         logits = input
         if torch.compiler.is_compiling():
             from perfloop.nn.compiled import graph_cross_entropy
 
-            loss = graph_cross_entropy(logits, target, self.weight, self.ignore_index, self.reduction,
-                                       self.label_smoothing)  # fmt: skip
+            loss = graph_cross_entropy(
+                logits, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing
+            )
             return super().forward(logits, target) if loss is None else loss
         key = (logits.device, logits.dtype, logits.ndim, target.dtype)
         why = _cached_why(self, key, lambda: supported(logits, target), logits)
@@ -317,8 +326,13 @@ def why_not(module: nn.Module) -> str | None:
 def fused_like(module: nn.Module) -> nn.Module | None:
     """The fused module for `module` (same configuration, sharing its parameters), or None."""
     if type(module) is nn.LayerNorm:
-        new = LayerNorm(module.normalized_shape, module.eps, module.elementwise_affine,
-                        bias=module.bias is not None, device="meta")  # fmt: skip
+        new = LayerNorm(
+            module.normalized_shape,
+            module.eps,
+            module.elementwise_affine,
+            bias=module.bias is not None,
+            device="meta",
+        )
     elif type(module) is nn.RMSNorm:
         new = RMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
     elif type(module) is nn.GELU:
@@ -326,12 +340,19 @@ def fused_like(module: nn.Module) -> nn.Module | None:
     elif form := written_gelu(module):
         return GELU(form)
     elif type(module) is nn.CrossEntropyLoss:
-        new = CrossEntropyLoss(module.weight, ignore_index=module.ignore_index, reduction=module.reduction,
-                               label_smoothing=module.label_smoothing)  # fmt: skip
+        new = CrossEntropyLoss(
+            module.weight,
+            ignore_index=module.ignore_index,
+            reduction=module.reduction,
+            label_smoothing=module.label_smoothing,
+        )
         return new
     elif _llama_rmsnorm(module):
-        new = RMSNorm(module.weight.shape, getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)),
-                      device="meta")  # fmt: skip
+        new = RMSNorm(
+            module.weight.shape,
+            getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)),
+            device="meta",
+        )
     else:
         return None
     for name, p in module.named_parameters(recurse=False):
@@ -357,7 +378,7 @@ def written_gelu(module: nn.Module) -> str | None:
     try:
         with torch.no_grad():
             y = module(probe)
-    except Exception:  # noqa: BLE001 -- a module that takes no tensor alone is not one
+    except Exception:
         return None
     if not isinstance(y, torch.Tensor) or y.shape != probe.shape or y.dtype != probe.dtype:
         return None
@@ -371,6 +392,10 @@ def _llama_rmsnorm(module: nn.Module) -> bool:
     """A Llama-style RMSNorm (Hugging Face's LlamaRMSNorm and its copies): a class named
     ...RMSNorm with one 1-D weight and an epsilon, not torch's own."""
     params = dict(module.named_parameters(recurse=False))
-    return (type(module).__name__.endswith("RMSNorm") and not isinstance(module, nn.RMSNorm)
-            and set(params) == {"weight"} and params["weight"].ndim == 1
-            and (hasattr(module, "variance_epsilon") or hasattr(module, "eps")))  # fmt: skip
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and not isinstance(module, nn.RMSNorm)
+        and set(params) == {"weight"}
+        and params["weight"].ndim == 1
+        and (hasattr(module, "variance_epsilon") or hasattr(module, "eps"))
+    )

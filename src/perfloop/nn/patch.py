@@ -78,17 +78,21 @@ class PatchReport:
             )
             also = f" (also {', '.join(s.aliases)})" if s.aliases else ""
             kind = "" if s.site else f" ({s.kind}{': ' + s.via if s.via else ''})"
-            lines.append(f"  {'replaced' if s.replaced else 'kept    '} {s.name}{also}{kind}{err}"
-                         + (f": {s.reason}" if s.reason else ""))  # fmt: skip
+            lines.append(
+                f"  {'replaced' if s.replaced else 'kept    '} {s.name}{also}{kind}{err}"
+                + (f": {s.reason}" if s.reason else "")
+            )
         if self.timing:
             t = self.timing
             if t.get("compiled"):
                 lines.append("each step timed compiled (torch.compile, default options)")
             for k, c in t["candidates"].items():
                 sig = " (significant)" if c["significant"] else ""
-                lines.append(f"step {k}: {c.get('before_ms', t['before_ms']):.3f} ms -> {c['ms']:.3f} ms, "
-                             f"{c['speedup']:.3f}x "
-                             f"[{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]{sig}")  # fmt: skip
+                lines.append(
+                    f"step {k}: {c.get('before_ms', t['before_ms']):.3f} ms -> {c['ms']:.3f} ms, "
+                    f"{c['speedup']:.3f}x "
+                    f"[{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]{sig}"
+                )
             lines.append(f"kept: {', '.join(t['kept']) or 'nothing'} ({t['verdict']})")
             if t["device"] == "cpu":
                 lines.append("timed on the CPU (the kernels interpreted): not a speed; time it on a GPU")
@@ -131,7 +135,7 @@ def _preserved(model: nn.Module):
         p.grad = None
     buffers = [(b, b.detach().clone()) for b in {id(b): b for b in model.buffers()}.values()]
     modes = [(m, m.training) for m in model.modules()]
-    plain = lambda k: not k.startswith("_") and k not in ("forward", "training")  # noqa: E731
+    plain = lambda k: not k.startswith("_") and k not in ("forward", "training")
     # what forward may set on a module (a last loss)
     attrs = [(m, {k: v for k, v in vars(m).items() if plain(k)}) for m in model.modules()]
     cpu_rng = torch.get_rng_state()
@@ -299,8 +303,11 @@ def patch(
     cands = _candidates(model)
     taken = {id(m) for _, m, _ in cands}
     sites = [(n, m) for n, m in _functional.site_modules(model) if id(m) not in taken]
-    unreachable = [Swap(n or type(m).__name__, "forward", False, _functional.why_not_rerouted(m))
-                   for n, m in sites if _functional.why_not_rerouted(m)]  # fmt: skip
+    unreachable = [
+        Swap(n or type(m).__name__, "forward", False, _functional.why_not_rerouted(m))
+        for n, m in sites
+        if _functional.why_not_rerouted(m)
+    ]
     sites = [(n, m) for n, m in sites if not _functional.why_not_rerouted(m)]
     written = [(n, m) for n, m in model.named_modules() if id(m) not in taken and _rewrite.writes(m)]
     rewrites = [(n or type(m).__name__, m) for n, m in written]
@@ -333,9 +340,11 @@ def _patch(
     watched = {n: m for n, m, _ in cands} | dict(rewrites)
     seen, calls, out = _capture(model, example_batch, loss_fn, watched, sites)
     if measure and not (isinstance(out, torch.Tensor) and out.is_floating_point()):
-        raise ValueError(f"loss_fn: measure=True times forward and backward of the step, which must give a "
-                         f"float tensor; the step gave a {type(out).__name__}. Pass loss_fn=lambda m, b: "
-                         "m(*b)[0] (or whichever part is the loss)")  # fmt: skip
+        raise ValueError(
+            f"loss_fn: measure=True times forward and backward of the step, which must give a "
+            f"float tensor; the step gave a {type(out).__name__}. Pass loss_fn=lambda m, b: "
+            "m(*b)[0] (or whichever part is the loss)"
+        )
     swaps, originals = [], {}
     for name, original, fused in cands:
         aliases = [n for n in names[id(original)] if n != name and n]
@@ -343,8 +352,9 @@ def _patch(
             swaps.append(Swap(name, type(original).__name__, False, why_not(original), aliases=aliases))
             continue
         if id(original) not in seen:
-            swaps.append(Swap(name, type(original).__name__, False, "not called by the example batch",
-                              aliases=aliases))  # fmt: skip
+            swaps.append(
+                Swap(name, type(original).__name__, False, "not called by the example batch", aliases=aliases)
+            )
             continue
         args, kwargs, autocast_dtype = seen[id(original)]
         op = OPS.get(type(original).__name__) or OPS.get(type(fused).__name__, "rmsnorm")
@@ -453,8 +463,13 @@ def _keep_what_pays(
     after_ms = t["candidates"].get(chosen, {"ms": t["before_ms"]})["ms"]
     t.update({"after_ms": after_ms, "kept": sorted(keep), "compiled": compiled})
     c = t["candidates"].get(chosen)
-    t.update({"speedup": c["speedup"] if c else 1.0, "ci": c["ci"] if c else (1.0, 1.0),
-              "verdict": "significant" if c else "no swap made the step faster: none kept"})  # fmt: skip
+    t.update(
+        {
+            "speedup": c["speedup"] if c else 1.0,
+            "ci": c["ci"] if c else (1.0, 1.0),
+            "verdict": "significant" if c else "no swap made the step faster: none kept",
+        }
+    )
     return t
 
 
@@ -505,11 +520,25 @@ def _measure(models: dict, batch, loss_fn, budget_s: float, compiled: bool = Fal
     dev = next(models["before"].parameters()).device
     peaks = {label: step_peak(m, step(m)) for label, m in models.items()} if dev.type == "cuda" else {}
     c = compare({k: step(m) for k, m in models.items()}, baseline="before", budget_s=budget_s)
-    cands = {k: {"ms": c.measurements[k].median_ms, "speedup": s.speedup, "ci": s.ci, "p_value": s.p_value,
-                 "significant": s.significant, "peak": peaks.get(k)}
-             for k, s in c.speedups.items() if k != "before"}  # fmt: skip
-    return {"before_ms": c.measurements["before"].median_ms, "candidates": cands, "device": dev.type,
-            "peak_before": peaks.get("before"), "peak_after": peaks.get("after")}  # fmt: skip
+    cands = {
+        k: {
+            "ms": c.measurements[k].median_ms,
+            "speedup": s.speedup,
+            "ci": s.ci,
+            "p_value": s.p_value,
+            "significant": s.significant,
+            "peak": peaks.get(k),
+        }
+        for k, s in c.speedups.items()
+        if k != "before"
+    }
+    return {
+        "before_ms": c.measurements["before"].median_ms,
+        "candidates": cands,
+        "device": dev.type,
+        "peak_before": peaks.get("before"),
+        "peak_after": peaks.get("after"),
+    }
 
 
 def step_peak(model: nn.Module, run) -> int:
@@ -537,7 +566,7 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
     Code pl.patch cannot see (a loss computed outside forward) is absent."""
     out: dict = {}
     root = root or type(model).__name__
-    prefix = lambda n: root if n in ("", root) else n  # noqa: E731 -- the names module ranges use
+    prefix = lambda n: root if n in ("", root) else n
     for name, m, fused in _candidates(model):
         kind = _KIND_OF.get(type(m).__name__) or _KIND_OF[type(fused).__name__]  # a model's own class
         why = why_not(m)

@@ -47,8 +47,12 @@ def recorded(args, kwargs) -> tuple:
 def copy_module(model: nn.Module) -> nn.Module:
     """A deep copy of the model; a tensor with a graph that a module keeps (a last loss) copied
     without its graph (deepcopy refuses those)."""
-    memo = {id(v): v.detach().clone() for m in model.modules() for v in vars(m).values()
-            if isinstance(v, torch.Tensor) and not v.is_leaf}  # fmt: skip
+    memo = {
+        id(v): v.detach().clone()
+        for m in model.modules()
+        for v in vars(m).values()
+        if isinstance(v, torch.Tensor) and not v.is_leaf
+    }
     return copy.deepcopy(model, memo)
 
 
@@ -110,10 +114,19 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double().cpu() - want).abs().max() / want.abs().max().clamp_min(1e-12))
 
 
-HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-          "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
-          "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-          "_load_state_dict_post_hooks")  # fmt: skip
+HOOKS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
 
 
 def hookless(module: nn.Module) -> nn.Module:
@@ -147,7 +160,7 @@ def check(
     try:
         with _modules.recording_fallbacks() as fallbacks:
             got_y, got_g = forward_backward(fused, args, kwargs, autocast_dtype, seed=0, frozen=unlearned)
-    except Exception as exc:  # noqa: BLE001 -- a kernel that cannot run here is a refusal, not a crash
+    except Exception as exc:
         return Swap(name, kind, False, f"the fused module failed on this input: {exc}")
     keep = None if not dropped else set(got_y)
     ref = copy_module(original).double()
@@ -161,8 +174,12 @@ def check(
         for p in original.parameters():
             p.grad = None
     if fallbacks:
-        return Swap(name, kind, False, f"no fused kernel takes this call ({fallbacks[0]}): torch's forward "
-                    "would run, nothing gained")  # fmt: skip
+        return Swap(
+            name,
+            kind,
+            False,
+            f"no fused kernel takes this call ({fallbacks[0]}): torch's forward would run, nothing gained",
+        )
     options = {}
     if _promoted(fused, autocast_dtype, got_y, orig_y):  # the written form's pow makes its output fp32
         fused.autocast_fp32 = options["autocast_fp32"] = True
@@ -255,7 +272,7 @@ def _check_written(name: str, original: nn.Module, recorded, rerouted: list, log
             fused.training = False
             drop = logits is False
             swap = check(name, original, fused, args, kwargs, autocast_dtype, "attention", kind, masks, drop)
-    except Exception as exc:  # noqa: BLE001 -- a module the check cannot run is kept as written
+    except Exception as exc:
         return Swap(name, kind, False, f"the check could not run it: {type(exc).__name__}: {exc}")
     finally:
         _head.disallow(r.heads)

@@ -146,8 +146,10 @@ class Variant:
         else:
             result = fn(*inputs, **kwargs)
             if result.shape != out.shape or result.dtype != out.dtype:
-                raise ValueError(f"out: a {out.dtype} tensor of shape {tuple(out.shape)}, but {self.name!r} "
-                                 f"gives {result.dtype} {tuple(result.shape)}")  # fmt: skip
+                raise ValueError(
+                    f"out: a {out.dtype} tensor of shape {tuple(out.shape)}, but {self.name!r} "
+                    f"gives {result.dtype} {tuple(result.shape)}"
+                )
             result = out.copy_(result)
         # cheapest tests first: this runs inside every timed call
         wants_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs)
@@ -310,8 +312,10 @@ class Op:
         and output would not fit in the device's memory -- before anything is allocated."""
         if self.shape_names and len(shape) != len(self.shape_names):
             names = ", ".join(self.shape_names)
-            raise ValueError(f"shape: {self.name} takes {len(self.shape_names)} sizes ({names}), "
-                             f"got {len(shape)}: {'x'.join(map(str, shape))}")  # fmt: skip
+            raise ValueError(
+                f"shape: {self.name} takes {len(self.shape_names)} sizes ({names}), "
+                f"got {len(shape)}: {'x'.join(map(str, shape))}"
+            )
         flags = {i for i, n in enumerate(self.shape_names or ()) if n == "causal"}  # 0 or 1
         sizes = [s for i, s in enumerate(shape) if i not in flags]
         if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in sizes):
@@ -320,9 +324,11 @@ class Op:
         have = free_memory(device or default_device())
         if have and need > have:
             shown = "x".join(map(str, shape))
-            raise ValueError(f"shape: {shown} {dtype_name(dtype)} needs ~{need / 2**30:.1f} GiB for its "
-                             f"inputs and output, more than the {have / 2**30:.1f} GiB free here; choose a "
-                             "smaller shape")  # fmt: skip
+            raise ValueError(
+                f"shape: {shown} {dtype_name(dtype)} needs ~{need / 2**30:.1f} GiB for its "
+                f"inputs and output, more than the {have / 2**30:.1f} GiB free here; choose a "
+                "smaller shape"
+            )
 
     def bench_shape(self, device: str) -> tuple:
         return self.bench_shape_gpu if device == "cuda" else self.bench_shape_cpu
@@ -374,8 +380,10 @@ class Op:
                             raise
                         raise CheckFailed(f"{self.name}/{variant} {shape} {dtype}: {exc}") from None
                     if got is not out:
-                        raise CheckFailed(f"{self.name}/{variant}: returned a new tensor where `out=` was "
-                                          "given: a variant writes the tensor it is handed")  # fmt: skip
+                        raise CheckFailed(
+                            f"{self.name}/{variant}: returned a new tensor where `out=` was "
+                            "given: a variant writes the tensor it is handed"
+                        )
                     if isinstance(out, torch.Tensor) and out.dtype != dtype:
                         raise CheckFailed(
                             f"{self.name}/{variant} {shape} {dtype} seed={seed}: output dtype {out.dtype}, "
@@ -400,16 +408,21 @@ class Op:
         dy = torch.randn(y.shape, generator=seeded(y.device.type, seed + 1), device=y.device).to(y.dtype)
         wanted = [t for t in ins if t.requires_grad]
         got = torch.autograd.grad(y, wanted, dy)
-        ref_ins = [t.detach().to("cpu", torch.float64).requires_grad_() if t.is_floating_point() else t.cpu()
-                   for t in inputs]  # fmt: skip
+        ref_ins = [
+            t.detach().to("cpu", torch.float64).requires_grad_() if t.is_floating_point() else t.cpu()
+            for t in inputs
+        ]
         ref_y = self.reference(*ref_ins)
         want = torch.autograd.grad(
             ref_y, [t for t in ref_ins if t.requires_grad], dy.to("cpu", torch.float64)
         )
         atol, rtol = v.grad_tolerances.get(dtype) or self.grad_tolerances[dtype]
-        return [compare_to_reference(g, r, atol * max(1.0, float(r.abs().max())), rtol,
-                                     f"{what} grad of input {i}")
-                for i, (g, r) in enumerate(zip(got, want, strict=True))]  # fmt: skip
+        return [
+            compare_to_reference(
+                g, r, atol * max(1.0, float(r.abs().max())), rtol, f"{what} grad of input {i}"
+            )
+            for i, (g, r) in enumerate(zip(got, want, strict=True))
+        ]
 
 
 def compare_to_reference(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, what: str):
@@ -429,8 +442,13 @@ def compare_to_reference(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol
     # The worst element's error as a share of what it was allowed (1.0: on the line)
     share = finite / (atol + rtol * r.abs()[torch.isfinite(err)]).clamp_min(1e-300)
     of_tolerance = float(share.max()) if share.numel() else float("nan")
-    rec = {"case": what, "max_abs": max_abs, "max_rel": max_rel, "of_tolerance": of_tolerance,
-           "bad": int(bad.sum())}  # fmt: skip
+    rec = {
+        "case": what,
+        "max_abs": max_abs,
+        "max_rel": max_rel,
+        "of_tolerance": of_tolerance,
+        "bad": int(bad.sum()),
+    }
     if bad.any():
         idx = bad.nonzero()[:5].tolist()
         firsts = "; ".join(

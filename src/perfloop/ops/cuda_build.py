@@ -57,8 +57,11 @@ def build_dir(name: str, *texts: str) -> Path:
     out = cache_dir() / "cuda" / f"{name}_{key}"
     out.mkdir(parents=True, exist_ok=True)
     if not any(out.glob("*.so")):
-        print(f"perfloop: compiling the {name} extension (once per machine and torch version, about a "
-              f"minute) in {out}", file=sys.stderr)  # fmt: skip
+        print(
+            f"perfloop: compiling the {name} extension (once per machine and torch version, about a "
+            f"minute) in {out}",
+            file=sys.stderr,
+        )
     return out
 
 

@@ -66,9 +66,12 @@ def extension(op: str):
         return build(op)
     except Exception as e:  # a missing compiler or ninja, a failed build: the Python path still runs
         _WHY[op] = f"its C++ did not build ({type(e).__name__}: {str(e).strip().splitlines()[-1][:300]})"
-        warnings.warn(f"perfloop: {op}'s C++ autograd Function is not in use: {_WHY[op]}; the op runs "
-                      "its Python autograd Function (more host time per call)", RuntimeWarning,
-                      stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"perfloop: {op}'s C++ autograd Function is not in use: {_WHY[op]}; the op runs "
+            "its Python autograd Function (more host time per call)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
 
 

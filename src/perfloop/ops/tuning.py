@@ -30,9 +30,13 @@ def load_table(op_dir: Path) -> dict:
     if here and doc.get("measured_on") and doc["measured_on"] != here:
         import warnings
 
-        warnings.warn(f"{path.parent.name}/{TABLE_NAME} was tuned on {doc['measured_on']}, not on this "
-                      f"{here}: its configs are used untuned here; `python benchmarks/run_gpu.py --only "
-                      "tune` measures this GPU's", TableWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{path.parent.name}/{TABLE_NAME} was tuned on {doc['measured_on']}, not on this "
+            f"{here}: its configs are used untuned here; `python benchmarks/run_gpu.py --only "
+            "tune` measures this GPU's",
+            TableWarning,
+            stacklevel=2,
+        )
     return doc["table"]
 
 
@@ -61,8 +65,11 @@ def save_table(op_dir: Path, table: dict, measured_on: str, note: str = "") -> P
     return path
 
 
-def time_candidates(candidates: dict[str, Callable[[], object]], budget_s: float = 0.3,
-                    log: Callable[[str], None] | None = None) -> dict[str, float | str]:  # fmt: skip
+def time_candidates(
+    candidates: dict[str, Callable[[], object]],
+    budget_s: float = 0.3,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, float | str]:
     """Median ms of each candidate (bench, L2 flushed), or its error as text: a config that
     does not compile or fit costs only itself."""
     from perfloop.harness.timing import bench

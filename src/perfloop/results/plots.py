@@ -57,12 +57,17 @@ def plot_bars(path: Path, title: str, ylabel: str, groups: dict, log: bool = Tru
     for i, name in enumerate(names):
         xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
         ys = [bars.get(name) for bars in groups.values()]
-        ax.bar([x for x, y in zip(xs, ys, strict=True) if y is not None], [y for y in ys if y is not None],
-               width, label=name)  # fmt: skip
+        ax.bar(
+            [x for x, y in zip(xs, ys, strict=True) if y is not None],
+            [y for y in ys if y is not None],
+            width,
+            label=name,
+        )
     ax.set_xticks(range(len(groups)))
     crowded = len(groups) > 4
-    ax.set_xticklabels(list(groups), rotation=20 if crowded else 0, ha="right" if crowded else "center",
-                       fontsize=8)  # fmt: skip
+    ax.set_xticklabels(
+        list(groups), rotation=20 if crowded else 0, ha="right" if crowded else "center", fontsize=8
+    )
     if log:
         ax.set_yscale("log")
     return _save(fig, ax, path, title, ylabel, legend=len(names) > 1, grid_axis="y")

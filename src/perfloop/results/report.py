@@ -63,28 +63,45 @@ def _plots(op: str, rows: list[dict], out: Path) -> list[tuple[str, str]]:
         for (var, dtype, graph), rs in sorted(by_var.items()):
             rs = sorted(rs, key=lambda x: numel(x["shape"]))
             series[f"{var} {dtype}" + (" graph" if graph else "")] = (
-                [numel(x["shape"]) for x in rs], [x["median_ms"] for x in rs])  # fmt: skip
+                [numel(x["shape"]) for x in rs],
+                [x["median_ms"] for x in rs],
+            )
         name = f"{safe}_scaling.png"
-        plot_lines(out / name, f"{op}: time against size", "elements (product of the shape)",
-                   "median time (ms)", series)  # fmt: skip
+        plot_lines(
+            out / name,
+            f"{op}: time against size",
+            "elements (product of the shape)",
+            "median time (ms)",
+            series,
+        )
         made.append((name, f"{op}: time against size (log-log)"))
 
     big = max(rows, key=lambda r: numel(r["shape"]))["shape"]
     at = sorted((r for r in rows if r["shape"] == big and not r["graph"]), key=lambda r: r["variant"])
-    label = lambda r: f"{r['variant']}\n{r['dtype']}"  # noqa: E731
+    label = lambda r: f"{r['variant']}\n{r['dtype']}"
     sol = [r for r in at if r.get("sol") is not None]
     if sol:
         name = f"{safe}_sol.png"
-        plot_ref_bars(out / name, f"{op} {big}: speed of light", "% of measured ceiling",
-                      {label(r): 100 * r["sol"] for r in sol}, ref=100)  # fmt: skip
+        plot_ref_bars(
+            out / name,
+            f"{op} {big}: speed of light",
+            "% of measured ceiling",
+            {label(r): 100 * r["sol"] for r in sol},
+            ref=100,
+        )
         made.append((name, f"{op} {big}: % of the measured ceiling"))
     sp = [r for r in at if r.get("speedup") is not None]
     if sp:
         err = [[r["speedup"] - r["speedup_lo"] for r in sp], [r["speedup_hi"] - r["speedup"] for r in sp]]
         name = f"{safe}_speedup.png"
-        plot_ref_bars(out / name, f"{op} {big}: speed-up",
-                      f"speed-up vs {sp[0].get('baseline') or 'baseline'} (95% CI)",
-                      {label(r): r["speedup"] for r in sp}, ref=1, err=err)  # fmt: skip
+        plot_ref_bars(
+            out / name,
+            f"{op} {big}: speed-up",
+            f"speed-up vs {sp[0].get('baseline') or 'baseline'} (95% CI)",
+            {label(r): r["speedup"] for r in sp},
+            ref=1,
+            err=err,
+        )
         made.append((name, f"{op} {big}: speed-up with 95% CI"))
     return made
 
@@ -94,9 +111,13 @@ def _comm_plot(rows: list[dict], out: Path) -> str:
     for name in dict.fromkeys(r["collective"] for r in rows):
         rs = [r for r in rows if r["collective"] == name]
         series[name] = ([r["bytes"] for r in rs], [max(r["busbw_gbps"], 1e-6) for r in rs])
-    plot_lines(out / "comm_busbw.png", f"collectives on {rows[0]['ranks']} ranks ({rows[0]['backend']})",
-               "bytes (nccl-tests size: each rank's largest buffer)", "bus bandwidth (GB/s)",
-               series)  # fmt: skip
+    plot_lines(
+        out / "comm_busbw.png",
+        f"collectives on {rows[0]['ranks']} ranks ({rows[0]['backend']})",
+        "bytes (nccl-tests size: each rank's largest buffer)",
+        "bus bandwidth (GB/s)",
+        series,
+    )
     return "comm_busbw.png"
 
 
@@ -142,12 +163,39 @@ def _op_section(op: str, rs: list[dict], arts: list[dict], out: Path) -> list[di
         speedup = "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x"
         sp_ci = "" if r.get("speedup") is None else f"[{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
         ci = f"{fmt_ms(r['ci_lo_ms'])}..{fmt_ms(r['ci_hi_ms'])}" if r.get("ci_lo_ms") else "-"
-        rows.append([r["variant"] + (" (graph)" if r["graph"] else ""), r["dtype"], r["shape"],
-                     {"text": fmt_ms(r["median_ms"]), "warn": list(r.get("warnings") or [])}, ci,
-                     _num(r.get("gbps"), 0), _num(r.get("tflops"), 2), sol, speedup, sp_ci])  # fmt: skip
+        rows.append(
+            [
+                r["variant"] + (" (graph)" if r["graph"] else ""),
+                r["dtype"],
+                r["shape"],
+                {"text": fmt_ms(r["median_ms"]), "warn": list(r.get("warnings") or [])},
+                ci,
+                _num(r.get("gbps"), 0),
+                _num(r.get("tflops"), 2),
+                sol,
+                speedup,
+                sp_ci,
+            ]
+        )
     base = next((r.get("baseline") for r in rs if r.get("baseline")), None)
-    blocks.append(_table(["variant", "dtype", "shape", "median", "95% CI", "GB/s", "TFLOP/s", "% SOL",
-                          f"speed-up vs {base or 'baseline'}", "its 95% CI"], rows, "ops"))  # fmt: skip
+    blocks.append(
+        _table(
+            [
+                "variant",
+                "dtype",
+                "shape",
+                "median",
+                "95% CI",
+                "GB/s",
+                "TFLOP/s",
+                "% SOL",
+                f"speed-up vs {base or 'baseline'}",
+                "its 95% CI",
+            ],
+            rows,
+            "ops",
+        )
+    )
     for name, alt in _plots(op, rs, out):
         blocks.append({"img": name, "alt": alt})
     for a in arts:
@@ -158,8 +206,10 @@ def _op_section(op: str, rs: list[dict], arts: list[dict], out: Path) -> list[di
 
 def _profile_section(op: str, a: dict) -> list[dict]:
     p = a["payload"]
-    rows = [[k["short"], k["calls"], fmt_ms(k["total_ms"]), fmt_ms(k["mean_us"] / 1e3), f"{k['share']:.1%}"]
-            for k in p.get("kernels", [])[:10]]  # fmt: skip
+    rows = [
+        [k["short"], k["calls"], fmt_ms(k["total_ms"]), fmt_ms(k["mean_us"] / 1e3), f"{k['share']:.1%}"]
+        for k in p.get("kernels", [])[:10]
+    ]
     blocks = [
         {"h3": f"profile: {op}/{a['variant'] or ''}"},
         _table(["kernel", "calls", "total", "mean", "share"], rows),
@@ -182,9 +232,17 @@ def _step_section(a: dict, out: Path, i: int) -> list[dict]:
     blocks: list[dict] = [{"h2": f"step profile: {p.get('script', a['op'])} ({p.get('window', '')})"}]
     blocks += [{"p": w, "cls": "warn"} for w in p.get("warnings") or []]
     ceil = p.get("ceilings") or {}
-    points = [{"name": r["name"], "ms": r["device_ms"] / calls, "intensity": r.get("intensity") or 0.0,
-               "gbps": r.get("gbps") or 0.0, "tflops": r.get("tflops")}
-              for r in p["ops"] if r.get("gbps") is not None]  # fmt: skip
+    points = [
+        {
+            "name": r["name"],
+            "ms": r["device_ms"] / calls,
+            "intensity": r.get("intensity") or 0.0,
+            "gbps": r.get("gbps") or 0.0,
+            "tflops": r.get("tflops"),
+        }
+        for r in p["ops"]
+        if r.get("gbps") is not None
+    ]
     if points and ceil.get("copy_gbps"):
         peaks = {
             k.split("_")[1]: v for k, v in ceil.items() if k.startswith("matmul_") and k.endswith("_tflops")
@@ -205,13 +263,31 @@ def _step_section(a: dict, out: Path, i: int) -> list[dict]:
         causes = {c: v / calls for c, v in idle["by_cause"].items()}
         name = f"step-{i}-idle.png"
         what = "GPU idle" if idle.get("device", "GPU") == "GPU" else "no torch op running"
-        plot_bars(out / name, f"{what} per call ({sum(causes.values()):.3f} ms)", "ms",
-                  {c: {"ms": v} for c, v in causes.items()}, log=False)  # fmt: skip
+        plot_bars(
+            out / name,
+            f"{what} per call ({sum(causes.values()):.3f} ms)",
+            "ms",
+            {c: {"ms": v} for c, v in causes.items()},
+            log=False,
+        )
         blocks.append({"img": name, "alt": "idle time by cause"})
     opp = (p.get("diagnosis") or {}).get("opportunities", [])
-    blocks.append(_table(["opportunity", "saves (ms/call)", "share", "bound", "evidence", "next"],
-                         [[o["title"], f"{o['saves_ms']:.3f}", f"{o['share']:.0%}", o["bound"], o["evidence"],
-                           o["advice"]] for o in opp]))  # fmt: skip
+    blocks.append(
+        _table(
+            ["opportunity", "saves (ms/call)", "share", "bound", "evidence", "next"],
+            [
+                [
+                    o["title"],
+                    f"{o['saves_ms']:.3f}",
+                    f"{o['share']:.0%}",
+                    o["bound"],
+                    o["evidence"],
+                    o["advice"],
+                ]
+                for o in opp
+            ],
+        )
+    )
     return blocks
 
 
@@ -229,11 +305,31 @@ def _experiment_section(p: dict, out: Path) -> list[dict]:
 
 
 def _comm_section(rows_c: list[dict], out: Path) -> list[dict]:
-    table = _table(["collective", "bytes (nccl-tests)", "ranks", "backend", "time ms", "algbw GB/s",
-                    "busbw GB/s", "correct"],
-                   [[r["collective"], r["bytes"], r["ranks"], r["backend"], f"{r['time_ms']:.4f}",
-                     f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}", r["correct"]]
-                    for r in rows_c])  # fmt: skip
+    table = _table(
+        [
+            "collective",
+            "bytes (nccl-tests)",
+            "ranks",
+            "backend",
+            "time ms",
+            "algbw GB/s",
+            "busbw GB/s",
+            "correct",
+        ],
+        [
+            [
+                r["collective"],
+                r["bytes"],
+                r["ranks"],
+                r["backend"],
+                f"{r['time_ms']:.4f}",
+                f"{r['algbw_gbps']:.2f}",
+                f"{r['busbw_gbps']:.2f}",
+                r["correct"],
+            ]
+            for r in rows_c
+        ],
+    )
     return [
         {"h2": "communication"},
         table,
@@ -243,11 +339,22 @@ def _comm_section(rows_c: list[dict], out: Path) -> list[dict]:
 
 def _runs_section(runs: list[dict], shown: set[str]) -> list[dict]:
     """The runs the page's numbers come from: id, time, commit, device, command, rows."""
-    rows = [[r["run_id"], r["created"][:19].replace("T", " "), r["env"].get("git") or "-",
-             (r["env"].get("device") or {}).get("name") or "-", r["command"] or "", r["rows"]]
-            for r in runs if r["run_id"] in shown]  # fmt: skip
-    return [{"h2": f"runs ({len(rows)})", "id": "runs"},
-            _table(["run", "time (UTC)", "commit", "device", "command", "rows"], rows, "runs")]  # fmt: skip
+    rows = [
+        [
+            r["run_id"],
+            r["created"][:19].replace("T", " "),
+            r["env"].get("git") or "-",
+            (r["env"].get("device") or {}).get("name") or "-",
+            r["command"] or "",
+            r["rows"],
+        ]
+        for r in runs
+        if r["run_id"] in shown
+    ]
+    return [
+        {"h2": f"runs ({len(rows)})", "id": "runs"},
+        _table(["run", "time (UTC)", "commit", "device", "command", "rows"], rows, "runs"),
+    ]
 
 
 def _env_section(env: dict) -> list[dict]:
@@ -296,8 +403,10 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
     rows = latest_rows(all_rows)
     arts = store.artifacts(run_id)
     shown = {r["run_id"] for r in all_rows} | {a["run_id"] for a in arts}
-    summary = (f"{len(rows)} result(s), the newest of each op, variant, shape and dtype, from {len(shown)} "
-               "run(s)" + (f" (run {run_id} only)" if run_id else ""))  # fmt: skip
+    summary = (
+        f"{len(rows)} result(s), the newest of each op, variant, shape and dtype, from {len(shown)} "
+        "run(s)" + (f" (run {run_id} only)" if run_id else "")
+    )
     blocks: list[dict] = []
     if not rows and not arts:
         blocks.append({"p": "No results stored yet: run `perfloop demo` or `perfloop bench OP`."})
@@ -322,8 +431,9 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
     envs = [r["env"] for r in all_rows if r.get("env")]
     if envs:
         blocks += _env_section(envs[-1])
-    text = _template().render(css=Markup(_CSS + trend_page.CSS), js=Markup(_CHECK_JS), summary=summary,
-                              blocks=blocks)  # fmt: skip
+    text = _template().render(
+        css=Markup(_CSS + trend_page.CSS), js=Markup(_CHECK_JS), summary=summary, blocks=blocks
+    )
     page = out / "index.html"
     try:
         page.write_text(text)

@@ -65,18 +65,62 @@ SCHEMA_VERSION = 1  # PRAGMA user_version of a database this code wrote
 TABLES = {  # our tables and their columns, as SCHEMA makes them
     "runs": {"run_id", "created", "command", "env"},
     "measurements": {
-        "id", "run_id", "created", "op", "variant", "shape", "dtype", "graph", "median_ms", "p20_ms",
-        "p80_ms", "iqr_ms", "ci_lo_ms", "ci_hi_ms", "n", "gbps", "tflops", "sol", "speedup", "speedup_lo",
-        "speedup_hi", "baseline", "samples", "work", "meta", "warnings", "device", "env",
+        "id",
+        "run_id",
+        "created",
+        "op",
+        "variant",
+        "shape",
+        "dtype",
+        "graph",
+        "median_ms",
+        "p20_ms",
+        "p80_ms",
+        "iqr_ms",
+        "ci_lo_ms",
+        "ci_hi_ms",
+        "n",
+        "gbps",
+        "tflops",
+        "sol",
+        "speedup",
+        "speedup_lo",
+        "speedup_hi",
+        "baseline",
+        "samples",
+        "work",
+        "meta",
+        "warnings",
+        "device",
+        "env",
     },
     "artifacts": {"id", "run_id", "created", "kind", "op", "variant", "payload"},
-}  # fmt: skip
+}
 
 COLUMNS = [
-    "run_id", "created", "op", "variant", "shape", "dtype", "graph", "median_ms", "p20_ms",
-    "p80_ms", "iqr_ms", "ci_lo_ms", "ci_hi_ms", "n", "gbps", "tflops", "sol", "speedup",
-    "speedup_lo", "speedup_hi", "baseline", "device",
-]  # fmt: skip
+    "run_id",
+    "created",
+    "op",
+    "variant",
+    "shape",
+    "dtype",
+    "graph",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "iqr_ms",
+    "ci_lo_ms",
+    "ci_hi_ms",
+    "n",
+    "gbps",
+    "tflops",
+    "sol",
+    "speedup",
+    "speedup_lo",
+    "speedup_hi",
+    "baseline",
+    "device",
+]
 # after them: what each row is ("measurement", or a stored step profile's "profile op" / "profile
 # module" row: its name, device ms per call in median_ms, the profile's calls)
 PROFILE_COLUMNS = ["kind", "name", "calls"]
@@ -206,8 +250,9 @@ class Store:
                 if self.path != ":memory:":
                     self.conn.execute("PRAGMA journal_mode = WAL")
                 if self._fresh:  # in one transaction: another process never sees half the tables
-                    self.conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version = {SCHEMA_VERSION};"
-                                            "COMMIT;")  # fmt: skip
+                    self.conn.executescript(
+                        f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
+                    )
                     self._fresh = False
                 self._wal = True
             cur = self.conn.execute(sql, args)  # autocommit: each row lands at once
@@ -237,11 +282,15 @@ class Store:
             return
         self._written.add(run_id)
         created, command, env = self._pending.pop(run_id, (_now(), "", "{}"))
-        self._write("INSERT OR IGNORE INTO runs(run_id, created, command, env) VALUES (?, ?, ?, ?)",
-                    (run_id, created, command, env))  # fmt: skip
+        self._write(
+            "INSERT OR IGNORE INTO runs(run_id, created, command, env) VALUES (?, ?, ?, ?)",
+            (run_id, created, command, env),
+        )
         if command:  # another process (a rank) may have written it first, bare
-            self._write("UPDATE runs SET command = ?, env = ? WHERE run_id = ? AND command = ''",
-                        (command, env, run_id))  # fmt: skip
+            self._write(
+                "UPDATE runs SET command = ?, env = ? WHERE run_id = ? AND command = ''",
+                (command, env, run_id),
+            )
 
     def adopt_run(self, run_id: str) -> None:
         """Give a run that other processes wrote rows into this store's command and env, if it
@@ -285,16 +334,35 @@ class Store:
                 device, env)
                VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
             (
-                run_id, _now(), op, variant,
-                shape if isinstance(shape, str) else shape_str(shape), dtype,
-                int(bool(m.meta.get("graph"))), m.median_ms, m.p20_ms, m.p80_ms, m.iqr_ms,
-                lo, hi, m.n, m.gbps, m.tflops, m.sol, sp, sp_lo, sp_hi, baseline,
+                run_id,
+                _now(),
+                op,
+                variant,
+                shape if isinstance(shape, str) else shape_str(shape),
+                dtype,
+                int(bool(m.meta.get("graph"))),
+                m.median_ms,
+                m.p20_ms,
+                m.p80_ms,
+                m.iqr_ms,
+                lo,
+                hi,
+                m.n,
+                m.gbps,
+                m.tflops,
+                m.sol,
+                sp,
+                sp_lo,
+                sp_hi,
+                baseline,
                 json.dumps(list(m.samples_ms)),
                 json.dumps(m.work.__dict__ if m.work else None),
-                json.dumps(m.meta), json.dumps(list(m.warnings)),
-                (m.env.get("device") or {}).get("name"), json.dumps(m.env),
+                json.dumps(m.meta),
+                json.dumps(list(m.warnings)),
+                (m.env.get("device") or {}).get("name"),
+                json.dumps(m.env),
             ),
-        )  # fmt: skip
+        )
 
     def add_artifact(self, run_id: str, kind: str, payload: dict, op=None, variant=None) -> int:
         self._ensure_run(run_id)
@@ -403,16 +471,34 @@ class Store:
             p, calls = a["payload"], a["payload"].get("calls") or 1
             for what in ("op", "module"):
                 for row in p.get(f"{what}s") or []:
-                    w.writerow({"run_id": a["run_id"], "created": a["created"], "op": a["op"],
-                                "variant": a["variant"], "kind": f"profile {what}", "name": row.get("name"),
-                                "calls": calls, "median_ms": row.get("device_ms", 0.0) / calls,
-                                "device": p.get("kind")} | origin(a["run_id"], None))  # fmt: skip
+                    w.writerow(
+                        {
+                            "run_id": a["run_id"],
+                            "created": a["created"],
+                            "op": a["op"],
+                            "variant": a["variant"],
+                            "kind": f"profile {what}",
+                            "name": row.get("name"),
+                            "calls": calls,
+                            "median_ms": row.get("device_ms", 0.0) / calls,
+                            "device": p.get("kind"),
+                        }
+                        | origin(a["run_id"], None)
+                    )
         return buf.getvalue()
 
     def export_json(self, run_id: str | None = None) -> str:
         """A list: every measurement row, then every stored profile (its whole payload)."""
         rows = [r | {"kind": "measurement"} for r in self.rows(run_id)]
-        rows += [{"kind": "profile", "run_id": a["run_id"], "created": a["created"], "op": a["op"],
-                  "variant": a["variant"], "profile": a["payload"]}
-                 for a in self.artifacts(run_id, kind="profile")]  # fmt: skip
+        rows += [
+            {
+                "kind": "profile",
+                "run_id": a["run_id"],
+                "created": a["created"],
+                "op": a["op"],
+                "variant": a["variant"],
+                "profile": a["payload"],
+            }
+            for a in self.artifacts(run_id, kind="profile")
+        ]
         return json.dumps(rows, indent=1, default=str)

@@ -59,12 +59,16 @@ def sparkline(t: Trend) -> str:
         return PAD + (H - 2 * PAD) * (1 - (math.log(v) - y0) / span)
 
     e = html.escape
-    parts = [f"<svg class='spark' width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img'>",
-             f"<title>{e(_name(t))}: {n} runs, {meds[0]:.4g} to {meds[-1]:.4g} ms</title>"]  # fmt: skip
+    parts = [
+        f"<svg class='spark' width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img'>",
+        f"<title>{e(_name(t))}: {n} runs, {meds[0]:.4g} to {meds[-1]:.4g} ms</title>",
+    ]
     for lo, hi, a, z in bands:
         xa, xz = x(lo - 0.5 if lo else 0), x(hi - 0.5 if hi < n else n - 1)
-        parts.append(f"<rect class='band' x='{xa:.1f}' y='{y(z):.1f}' width='{max(xz - xa, 1):.1f}' "
-                     f"height='{max(y(a) - y(z), 1):.1f}'/>")  # fmt: skip
+        parts.append(
+            f"<rect class='band' x='{xa:.1f}' y='{y(z):.1f}' width='{max(xz - xa, 1):.1f}' "
+            f"height='{max(y(a) - y(z), 1):.1f}'/>"
+        )
     for c in t.changes:
         cls = "up" if c.ratio > 1 else "down"
         parts.append(
@@ -98,21 +102,28 @@ def section(trends: list[Trend]) -> list[str]:
         return []
     changes = [(t, c) for t in trends for c in t.changes]
     changes.sort(key=lambda tc: (tc[1].ratio < 1, -abs(math.log(tc[1].ratio))))
-    parts = [f"<h2 id='changes'>changes: {sum(c.ratio > 1 for _, c in changes)} slower, "
-             f"{sum(c.ratio < 1 for _, c in changes)} faster</h2>"]  # fmt: skip
+    parts = [
+        f"<h2 id='changes'>changes: {sum(c.ratio > 1 for _, c in changes)} slower, "
+        f"{sum(c.ratio < 1 for _, c in changes)} faster</h2>"
+    ]
     if changes:
         rows = []
         for t, c in changes:
             word = "slower" if c.ratio > 1 else "faster"
             line = bisect_command(t, t.changes.index(c))
             how = f"<code>{e(line)}</code>" if line else "(bisect cannot check these commits out)"
-            rows.append(f"<tr class='change'><td><a href='#{_anchor(t)}'>{e(_name(t))}</a></td>"
-                        f"<td class='{word}'>{c.ratio:.3f}x {word}</td><td>{e(c.before or '?')}</td>"
-                        f"<td>{e(c.after or '?')}</td><td>{c.z:.1f}</td><td>{fmt_p(c.p_value)}</td><td>"
-                        f"{how}</td></tr>")  # fmt: skip
-        parts.append("<table><tr><th>benchmark</th><th>step</th><th>last commit before</th>"
-                     "<th>first commit after</th><th>z</th><th>p</th><th>name the commit</th></tr>"
-                     + "".join(rows) + "</table>")  # fmt: skip
+            rows.append(
+                f"<tr class='change'><td><a href='#{_anchor(t)}'>{e(_name(t))}</a></td>"
+                f"<td class='{word}'>{c.ratio:.3f}x {word}</td><td>{e(c.before or '?')}</td>"
+                f"<td>{e(c.after or '?')}</td><td>{c.z:.1f}</td><td>{fmt_p(c.p_value)}</td><td>"
+                f"{how}</td></tr>"
+            )
+        parts.append(
+            "<table><tr><th>benchmark</th><th>step</th><th>last commit before</th>"
+            "<th>first commit after</th><th>z</th><th>p</th><th>name the commit</th></tr>"
+            + "".join(rows)
+            + "</table>"
+        )
     else:
         parts.append("<p>No step in any benchmark's line: every run within its noise.</p>")
     rows = []
@@ -120,12 +131,17 @@ def section(trends: list[Trend]) -> list[str]:
         last = t.points[-1]
         step = "; ".join(f"{c.ratio:.3f}x at {c.after or '?'}" for c in t.changes) or " ".join(t.notes[:1])
         runs = f"{len(t.points)}" + (f" ({len(t.left_out)} contended, left out)" if t.left_out else "")
-        rows.append(f"<tr id='{_anchor(t)}' class='trend'><td>{e(_name(t))}</td><td>{runs}</td>"
-                    f"<td>{last.median_ms:.4g} ms</td><td>{sparkline(t)}</td><td>{e(step)}</td>"
-                    "</tr>")  # fmt: skip
-    parts += ["<h2>every benchmark, run by run</h2>",
-              "<p>Each line: the median of each run in the order taken (log scale); the band: the noise "
-              "the regression gate allows between runs of the same code; red and green lines: steps.</p>",
-              "<table><tr><th>benchmark</th><th>runs</th><th>latest</th><th>trend</th><th>steps</th></tr>"
-              + "".join(rows) + "</table>"]  # fmt: skip
+        rows.append(
+            f"<tr id='{_anchor(t)}' class='trend'><td>{e(_name(t))}</td><td>{runs}</td>"
+            f"<td>{last.median_ms:.4g} ms</td><td>{sparkline(t)}</td><td>{e(step)}</td>"
+            "</tr>"
+        )
+    parts += [
+        "<h2>every benchmark, run by run</h2>",
+        "<p>Each line: the median of each run in the order taken (log scale); the band: the noise "
+        "the regression gate allows between runs of the same code; red and green lines: steps.</p>",
+        "<table><tr><th>benchmark</th><th>runs</th><th>latest</th><th>trend</th><th>steps</th></tr>"
+        + "".join(rows)
+        + "</table>",
+    ]
     return parts

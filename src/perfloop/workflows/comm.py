@@ -60,31 +60,51 @@ def _run_one(name: str, nbytes: int, rank: int, world: int, device: str, dtype=t
     total = world * (world + 1) / 2
     if name == "all_reduce":
         buf = x.clone()
-        return (n * elem, lambda: buf.copy_(x), lambda: dist.all_reduce(buf),
-                lambda: torch.equal(buf, base * world + total))  # fmt: skip
+        return (
+            n * elem,
+            lambda: buf.copy_(x),
+            lambda: dist.all_reduce(buf),
+            lambda: torch.equal(buf, base * world + total),
+        )
     if name == "all_gather":
         out = torch.empty(n * world, device=device, dtype=dtype)
         want = torch.cat([base + r + 1 for r in range(world)])
-        return (n * world * elem, lambda: None, lambda: dist.all_gather_into_tensor(out, x),
-                lambda: torch.equal(out, want))  # fmt: skip
+        return (
+            n * world * elem,
+            lambda: None,
+            lambda: dist.all_gather_into_tensor(out, x),
+            lambda: torch.equal(out, want),
+        )
     if name == "reduce_scatter":
         big = torch.arange(n * world, device=device, dtype=dtype) % 97
         inp = big + rank + 1
         out = torch.empty(n, device=device, dtype=dtype)
         want = big[rank * n : (rank + 1) * n] * world + total
-        return (n * world * elem, lambda: None, lambda: dist.reduce_scatter_tensor(out, inp),
-                lambda: torch.equal(out, want))  # fmt: skip
+        return (
+            n * world * elem,
+            lambda: None,
+            lambda: dist.reduce_scatter_tensor(out, inp),
+            lambda: torch.equal(out, want),
+        )
     if name == "broadcast":
         buf = x.clone()
-        return (n * elem, lambda: buf.copy_(x), lambda: dist.broadcast(buf, src=0),
-                lambda: torch.equal(buf, base + 1))  # fmt: skip
+        return (
+            n * elem,
+            lambda: buf.copy_(x),
+            lambda: dist.broadcast(buf, src=0),
+            lambda: torch.equal(buf, base + 1),
+        )
     if name == "all_to_all":
         out = torch.empty_like(x)
         chunk = n // world
         # rank r's j-th chunk comes from rank j's r-th chunk
         want = torch.cat([base[rank * chunk : (rank + 1) * chunk] + j + 1 for j in range(world)])
-        return (n * elem, lambda: None, lambda: dist.all_to_all_single(out, x),
-                lambda: torch.equal(out, want))  # fmt: skip
+        return (
+            n * elem,
+            lambda: None,
+            lambda: dist.all_to_all_single(out, x),
+            lambda: torch.equal(out, want),
+        )
     raise ValueError(f"collective: unknown {name!r}; valid: {', '.join(COLLECTIVES)}")
 
 
@@ -126,11 +146,18 @@ def run_collectives(sizes: list[int], names=COLLECTIVES, iters: int = 10) -> lis
             dist.all_gather_object(gathered, (ms, ok))
             slowest = max(t for t, _ in gathered)
             algbw = moved / (slowest * 1e-3) / 1e9
-            rows.append({
-                "collective": name, "bytes": moved, "ranks": world, "backend": dist.get_backend(),
-                "time_ms": slowest, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(name, world),
-                "correct": all(o for _, o in gathered),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "collective": name,
+                    "bytes": moved,
+                    "ranks": world,
+                    "backend": dist.get_backend(),
+                    "time_ms": slowest,
+                    "algbw_gbps": algbw,
+                    "busbw_gbps": algbw * bus_factor(name, world),
+                    "correct": all(o for _, o in gathered),
+                }
+            )
     return rows
 
 
@@ -152,8 +179,13 @@ def _free_port() -> int:
 
 def _spawned(rank: int, world: int, port: int, fn_name: str, args: tuple, results):
     os.environ.update(SAFE_ENV)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
     timeout = args[-1]
     init_from_env(timeout)
     try:
@@ -179,8 +211,10 @@ def spawn(nproc: int, fn_name: str, *args, timeout_s: float = 60.0):
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=_spawned, args=(r, nproc, port, fn_name, (*args, timeout_s), results))
-             for r in range(nproc)]  # fmt: skip
+    procs = [
+        ctx.Process(target=_spawned, args=(r, nproc, port, fn_name, (*args, timeout_s), results))
+        for r in range(nproc)
+    ]
     for p in procs:
         p.start()
     # Read rank 0's result while the ranks run: a result larger than the pipe's buffer
@@ -201,8 +235,10 @@ def spawn(nproc: int, fn_name: str, *args, timeout_s: float = 60.0):
         out, got = results.get(), True
     failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
     if failed:
-        raise RuntimeError(f"ranks {failed} failed (exit codes; None: killed at the deadline); "
-                           "the others stopped, none hangs")  # fmt: skip
+        raise RuntimeError(
+            f"ranks {failed} failed (exit codes; None: killed at the deadline); "
+            "the others stopped, none hangs"
+        )
     return out
 
 
@@ -213,9 +249,16 @@ def collectives_on_ranks(sizes, names, iters):
 # ------------------------------------------------------------------ distributed sweeps
 
 
-def distributed_sweep(op_name: str, variants: list[str], shapes: list[tuple], dtype_name: str,
-                      budget_s: float = 1.0, db: str | None = None, run_id: str | None = None,
-                      on_point: Callable | None = None) -> dict:  # fmt: skip
+def distributed_sweep(
+    op_name: str,
+    variants: list[str],
+    shapes: list[tuple],
+    dtype_name: str,
+    budget_s: float = 1.0,
+    db: str | None = None,
+    run_id: str | None = None,
+    on_point: Callable | None = None,
+) -> dict:
     """On an initialized group: shard (variant, shape) points across ranks, one device each,
     bench them, gather every Measurement to rank 0. Returns {"points", "by_rank"} on every rank.
 
@@ -242,8 +285,9 @@ def distributed_sweep(op_name: str, variants: list[str], shapes: list[tuple], dt
         try:
             inputs = op.make_inputs(shape, dtype=dtype, device=device, seed=i)
             var = op.variant(v)
-            m = bench(lambda var=var, inputs=inputs: var(*inputs), work=op.work(shape, dtype),
-                      budget_s=budget_s)  # fmt: skip
+            m = bench(
+                lambda var=var, inputs=inputs: var(*inputs), work=op.work(shape, dtype), budget_s=budget_s
+            )
             rec = {"variant": v, "shape": list(shape), "rank": rank, "measurement": m.to_dict()}
             if store is not None:
                 store.add(run_id, m, op=op_name, variant=v, shape=shape, dtype=dtype_name)

@@ -49,8 +49,9 @@ class BenchRow:
         return d
 
 
-def runnable_variants(op: Op, names: Sequence[str] | None, timing: bool,
-                      device: str | None = None) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+def runnable_variants(
+    op: Op, names: Sequence[str] | None, timing: bool, device: str | None = None
+) -> tuple[list[str], dict[str, str]]:
     """(the variants asked for, or all, that can run -- and be timed -- here; {skipped: why}).
     An unknown name raises ValueError naming `variants`."""
     device = device or default_device()
@@ -98,8 +99,9 @@ def bench_variants(
     work = op.work(shape, dtype)
     fns = {v: (lambda var=op.variant(v): var(*inputs)) for v in variants}
     baseline = op.baseline if op.baseline in fns else variants[0]
-    c = compare(fns, baseline=baseline, work=work, flush_l2=flush_l2, budget_s=budget_s,
-                reference=gate.reference(dev))  # fmt: skip
+    c = compare(
+        fns, baseline=baseline, work=work, flush_l2=flush_l2, budget_s=budget_s, reference=gate.reference(dev)
+    )
     graphs, graph_errors = {}, {}
     if graph:
         for v in variants:
@@ -111,11 +113,23 @@ def bench_variants(
     name = dtype_name(dtype)
     for v, m in c.measurements.items():
         sp = c.speedups.get(v)
-        row = BenchRow(op=op.name, variant=v, shape=list(shape), dtype=name, median_ms=m.median_ms,
-                       ci95_ms=list(m.ci95_ms), gbps=m.gbps, tflops=m.tflops, sol=m.sol,
-                       speedup=sp.speedup if sp else 1.0, speedup_ci=list(sp.ci) if sp else [1.0, 1.0],
-                       significant=sp.significant if sp else None, baseline=baseline,
-                       warnings=list(m.warnings), samples_ms=list(m.samples_ms))  # fmt: skip
+        row = BenchRow(
+            op=op.name,
+            variant=v,
+            shape=list(shape),
+            dtype=name,
+            median_ms=m.median_ms,
+            ci95_ms=list(m.ci95_ms),
+            gbps=m.gbps,
+            tflops=m.tflops,
+            sol=m.sol,
+            speedup=sp.speedup if sp else 1.0,
+            speedup_ci=list(sp.ci) if sp else [1.0, 1.0],
+            significant=sp.significant if sp else None,
+            baseline=baseline,
+            warnings=list(m.warnings),
+            samples_ms=list(m.samples_ms),
+        )
         if v in graph_errors:
             row.warnings.append(f"graph: {graph_errors[v]}")
         if v in graphs:
@@ -185,20 +199,27 @@ def sweep_points(results: dict[str, Sweep]) -> dict:
     """The sweeps as plain data: per variant, each point's shape, median (or error) and the fit."""
 
     def point(p):
-        return {"shape": list(p.size), "median_ms": p.measurement.median_ms if p.measurement else None,
-                "error": p.error}  # fmt: skip
+        return {
+            "shape": list(p.size),
+            "median_ms": p.measurement.median_ms if p.measurement else None,
+            "error": p.error,
+        }
 
-    return {v: {"points": [point(p) for p in s.points], "fit": s.fit, "fit_error": s.fit_error}
-            for v, s in results.items()}  # fmt: skip
+    return {
+        v: {"points": [point(p) for p in s.points], "fit": s.fit, "fit_error": s.fit_error}
+        for v, s in results.items()
+    }
 
 
 def sweep_series(results: dict[str, Sweep]) -> dict[str, tuple[list[int], list[float]]]:
     """{variant: (elements, median ms)} for a time-against-size plot."""
     return {
-        v: ([math.prod(p.size) for p in s.points if p.measurement],
-            [p.measurement.median_ms for p in s.points if p.measurement])
+        v: (
+            [math.prod(p.size) for p in s.points if p.measurement],
+            [p.measurement.median_ms for p in s.points if p.measurement],
+        )
         for v, s in results.items()
-    }  # fmt: skip
+    }
 
 
 def profile_variant(
@@ -216,12 +237,24 @@ def profile_variant(
     op.check_shape(shape, dtype)
     inputs = op.make_inputs(shape, dtype=dtype, device=default_device(), seed=0)
     v = op.variant(variant)
-    p = profile(lambda: v(*inputs), calls=calls, work=op.work(shape, dtype), memory_snapshot=memory_snapshot,
-                cuda_profiler_range=cuda_profiler_range)  # fmt: skip
+    p = profile(
+        lambda: v(*inputs),
+        calls=calls,
+        work=op.work(shape, dtype),
+        memory_snapshot=memory_snapshot,
+        cuda_profiler_range=cuda_profiler_range,
+    )
     if trace:
         p.export_trace(trace)
     return p, p.diagnose()
 
 
-__all__ = ["BenchRow", "bench_variants", "profile_variant", "runnable_variants", "sweep_points",
-           "sweep_series", "sweep_variants"]  # fmt: skip
+__all__ = [
+    "BenchRow",
+    "bench_variants",
+    "profile_variant",
+    "runnable_variants",
+    "sweep_points",
+    "sweep_series",
+    "sweep_variants",
+]

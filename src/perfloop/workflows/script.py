@@ -42,13 +42,13 @@ from perfloop.workflows.step_sources import OPTIMIZER_STEP, nvtx_sources, step_s
 AUTO = "auto"  # the step: "step" ranges or optimizer.step() boundaries, whichever occurs first
 
 
-class _Exit(BaseException):  # noqa: N818 -- os._exit(code) called in the script's main thread
+class _Exit(BaseException):
     def __init__(self, code: int):
         super().__init__(code)
         self.code = code
 
 
-class _Taken(BaseException):  # noqa: N818 -- exit_after: the profile is taken, the script ends here
+class _Taken(BaseException):
     pass
 
 
@@ -401,10 +401,12 @@ def _checked(path, skip, steps, range_name, window) -> tuple[str, bool, int, boo
             raise ValueError(f"--{name}: must be an integer >= {low}, got {v!r}")
     if range_name is None and window is None:
         raise ValueError("--range or --window: say which part of the script to profile")
-    if window is not None and (len(window) != 2 or not all(math.isfinite(v) for v in window)
-                               or window[0] < 0 or not window[1] > 0):  # fmt: skip
-        raise ValueError(f"--window: must be START:DURATION in finite seconds, START >= 0, DURATION > 0, "
-                         f"got {window!r}")  # fmt: skip
+    if window is not None and (
+        len(window) != 2 or not all(math.isfinite(v) for v in window) or window[0] < 0 or not window[1] > 0
+    ):
+        raise ValueError(
+            f"--window: must be START:DURATION in finite seconds, START >= 0, DURATION > 0, got {window!r}"
+        )
     return path, runnable_dir, skip, auto_skip
 
 
@@ -469,9 +471,11 @@ def profile_script(
                 if exc.code not in (None, 0):
                     raise ScriptError(exc) from exc
                 if isinstance(exc, _Exit):
-                    w.warnings.append("the script called os._exit(0): its process would end there without "
-                                      "running finally blocks or atexit handlers; perfloop made its "
-                                      "analysis first")  # fmt: skip
+                    w.warnings.append(
+                        "the script called os._exit(0): its process would end there without "
+                        "running finally blocks or atexit handlers; perfloop made its "
+                        "analysis first"
+                    )
             except Exception as exc:
                 raise ScriptError(exc) from exc
             finally:
@@ -498,8 +502,12 @@ def _exit_in_main_thread():
             real(code)
         if threading.get_ident() == main:
             raise _Exit(code)
-        print(f"perfloop: the script called os._exit({code}) from a worker thread: the process ends "
-              "before the analysis", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"perfloop: the script called os._exit({code}) from a worker thread: the process ends "
+            "before the analysis",
+            file=sys.stderr,
+            flush=True,
+        )
         real(code)
 
     os._exit = _exit
@@ -512,32 +520,46 @@ def _exit_in_main_thread():
 def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
     if w.range_name == AUTO:
         seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"
-        raise ValueError("no step found: looked for optimizer.step() of a torch.optim optimizer and for a "
-                         f"range named 'step' (pl.annotate, record_function, NVTX); ranges seen: {seen}. "
-                         "Pass --range NAME for one of them, or --window START:DURATION")  # fmt: skip
+        raise ValueError(
+            "no step found: looked for optimizer.step() of a torch.optim optimizer and for a "
+            f"range named 'step' (pl.annotate, record_function, NVTX); ranges seen: {seen}. "
+            "Pass --range NAME for one of them, or --window START:DURATION"
+        )
     if w.range_name is not None and w.seen[w.range_name] == 0:
         seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"
-        raise ValueError(f"--range: no range named {w.range_name!r} occurred; ranges seen: {seen}. "
-                         "Pass one of them, leave --range out (steps by optimizer.step()), or use "
-                         "--window")  # fmt: skip
+        raise ValueError(
+            f"--range: no range named {w.range_name!r} occurred; ranges seen: {seen}. "
+            "Pass one of them, leave --range out (steps by optimizer.step()), or use "
+            "--window"
+        )
     if w.prof is None and w.blocked:
-        raise ValueError("the script runs torch.profiler itself, and it started before perfloop's window "
-                         "closed: one profiler records at a time and perfloop's records only before the "
-                         "script's first starts, so it gave way and the script's profiler recorded as it "
-                         "would alone. Profile earlier steps (a smaller --skip or --steps), read the "
-                         "trace the script writes with `perfloop profile --trace-file TRACE.json`, or "
-                         "turn the script's profiler off for this run")  # fmt: skip
+        raise ValueError(
+            "the script runs torch.profiler itself, and it started before perfloop's window "
+            "closed: one profiler records at a time and perfloop's records only before the "
+            "script's first starts, so it gave way and the script's profiler recorded as it "
+            "would alone. Profile earlier steps (a smaller --skip or --steps), read the "
+            "trace the script writes with `perfloop profile --trace-file TRACE.json`, or "
+            "turn the script's profiler off for this run"
+        )
     if w.prof is None or w.state == "abandoned":
         have = w.seen[w.range_name] if w.range_name else 0
-        raise ValueError(f"--skip/--steps: the script ran {have} occurrence(s) of {w.range_name!r}; "
-                         f"--skip {w.skip} --steps {w.steps} needs {w.skip + w.steps}" if w.range_name
-                         else "--window: the script ended before the window opened")  # fmt: skip
+        raise ValueError(
+            f"--skip/--steps: the script ran {have} occurrence(s) of {w.range_name!r}; "
+            f"--skip {w.skip} --steps {w.steps} needs {w.skip + w.steps}"
+            if w.range_name
+            else "--window: the script ended before the window opened"
+        )
     if w.ended_at is not None:
-        w.warnings.append(f"--window: the script ended {w.ended_at:.3g} s into the window of "
-                          f"{w.window[1]:g} s: profiled {w.ended_at:.3g} s only")  # fmt: skip
+        w.warnings.append(
+            f"--window: the script ended {w.ended_at:.3g} s into the window of "
+            f"{w.window[1]:g} s: profiled {w.ended_at:.3g} s only"
+        )
     if w.count_work and w.range_name and w.counted_prof is None:
-        why = ("the script's own torch.profiler had started by the one after the profiled ones"
-               if w.count_blocked else "keep --skip plus --steps below the script's count")  # fmt: skip
+        why = (
+            "the script's own torch.profiler had started by the one after the profiled ones"
+            if w.count_blocked
+            else "keep --skip plus --steps below the script's count"
+        )
         w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} to count ({why})")
     counted = (
         counting.counted(w.counted_prof, w.counter.records, w.on_cuda, w.trees) if w.counted_prof else None
@@ -561,8 +583,10 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
             "all compiled, so their pace is not the step's"
         )
     elif w.range_name and plain is None:
-        w.warnings.append("idle time measured under the profiler, which slows the host: --skip 2 or more "
-                          "times the unprofiled steps and scales the idle to them")  # fmt: skip
+        w.warnings.append(
+            "idle time measured under the profiler, which slows the host: --skip 2 or more "
+            "times the unprofiled steps and scales the idle to them"
+        )
     # the profile's own copies of the range bound it where the trace has them (not NVTX's, not
     # optimizer steps': there the profiled span is the steps)
     traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
@@ -587,6 +611,8 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
     )
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
-        raise ValueError(f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "
-                         "analyse; choose steps or a window where the script computes")  # fmt: skip
+        raise ValueError(
+            f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "
+            "analyse; choose steps or a window where the script computes"
+        )
     return p

@@ -101,13 +101,31 @@ OP = _AttentionOp(
     validate=validate,
 )
 
-OP.add(Variant("naive", loader="perfloop.ops.attention.torch_impl:naive",
-               doc="scores materialized (B, H, Sq, Sk), softmax, matmul"))  # fmt: skip
-OP.add(Variant("builtin", loader="perfloop.ops.attention.torch_impl:builtin",
-               doc="F.scaled_dot_product_attention"))  # fmt: skip
-OP.add(Variant("compiled", loader="perfloop.ops.attention.torch_impl:compiled",
-               doc="torch.compile(naive)"))  # fmt: skip
-OP.add(Variant("flash_torch", loader="perfloop.ops.attention.torch_impl:flash_torch",
-               doc="FlashAttention-2 tiled in plain PyTorch, for reading"))  # fmt: skip
-OP.add(Variant("triton", loader="perfloop.ops.attention.triton_impl:attention", needs=("triton",),
-               doc="FlashAttention-2 in Triton: online softmax, LSE saved, backward in Triton"))  # fmt: skip
+OP.add(
+    Variant(
+        "naive",
+        loader="perfloop.ops.attention.torch_impl:naive",
+        doc="scores materialized (B, H, Sq, Sk), softmax, matmul",
+    )
+)
+OP.add(
+    Variant(
+        "builtin", loader="perfloop.ops.attention.torch_impl:builtin", doc="F.scaled_dot_product_attention"
+    )
+)
+OP.add(Variant("compiled", loader="perfloop.ops.attention.torch_impl:compiled", doc="torch.compile(naive)"))
+OP.add(
+    Variant(
+        "flash_torch",
+        loader="perfloop.ops.attention.torch_impl:flash_torch",
+        doc="FlashAttention-2 tiled in plain PyTorch, for reading",
+    )
+)
+OP.add(
+    Variant(
+        "triton",
+        loader="perfloop.ops.attention.triton_impl:attention",
+        needs=("triton",),
+        doc="FlashAttention-2 in Triton: online softmax, LSE saved, backward in Triton",
+    )
+)

@@ -20,24 +20,60 @@ def asm_specs(ty: str) -> list[dict]:
             name = f"stride_{t}{axis}"
             strides[name] = "constexpr" if name in unit else "i32"
     sizes = {"H": "i32", "SQ": "i32", "SK": "i32"}
-    fwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "L": "*fp32", "qk_scale": "fp32", **strides, **sizes,
-               "SK_V": "i32"}  # fmt: skip
-    common = {"HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": True, "EVEN_M": True, "EVEN_N": True,
-              "UPCAST": False, "PRECISION": "tf32"}  # fmt: skip
+    fwd_sig = {
+        "Q": ptr,
+        "K": ptr,
+        "V": ptr,
+        "O": ptr,
+        "L": "*fp32",
+        "qk_scale": "fp32",
+        **strides,
+        **sizes,
+        "SK_V": "i32",
+    }
+    common = {
+        "HEAD_DIM": 128,
+        "BLOCK_D": 128,
+        "CAUSAL": True,
+        "EVEN_M": True,
+        "EVEN_N": True,
+        "UPCAST": False,
+        "PRECISION": "tf32",
+    }
     bwd_sig = {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "L": "*fp32", "Dl": "*fp32"}
     specs = []
     for kernel, kind, sig, aligned in (
         # pointers, and every stride and size that is a multiple of 16 (as at S=4096, D=128)
-        (k["fwd"], "fwd", fwd_sig, [i for i, (n, t) in enumerate(fwd_sig.items())
-                                       if t != "constexpr" and n not in ("qk_scale", "H")]),
-        (k["bwd_dkdv"], "dkdv", {**bwd_sig, "DK": ptr, "DV": ptr, "sm_scale": "fp32", **sizes},
-         list(range(8))),
+        (
+            k["fwd"],
+            "fwd",
+            fwd_sig,
+            [
+                i
+                for i, (n, t) in enumerate(fwd_sig.items())
+                if t != "constexpr" and n not in ("qk_scale", "H")
+            ],
+        ),
+        (
+            k["bwd_dkdv"],
+            "dkdv",
+            {**bwd_sig, "DK": ptr, "DV": ptr, "sm_scale": "fp32", **sizes},
+            list(range(8)),
+        ),
         (k["bwd_dq"], "dq", {**bwd_sig, "DQ": ptr, "sm_scale": "fp32", **sizes}, list(range(7))),
-    ):  # fmt: skip
+    ):
         cfg = k["config"](128, kind, torch.float32 if ty == "fp32" else torch.bfloat16)
         consts = {**common, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]}
         if kind == "fwd":
             consts |= dict.fromkeys(unit, 1)
-        specs.append({"kernel": kernel, "signature": sig, "aligned": aligned, "constexprs": consts,
-                      "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})  # fmt: skip
+        specs.append(
+            {
+                "kernel": kernel,
+                "signature": sig,
+                "aligned": aligned,
+                "constexprs": consts,
+                "num_warps": cfg["num_warps"],
+                "num_stages": cfg["num_stages"],
+            }
+        )
     return specs

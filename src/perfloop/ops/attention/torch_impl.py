@@ -42,14 +42,14 @@ def flash_torch(q, k, v, causal=False, out=None, block_n: int = 64):
     """FlashAttention-2's forward, one K/V tile at a time, in PyTorch ops.
 
     For each tile of keys: scores s = q k^T (only Sq x block_n of them), a running
-    row max m, a running sum l of exp(s - m), and an output accumulator rescaled
+    row max m, a running sum (mass) of exp(s - m), and an output accumulator rescaled
     by exp(m_old - m_new) whenever the max grows. Nothing S x S is ever held.
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     qf = q.float() * scale
     sq, sk = q.shape[-2], k.shape[-2]
     m = torch.full((*q.shape[:-1], 1), float("-inf"), device=q.device)  # (B, H, Sq, 1)
-    l = torch.zeros_like(m)  # noqa: E741
+    mass = torch.zeros_like(m)
     acc = torch.zeros(*q.shape[:-1], v.shape[-1], device=q.device)  # (B, H, Sq, D)
     rows = torch.arange(sq, device=q.device)[:, None]
     for start in range(0, sk, block_n):
@@ -62,7 +62,7 @@ def flash_torch(q, k, v, causal=False, out=None, block_n: int = 64):
         # a row that has seen only masked keys keeps m = -inf: no rescale, no mass
         alpha = torch.where(m_new == float("-inf"), 1.0, torch.exp(m - m_new))
         p = torch.where(m_new == float("-inf"), 0.0, torch.exp(s - m_new))
-        l = l * alpha + p.sum(dim=-1, keepdim=True)  # noqa: E741
+        mass = mass * alpha + p.sum(dim=-1, keepdim=True)
         acc = acc * alpha + p @ vt
         m = m_new
-    return _write((acc / l).to(q.dtype), out)
+    return _write((acc / mass).to(q.dtype), out)

@@ -24,14 +24,44 @@ from perfloop.ops.tuning import load_table, save_table, time_candidates
 # (BLOCK_M, BLOCK_N, warps, stages). At head dim 128 three stages of 64x128 K and V tiles
 # fill half an SM's shared memory (one 4-warp block an SM); two stages fit two.
 SPACE = {
-    "fwd": [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
-            (64, 128, 4, 2), (64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3),
-            (128, 64, 8, 4), (128, 128, 8, 3)],
-    "dkdv": [(32, 128, 4, 5), (32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 4, 3), (32, 64, 4, 4),
-             (64, 64, 4, 3), (16, 128, 4, 5), (32, 128, 8, 4), (64, 128, 8, 4), (64, 64, 4, 4)],
-    "dq": [(128, 32, 4, 5), (128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4),
-           (128, 64, 4, 3), (128, 32, 8, 4), (64, 64, 4, 4), (128, 128, 8, 2)],
-}  # fmt: skip
+    "fwd": [
+        (64, 64, 4, 3),
+        (64, 64, 4, 2),
+        (128, 64, 8, 3),
+        (128, 64, 8, 2),
+        (128, 128, 8, 2),
+        (64, 128, 4, 2),
+        (64, 32, 4, 3),
+        (128, 32, 4, 3),
+        (64, 64, 4, 4),
+        (64, 128, 4, 3),
+        (128, 64, 8, 4),
+        (128, 128, 8, 3),
+    ],
+    "dkdv": [
+        (32, 128, 4, 5),
+        (32, 128, 4, 3),
+        (64, 128, 8, 3),
+        (64, 128, 4, 3),
+        (32, 64, 4, 4),
+        (64, 64, 4, 3),
+        (16, 128, 4, 5),
+        (32, 128, 8, 4),
+        (64, 128, 8, 4),
+        (64, 64, 4, 4),
+    ],
+    "dq": [
+        (128, 32, 4, 5),
+        (128, 32, 4, 3),
+        (128, 64, 8, 3),
+        (64, 64, 4, 3),
+        (64, 32, 4, 4),
+        (128, 64, 4, 3),
+        (128, 32, 8, 4),
+        (64, 64, 4, 4),
+        (128, 128, 8, 2),
+    ],
+}
 CASES = [(4, 16, 4096, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
 KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
@@ -95,8 +125,14 @@ def _choose(rows: list[dict], kinds, table: dict) -> dict:
     return table
 
 
-def tune(kinds=("fwd", "dkdv", "dq"), cases=CASES, budget_s: float = 0.3, write: bool = True,
-         log: Callable[[str], None] = print, dtype: torch.dtype = torch.bfloat16) -> dict:  # fmt: skip
+def tune(
+    kinds=("fwd", "dkdv", "dq"),
+    cases=CASES,
+    budget_s: float = 0.3,
+    write: bool = True,
+    log: Callable[[str], None] = print,
+    dtype: torch.dtype = torch.bfloat16,
+) -> dict:
     """Time the search space; return {"rows": [...], "table": the chosen table} and, with
     `write`, save the table beside the kernel (16-bit rows only). Needs a CUDA GPU."""
     from perfloop.ops import attention

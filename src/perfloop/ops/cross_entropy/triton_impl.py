@@ -146,8 +146,20 @@ def forward_parts(logits, target, ignore_index: int, out_dtype: torch.dtype = to
     mean = logits.new_empty((), dtype=out_dtype)
     n_valid = target.new_empty(())
     if m:
-        launch(ce_fwd_kernel, (m,), logits, target, lse, loss, ok, logits.stride(0), v, ignore_index,
-               BLOCK=min(BLOCK, next_pow2(v)), num_warps=WARPS)  # fmt: skip
+        launch(
+            ce_fwd_kernel,
+            (m,),
+            logits,
+            target,
+            lse,
+            loss,
+            ok,
+            logits.stride(0),
+            v,
+            ignore_index,
+            BLOCK=min(BLOCK, next_pow2(v)),
+            num_warps=WARPS,
+        )
         assert_targets(ok)
     launch(ce_mean_kernel, (1,), loss, target, mean, n_valid, m, ignore_index, BLOCK=MEAN_BLOCK)
     return mean, lse, n_valid
@@ -161,9 +173,22 @@ def backward_parts(logits, target, lse, n_valid, dloss, ignore_index: int) -> to
     target = target.contiguous()
     dlogits = logits.new_empty((m, v))
     if m:
-        launch(ce_bwd_kernel, (m,), logits, target, lse, dlogits, dloss.contiguous(), n_valid,
-               logits.stride(0), dlogits.stride(0), v, ignore_index, BLOCK=min(BLOCK, next_pow2(v)),
-               num_warps=WARPS)  # fmt: skip
+        launch(
+            ce_bwd_kernel,
+            (m,),
+            logits,
+            target,
+            lse,
+            dlogits,
+            dloss.contiguous(),
+            n_valid,
+            logits.stride(0),
+            dlogits.stride(0),
+            v,
+            ignore_index,
+            BLOCK=min(BLOCK, next_pow2(v)),
+            num_warps=WARPS,
+        )
     return dlogits
 
 
@@ -205,11 +230,39 @@ def _make_plan(logits, ignore_index: int, out_dtype: torch.dtype, stride: int):
 
     lg, i64, f32, i32, out = t(logits.dtype), t(torch.int64), t(torch.float32), t(torch.int32), t(out_dtype)
     block = min(BLOCK, next_pow2(v))
-    fwd = native.add_kernel(ext, ce_fwd_kernel, (m,), lg, i64, f32, f32, i32, stride, v, ignore_index,
-                            BLOCK=block, num_warps=WARPS)  # fmt: skip
+    fwd = native.add_kernel(
+        ext,
+        ce_fwd_kernel,
+        (m,),
+        lg,
+        i64,
+        f32,
+        f32,
+        i32,
+        stride,
+        v,
+        ignore_index,
+        BLOCK=block,
+        num_warps=WARPS,
+    )
     mean = native.add_kernel(ext, ce_mean_kernel, (1,), f32, i64, out, i64, m, ignore_index, BLOCK=MEAN_BLOCK)
-    bwd = native.add_kernel(ext, ce_bwd_kernel, (m,), lg, i64, f32, lg, out, i64, stride, v, v, ignore_index,
-                            BLOCK=block, num_warps=WARPS)  # fmt: skip
+    bwd = native.add_kernel(
+        ext,
+        ce_bwd_kernel,
+        (m,),
+        lg,
+        i64,
+        f32,
+        lg,
+        out,
+        i64,
+        stride,
+        v,
+        v,
+        ignore_index,
+        BLOCK=block,
+        num_warps=WARPS,
+    )
     return native.plan_of("cross_entropy", ext, (fwd, mean, bwd))
 
 
@@ -222,8 +275,9 @@ def fused_cross_entropy(logits, target, ignore_index: int, out_dtype: torch.dtyp
             dev = logits.get_device()
             stride = _row_stride(logits)
             key = (logits.shape, stride, logits.dtype, ignore_index, out_dtype, dev)
-            plan = native.plan_for(_PLANS, key, lambda: _make_plan(logits, ignore_index, out_dtype, stride),
-                                   logits.device)  # fmt: skip
+            plan = native.plan_for(
+                _PLANS, key, lambda: _make_plan(logits, ignore_index, out_dtype, stride), logits.device
+            )
             if plan is not None:
                 ok = check_targets(target, logits.shape[1], ignore_index)
                 stream = torch._C._cuda_getCurrentRawStream(dev)

@@ -84,13 +84,13 @@ def _config(x: torch.Tensor, block: int | None, num_warps: int | None) -> tuple[
     return block or tuned_block, num_warps or tuned_warps
 
 
-def _forward(x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: int | None, exact: bool = False
-             ) -> torch.Tensor:  # fmt: skip
+def _forward(
+    x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: int | None, exact: bool = False
+) -> torch.Tensor:
     n = x.numel()
     if n:
         block, num_warps = _config(x, block, num_warps)
-        launch(gelu_kernel, (cdiv(n, block),), x, out, n, EXACT=exact, BLOCK=block,
-               num_warps=num_warps)  # fmt: skip
+        launch(gelu_kernel, (cdiv(n, block),), x, out, n, EXACT=exact, BLOCK=block, num_warps=num_warps)
     return out
 
 
@@ -109,8 +109,17 @@ class GeluFunction(torch.autograd.Function):
         n = x.numel()
         if n:
             block, num_warps = _config(x, *ctx.config)
-            launch(gelu_bwd_kernel, (cdiv(n, block),), x, dy, dx, n, EXACT=ctx.exact, BLOCK=block,
-                   num_warps=num_warps)  # fmt: skip
+            launch(
+                gelu_bwd_kernel,
+                (cdiv(n, block),),
+                x,
+                dy,
+                dx,
+                n,
+                EXACT=ctx.exact,
+                BLOCK=block,
+                num_warps=num_warps,
+            )
         return dx, None, None, None, None
 
 

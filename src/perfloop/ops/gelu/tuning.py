@@ -14,10 +14,12 @@ from perfloop.device import device_info
 from perfloop.ops.tuning import fastest, load_table, save_table, time_candidates
 
 SPACE = {
-    "triton": {"fp32": [(1024, 4), (2048, 4), (2048, 8), (4096, 8)],
-               "16bit": [(2048, 4), (4096, 4), (4096, 8), (8192, 8)]},  # (block, warps)
+    "triton": {
+        "fp32": [(1024, 4), (2048, 4), (2048, 8), (4096, 8)],
+        "16bit": [(2048, 4), (4096, 4), (4096, 8), (8192, 8)],
+    },  # (block, warps)
     "cuda": {"fp32": [1, 2, 4, 8], "16bit": [1, 2, 4, 8]},  # unroll
-}  # fmt: skip
+}
 SHAPE = (16384, 16384)
 
 
@@ -32,8 +34,10 @@ def tune(write: bool = True, log: Callable[[str], None] = print) -> dict:
     for key, dtype in (("fp32", torch.float32), ("16bit", torch.bfloat16)):
         x = torch.randn(SHAPE, device="cuda").to(dtype)
         log(f"gelu tune triton {key}")
-        cands = {f"{b},{w}": functools.partial(triton_impl.gelu, x, block=b, num_warps=w)
-                 for b, w in SPACE["triton"][key]}  # fmt: skip
+        cands = {
+            f"{b},{w}": functools.partial(triton_impl.gelu, x, block=b, num_warps=w)
+            for b, w in SPACE["triton"][key]
+        }
         t = time_candidates(cands, log=log)
         times[f"triton {key}"] = t
         if best := fastest(t):

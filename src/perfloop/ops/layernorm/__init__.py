@@ -58,8 +58,10 @@ def validate(x, weight, bias):
     check_tensor("weight", weight, ndim=1)
     check_tensor("bias", bias, ndim=1)
     if weight.shape[0] != x.shape[-1] or bias.shape[0] != x.shape[-1]:
-        raise ValueError(f"weight, bias: need {x.shape[-1]} elements each (x's last dim), "
-                         f"got {weight.shape[0]} and {bias.shape[0]}")  # fmt: skip
+        raise ValueError(
+            f"weight, bias: need {x.shape[-1]} elements each (x's last dim), "
+            f"got {weight.shape[0]} and {bias.shape[0]}"
+        )
 
 
 OP = Op(

@@ -27,8 +27,21 @@ COLSUM_ROWS, COLSUM_BLOCK = TUNED["colsum_tile"]  # the final dw/db sum: a progr
 
 
 @triton.jit
-def norm_fwd_kernel(X, W, B, Y, STATS, stride_x, stride_y, n_rows, n_cols, eps,
-                    RMS: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def norm_fwd_kernel(
+    X,
+    W,
+    B,
+    Y,
+    STATS,
+    stride_x,
+    stride_y,
+    n_rows,
+    n_cols,
+    eps,
+    RMS: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     MEAN = STATS
     RSTD = STATS + n_rows
@@ -50,9 +63,24 @@ def norm_fwd_kernel(X, W, B, Y, STATS, stride_x, stride_y, n_rows, n_cols, eps,
 
 
 @triton.jit
-def norm_bwd_kernel(X, W, DY, DX, STATS, PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
-                    rows_per_program, RMS: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK: tl.constexpr):  # fmt: skip
+def norm_bwd_kernel(
+    X,
+    W,
+    DY,
+    DX,
+    STATS,
+    PARTIAL,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    n_rows,
+    n_cols,
+    rows_per_program,
+    RMS: tl.constexpr,
+    HAS_B: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)
     MEAN = STATS
     RSTD = STATS + n_rows
@@ -141,9 +169,24 @@ def forward_parts(x, weight, bias, eps: float, rms: bool):
     stats = x.new_empty((2, m), dtype=torch.float32)  # mean, 1/std
     block = next_pow2(n)
     if m:
-        launch(norm_fwd_kernel, (m,), x2, weight, bias if bias is not None else weight, y, stats,
-               x2.stride(0), y.stride(0), m, n, eps, RMS=rms, HAS_B=bias is not None, BLOCK=block,
-               num_warps=_warps(block))  # fmt: skip
+        launch(
+            norm_fwd_kernel,
+            (m,),
+            x2,
+            weight,
+            bias if bias is not None else weight,
+            y,
+            stats,
+            x2.stride(0),
+            y.stride(0),
+            m,
+            n,
+            eps,
+            RMS=rms,
+            HAS_B=bias is not None,
+            BLOCK=block,
+            num_warps=_warps(block),
+        )
     return (y if x.ndim == 2 else y.view(x.shape)), stats
 
 
@@ -159,13 +202,39 @@ def backward_parts(dy, x, weight, stats, has_bias: bool, rms: bool):
     partial = x2.new_empty((slabs, g, n), dtype=torch.float32)
     sums = weight.new_empty((slabs, n) if has_bias else (n,))
     if m:
-        launch(norm_bwd_kernel, (g,), x2, weight, dy2, dx, stats, partial, x2.stride(0), dy2.stride(0),
-               dx.stride(0), m, n, cdiv(m, g), RMS=rms, HAS_B=has_bias, ROWS=rows, BLOCK=block,
-               num_warps=warps)  # fmt: skip
+        launch(
+            norm_bwd_kernel,
+            (g,),
+            x2,
+            weight,
+            dy2,
+            dx,
+            stats,
+            partial,
+            x2.stride(0),
+            dy2.stride(0),
+            dx.stride(0),
+            m,
+            n,
+            cdiv(m, g),
+            RMS=rms,
+            HAS_B=has_bias,
+            ROWS=rows,
+            BLOCK=block,
+            num_warps=warps,
+        )
     else:
         partial.zero_()
-    launch(colsum_kernel, (cdiv(n, COLSUM_BLOCK), slabs), partial, sums, g, n, ROWS=COLSUM_ROWS,
-           BLOCK=COLSUM_BLOCK)  # fmt: skip
+    launch(
+        colsum_kernel,
+        (cdiv(n, COLSUM_BLOCK), slabs),
+        partial,
+        sums,
+        g,
+        n,
+        ROWS=COLSUM_ROWS,
+        BLOCK=COLSUM_BLOCK,
+    )
     dx = dx if x.ndim == 2 else dx.view(x.shape)
     return dx, *((sums[0], sums[1]) if has_bias else (sums, None))
 
@@ -207,12 +276,58 @@ def _make_plan(x, weight, bias, rms: bool):
     xd, wd, f32 = t(x.dtype), t(weight.dtype), t(torch.float32)
     bd = t(bias.dtype) if has_b else wd
     rpp = cdiv(m, g)
-    fwd = native.add_kernel(ext, norm_fwd_kernel, (m,), xd, wd, bd, xd, f32, n, n, m, n, 1e-5, RMS=rms,
-                            HAS_B=has_b, BLOCK=block, num_warps=_warps(block))  # fmt: skip
-    bwd = native.add_kernel(ext, norm_bwd_kernel, (g,), xd, wd, xd, xd, f32, f32, n, n, n, m, n, rpp, RMS=rms,
-                            HAS_B=has_b, ROWS=rows, BLOCK=block, num_warps=warps)  # fmt: skip
-    colsum = native.add_kernel(ext, colsum_kernel, (cdiv(n, COLSUM_BLOCK), slabs), f32, wd, g, n,
-                               ROWS=COLSUM_ROWS, BLOCK=COLSUM_BLOCK)  # fmt: skip
+    fwd = native.add_kernel(
+        ext,
+        norm_fwd_kernel,
+        (m,),
+        xd,
+        wd,
+        bd,
+        xd,
+        f32,
+        n,
+        n,
+        m,
+        n,
+        1e-5,
+        RMS=rms,
+        HAS_B=has_b,
+        BLOCK=block,
+        num_warps=_warps(block),
+    )
+    bwd = native.add_kernel(
+        ext,
+        norm_bwd_kernel,
+        (g,),
+        xd,
+        wd,
+        xd,
+        xd,
+        f32,
+        f32,
+        n,
+        n,
+        n,
+        m,
+        n,
+        rpp,
+        RMS=rms,
+        HAS_B=has_b,
+        ROWS=rows,
+        BLOCK=block,
+        num_warps=warps,
+    )
+    colsum = native.add_kernel(
+        ext,
+        colsum_kernel,
+        (cdiv(n, COLSUM_BLOCK), slabs),
+        f32,
+        wd,
+        g,
+        n,
+        ROWS=COLSUM_ROWS,
+        BLOCK=COLSUM_BLOCK,
+    )
     return native.plan_of("layernorm", ext, (fwd, bwd, colsum), g, rpp, cdiv(n, COLSUM_BLOCK))
 
 

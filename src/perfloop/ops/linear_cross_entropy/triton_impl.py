@@ -45,8 +45,20 @@ def forward_parts(h, weight, target, ignore_index: int, chunk: int):
         hc, tc = h[s : s + chunk], target[s : s + chunk]
         logits = torch.mm(hc, weight.t(), out=buf[: hc.shape[0]])
         # each row's loss, then its gradient written over it (the logits are ours alone)
-        launch(ce_loss_grad_kernel, (logits.shape[0],), logits, tc, losses[s:], n_valid, ok,
-               logits.stride(0), v, ignore_index, BLOCK=block, num_warps=WARPS)  # fmt: skip
+        launch(
+            ce_loss_grad_kernel,
+            (logits.shape[0],),
+            logits,
+            tc,
+            losses[s:],
+            n_valid,
+            ok,
+            logits.stride(0),
+            v,
+            ignore_index,
+            BLOCK=block,
+            num_warps=WARPS,
+        )
         torch.mm(logits, weight, out=dh[s : s + chunk])
         dw.addmm_(logits.t(), hc)  # in the matmul's epilogue, in the weight's dtype
     if n:
@@ -77,8 +89,10 @@ def linear_cross_entropy(h, weight, target, ignore_index: int = -100, chunk: int
     check_tensor("h", h, ndim=2)
     check_tensor("weight", weight, ndim=2)
     if weight.shape[1] != h.shape[1] or weight.dtype != h.dtype:
-        raise ValueError(f"weight: need shape (V, {h.shape[1]}) and dtype {h.dtype}, got "
-                         f"{tuple(weight.shape)} {weight.dtype}")  # fmt: skip
+        raise ValueError(
+            f"weight: need shape (V, {h.shape[1]}) and dtype {h.dtype}, got "
+            f"{tuple(weight.shape)} {weight.dtype}"
+        )
     if not isinstance(target, torch.Tensor) or target.shape != h.shape[:1]:
         raise ValueError(f"target: need class indices of shape ({h.shape[0]},)")
     chunk = chunk or chunk_rows(h.shape[0], weight.shape[0], h.element_size())

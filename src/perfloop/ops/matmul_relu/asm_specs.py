@@ -13,8 +13,20 @@ from perfloop.ops.matmul_relu.triton_impl import (
 def asm_specs(ty: str) -> list[dict]:
     """An autotuning candidate at 8192^3, as `perfloop asm` compiles it: the first for 16-bit
     types; for fp32 (TF32) the TF32 kernel's first, the product taken as C^T = B^T A^T."""
-    names = ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk",
-             "stride_bn", "stride_cm", "stride_cn"]  # fmt: skip
+    names = [
+        "a_ptr",
+        "b_ptr",
+        "c_ptr",
+        "M",
+        "N",
+        "K",
+        "stride_am",
+        "stride_ak",
+        "stride_bk",
+        "stride_bn",
+        "stride_cm",
+        "stride_cn",
+    ]
     sig = {n: (f"*{ty}" if n.endswith("_ptr") else "i32") for n in names}
     # unit strides are constants, as Triton's runtime specializes them (A, B and C row-major)
     units = ("stride_ak", "stride_bn", "stride_cn")

@@ -35,11 +35,25 @@ def _grouped_tile(pid, n_rows, n_cols, GROUP: tl.constexpr):
 
 @triton.jit
 def matmul_relu_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr = False, PRECISION: tl.constexpr = "tf32",
-):  # fmt: skip
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr = False,
+    PRECISION: tl.constexpr = "tf32",
+):
     pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -65,11 +79,24 @@ def matmul_relu_kernel(
 
 @triton.jit
 def matmul_relu_tf32_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_N: tl.constexpr,
     ROUND: tl.constexpr = True,
-):  # fmt: skip
+):
     """relu(A B) in fp32 on TF32 tensor cores, as its transpose: a program's (BLOCK_N, BLOCK_M)
     tile of C^T = B^T A^T. ROUND: B^T rounded to TF32 in registers (cvt.rna), which keeps it the
     dot's register operand (the interpreter has no inline assembly: False there)."""
@@ -84,8 +111,9 @@ def matmul_relu_tf32_kernel(
         k_left = K - k * BLOCK_K
         bt = tl.load(bt_ptrs, mask=(offs_n[:, None] < N) & (offs_k[None, :] < k_left), other=0.0)
         if ROUND:
-            bt = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [bt], dtype=tl.int32,
-                                           is_pure=True, pack=1).to(tl.float32, bitcast=True)  # fmt: skip
+            bt = tl.inline_asm_elementwise(
+                "cvt.rna.tf32.f32 $0, $1;", "=r,f", [bt], dtype=tl.int32, is_pure=True, pack=1
+            ).to(tl.float32, bitcast=True)
         at = tl.load(at_ptrs, mask=(offs_k[:, None] < k_left) & (offs_m[None, :] < M), other=0.0)
         acc = tl.dot(bt, at, acc, input_precision="tf32")
         bt_ptrs += BLOCK_K * stride_bk
@@ -150,8 +178,20 @@ def matmul_relu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = Non
     if k == 0:
         return out.zero_()  # relu(0) = 0
     precision = dot_precision(a.dtype)
-    args = (a, b, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            out.stride(0), out.stride(1))  # fmt: skip
+    args = (
+        a,
+        b,
+        out,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        out.stride(1),
+    )
     if precision == "tf32" and a.dtype == torch.float32:
         if interpreting():
             grid = (cdiv(n, 32) * cdiv(m, 32),)

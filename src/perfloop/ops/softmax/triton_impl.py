@@ -74,8 +74,14 @@ def _row_stats(x_row, n_cols, BLOCK: tl.constexpr):
 
 @triton.jit
 def softmax_online_kernel(
-    x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, BLOCK: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    stride_x,
+    stride_y,
+    BLOCK: tl.constexpr,
+):
     # Persistent: the grid is sized to the GPU and each program walks rows
     # pid, pid + grid, ... Fewer rows in flight means each row's share of L2 is
     # larger, so more of pass 2's (reversed) reads hit L2 instead of HBM.
@@ -107,9 +113,20 @@ def _combined_stats(stats_ptr, row, n_chunks, MAX_CHUNKS: tl.constexpr):
 
 @triton.jit
 def softmax_split_kernel(
-    x_ptr, y_ptr, stats_ptr, count_ptr, n_rows, n_cols, stride_x, stride_y, n_chunks, spin_limit,
-    BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr, PHASE: tl.constexpr = 0,
-):  # fmt: skip
+    x_ptr,
+    y_ptr,
+    stats_ptr,
+    count_ptr,
+    n_rows,
+    n_cols,
+    stride_x,
+    stride_y,
+    n_chunks,
+    spin_limit,
+    BLOCK: tl.constexpr,
+    MAX_CHUNKS: tl.constexpr,
+    PHASE: tl.constexpr = 0,
+):
     # Persistent; work item i is chunk i % n_chunks of row i // n_chunks. PHASE 0: the grid
     # is a multiple of n_chunks and every program is resident, so a row's chunks run
     # together and wait for each other. Rows with more chunks than fit at once take three
@@ -181,8 +198,17 @@ def softmax(
     block = next_pow2(n_cols)
     # enough warps that a lane holds <= 16 elements (no spills), at least 4
     warps = num_warps or min(32, max(4, block // (32 * 16)))
-    launch(softmax_row_kernel, (n_rows,), x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
-           num_warps=warps)  # fmt: skip
+    launch(
+        softmax_row_kernel,
+        (n_rows,),
+        x2,
+        y2,
+        n_cols,
+        x2.stride(0),
+        y2.stride(0),
+        BLOCK=block,
+        num_warps=warps,
+    )
     return y2.view(x.shape) if out is None else out
 
 
@@ -203,9 +229,17 @@ def softmax_online(
     num_warps = num_warps or tuned_warps
     grid = min(n_rows, _num_sms(x2.device) * (programs_per_sm or tuned_programs))
     launch(
-        softmax_online_kernel, (grid,), x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
+        softmax_online_kernel,
+        (grid,),
+        x2,
+        y2,
+        n_rows,
+        n_cols,
+        x2.stride(0),
+        y2.stride(0),
+        BLOCK=block,
         num_warps=num_warps if block >= 1024 else 4,
-    )  # fmt: skip
+    )
     return y2.view(x.shape) if out is None else out
 
 
@@ -249,8 +283,15 @@ def softmax_split(
             return softmax_online(x, out=y2.view(x.shape) if out is None else out)
         launch(softmax_split_kernel, (items,), *args, **consts, PHASE=1)
         row_stats = torch.empty((n_rows, 2), dtype=torch.float32, device=x2.device)
-        launch(softmax_combine_kernel, (n_rows,), stats, row_stats, n_chunks, MAX_CHUNKS=consts["MAX_CHUNKS"],
-               num_warps=first_at_most(TUNED["combine_warps"], n_chunks))  # fmt: skip
+        launch(
+            softmax_combine_kernel,
+            (n_rows,),
+            stats,
+            row_stats,
+            n_chunks,
+            MAX_CHUNKS=consts["MAX_CHUNKS"],
+            num_warps=first_at_most(TUNED["combine_warps"], n_chunks),
+        )
         launch(softmax_split_kernel, (items,), x2, y2, row_stats, *args[3:], **consts, PHASE=2)
         return y2.view(x.shape) if out is None else out
     grid = min(items, max(n_chunks, resident // n_chunks * n_chunks))

@@ -33,8 +33,10 @@ def tune(write: bool = True, log: Callable[[str], None] = print) -> dict:
     row = time_candidates(cands, log=log)
     x = torch.randn(SHAPES["split"], device="cuda") * 4
     log("softmax tune: split rows")
-    cands = {f"{b},{w}": functools.partial(triton_impl.softmax_split, x, block=b, num_warps=w)
-             for b, w in SPACE["split"]}  # fmt: skip
+    cands = {
+        f"{b},{w}": functools.partial(triton_impl.softmax_split, x, block=b, num_warps=w)
+        for b, w in SPACE["split"]
+    }
     split = time_candidates(cands, log=log)
     if best := fastest(split):
         table["split"] = [int(s) for s in best.split(",")]

@@ -87,8 +87,19 @@ class GatedFunction(torch.autograd.Function):
         da, db = torch.empty_like(a), torch.empty_like(b)
         n = a.numel()
         if n:
-            launch(gated_bwd_kernel, (cdiv(n, BLOCK),), a, b, dy, da, db, n, ACT=ctx.act, BLOCK=BLOCK,
-                   num_warps=WARPS)  # fmt: skip
+            launch(
+                gated_bwd_kernel,
+                (cdiv(n, BLOCK),),
+                a,
+                b,
+                dy,
+                da,
+                db,
+                n,
+                ACT=ctx.act,
+                BLOCK=BLOCK,
+                num_warps=WARPS,
+            )
         return da, db, None
 
 
@@ -125,8 +136,10 @@ def _gated(a, b, act: int):
     check_tensor("a", a)
     check_tensor("b", b)
     if a.shape != b.shape or a.dtype != b.dtype:
-        raise ValueError(f"a, b: need the same shape and dtype, got {tuple(a.shape)} {a.dtype} and "
-                         f"{tuple(b.shape)} {b.dtype}")  # fmt: skip
+        raise ValueError(
+            f"a, b: need the same shape and dtype, got {tuple(a.shape)} {a.dtype} and "
+            f"{tuple(b.shape)} {b.dtype}"
+        )
     a, b = _flat(a), _flat(b)
     return _gated_function(a, b, act) if needs_grad(a, b) else gated_forward(a, b, act)
 
