@@ -47,8 +47,6 @@ def _histories(store, keys: list[tuple], commit: str | None, exclude: str) -> di
 
 
 def run(args) -> int:
-    from perfloop.harness import gate
-    from perfloop.harness.measurement import fmt_ms
     from perfloop.results.store import StoreError
 
     store = open_store(args, writing=False)
@@ -61,16 +59,9 @@ def run(args) -> int:
     if not rows_a or not rows_b:
         if _profiles(store, a, b):
             return _compare_profiles(args, *_profiles(store, a, b), a, b)
-
-        def what(run, rows):
-            if rows:
-                return f"{run} holds measurements"
-            profiled = _profiles(store, run, run)
-            return f"{run} holds {'a step profile and ' if profiled else ''}no measurements"
-
         raise UsageError(
-            f"{what(a, rows_a)}; {what(b, rows_b)}: compare takes two benchmark runs (bench, "
-            "sweep, demo) or two profile runs (profile --script / --trace-file)"
+            f"{_holds(store, a, rows_a)}; {_holds(store, b, rows_b)}: compare takes two benchmark runs "
+            "(bench, sweep, demo) or two profile runs (profile --script / --trace-file)"
         )
     if _devices(rows_a) != _devices(rows_b):
         raise UsageError(
@@ -78,19 +69,51 @@ def run(args) -> int:
             f"({', '.join(sorted(_devices(rows_b)))}) ran on different devices: their times "
             "cannot be compared; compare runs taken on one device"
         )
+    out = _judged(store, a, b, rows_a, rows_b, limit)
+    if out is None:
+        return _compare_profiles(args, *_profiles(store, a, b), a, b)
+    regressed = any(r["regression"] for r in out)
+    unjudged = [r for r in out if r["verdict"].startswith("cannot judge")]
+    code = FAILED if regressed else (CANNOT_JUDGE if args.strict and unjudged else 0)
+    if args.json:
+        emit_json(
+            {"run_a": a, "run_b": b, "rows": out, "regressed": regressed, "cannot_judge": len(unjudged)}
+        )
+        return code
+    _print(a, b, out, limit, regressed)
+    for r in unjudged if args.strict else []:
+        print(
+            f"perfloop compare: --strict: {r['op']}/{r['variant']} {r['shape']}: {r['verdict']}",
+            file=sys.stderr,
+        )
+    return code
+
+
+def _holds(store, run: str, rows: list) -> str:
+    """What a run holds, in words, where compare cannot take it."""
+    if rows:
+        return f"{run} holds measurements"
+    profiled = _profiles(store, run, run)
+    return f"{run} holds {'a step profile and ' if profiled else ''}no measurements"
+
+
+def _judged(store, a: str, b: str, rows_a: list, rows_b: list, limit) -> list[dict] | None:
+    """One row per (op, variant, shape, dtype, graph) both runs hold, with gate.judge's verdict;
+    None where they share none but both hold a step profile."""
+    from perfloop.harness import gate
+
     ref_a = next((r["samples"] for r in rows_a if r["op"] == gate.REFERENCE_OP), None)
     ref_b = next((r["samples"] for r in rows_b if r["op"] == gate.REFERENCE_OP), None)
     ra = {_key(r): r for r in rows_a if r["op"] != gate.REFERENCE_OP}
     rb = {_key(r): r for r in rows_b if r["op"] != gate.REFERENCE_OP}
     common = [k for k in ra if k in rb]
     if not common and _profiles(store, a, b):
-        return _compare_profiles(args, *_profiles(store, a, b), a, b)
+        return None
     if not common:
         raise UsageError(f"runs {a} and {b} share no (op, variant, shape, dtype) to compare")
     kind = "cuda" if (rows_a[0].get("env") or {}).get("device", {}).get("kind") == "cuda" else "cpu"
-    commit = _commit(rows_a)
-    histories = _histories(store, common, commit, b)
-    out, regressed = [], False
+    histories = _histories(store, common, _commit(rows_a), b)
+    out = []
     for k in common:
         v = gate.judge(
             ra[k]["samples"],
@@ -102,61 +125,28 @@ def run(args) -> int:
             history=histories[k],
             contended=gate.contended(ra[k]["meta"]) or gate.contended(rb[k]["meta"]),
         )
-        regressed |= v.regression
+        names = ("op", "variant", "shape", "dtype")
         out.append(
-            {
-                "op": k[0],
-                "variant": k[1],
-                "shape": k[2],
-                "dtype": k[3],
-                "graph": bool(k[4]),
-                "a_ms": ra[k]["median_ms"],
-                "b_ms": rb[k]["median_ms"],
-                "ratio": v.ratio,
-                "drift": v.drift,
-                "adjusted": v.adjusted,
-                "noise_floor": v.floor,
-                "floor_source": v.floor_source,
-                "p_value": v.p_value,
-                "verdict": v.verdict,
-                "regression": v.regression,
-                "method": v.method,
-            }
+            dict(zip(names, k[:4], strict=True))
+            | {"graph": bool(k[4]), "a_ms": ra[k]["median_ms"], "b_ms": rb[k]["median_ms"]}
+            | {"ratio": v.ratio, "drift": v.drift, "adjusted": v.adjusted, "noise_floor": v.floor}
+            | {"floor_source": v.floor_source, "p_value": v.p_value, "verdict": v.verdict}
+            | {"regression": v.regression, "method": v.method}
         )
-    unjudged = [r for r in out if r["verdict"].startswith("cannot judge")]
-    code = FAILED if regressed else (CANNOT_JUDGE if args.strict and unjudged else 0)
-    if args.json:
-        emit_json(
-            {"run_a": a, "run_b": b, "rows": out, "regressed": regressed, "cannot_judge": len(unjudged)}
-        )
-        return code
+    return out
+
+
+def _print(a: str, b: str, out: list[dict], limit, regressed: bool) -> None:
+    from perfloop.harness.measurement import fmt_ms
+
+    columns = ["op", "variant", "shape", "dtype", "a (median)", "b (median)", "ratio", "noise floor", "p"]
     table(
         f"{b} against {a} (time ratio b/a of the fast tails; >1 is slower)",
+        [*columns, "verdict"],
         [
-            "op",
-            "variant",
-            "shape",
-            "dtype",
-            "a (median)",
-            "b (median)",
-            "ratio",
-            "noise floor",
-            "p",
-            "verdict",
-        ],
-        [
-            [
-                r["op"],
-                r["variant"],
-                r["shape"],
-                r["dtype"],
-                fmt_ms(r["a_ms"]),
-                fmt_ms(r["b_ms"]),
-                f"{r['adjusted']:.3f}",
-                f"{r['noise_floor']:.1%}",
-                f"{r['p_value']:.2g}",
-                r["verdict"] + (" REGRESSION" if r["regression"] else ""),
-            ]
+            [r["op"], r["variant"], r["shape"], r["dtype"], fmt_ms(r["a_ms"]), fmt_ms(r["b_ms"])]
+            + [f"{r['adjusted']:.3f}", f"{r['noise_floor']:.1%}", f"{r['p_value']:.2g}"]
+            + [r["verdict"] + (" REGRESSION" if r["regression"] else "")]
             for r in out
         ],
     )
@@ -171,12 +161,6 @@ def run(args) -> int:
             "cannot be told from noise; it takes one past the floor",
             style="yellow",
         )
-    for r in unjudged if args.strict else []:
-        print(
-            f"perfloop compare: --strict: {r['op']}/{r['variant']} {r['shape']}: {r['verdict']}",
-            file=sys.stderr,
-        )
-    return code
 
 
 def _profiles(store, a: str, b: str):

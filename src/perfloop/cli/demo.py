@@ -51,6 +51,16 @@ def _check_variants(op, dtype, dev) -> tuple[list[str], list[list[str]]]:
     return runnable, rows
 
 
+def _ceilings_said(c: dict) -> str:
+    return ", ".join(
+        f"{what} {c[key]:.{digits}f} {unit}" if (c.get(key) or 0) > 0 else f"{what} not measured"
+        for what, key, unit, digits in (
+            ("copy", "copy_gbps", "GB/s", 0),
+            ("fp32 matmul", "matmul_fp32_tflops", "TFLOP/s", 2),
+        )
+    )
+
+
 def run(args) -> int:
     import torch
 
@@ -74,15 +84,7 @@ def run(args) -> int:
         f"device: {env['device']['name']} | torch {env['torch']} | triton {env['triton'] or '-'}"
         f" | shape {shape[0]}x{shape[1]} fp32"
     )
-    c = ceilings()
-    said = [
-        f"{what} {c[key]:.{digits}f} {unit}" if (c.get(key) or 0) > 0 else f"{what} not measured"
-        for what, key, unit, digits in (
-            ("copy", "copy_gbps", "GB/s", 0),
-            ("fp32 matmul", "matmul_fp32_tflops", "TFLOP/s", 2),
-        )
-    ]
-    out.print(f"measured ceilings: {', '.join(said)}")
+    out.print(f"measured ceilings: {_ceilings_said(ceilings())}")
     store = open_store(args)
     run_id = start_run(store)
 

@@ -120,39 +120,9 @@ def learned_floor(history: Sequence[float]) -> float | None:
 MAX_DRIFT = 2.0  # a reference that moved more than this between the runs: two different machines
 
 
-def judge(
-    a: Sequence[float],
-    b: Sequence[float],
-    *,
-    fail_above_pct: float | None = None,
-    kind: str = "cpu",
-    a_ref: Sequence[float] | None = None,
-    b_ref: Sequence[float] | None = None,
-    history: Sequence[float] | None = None,
-    contended: bool = False,
-    alpha: float = 0.01,
-) -> Verdict:
-    """Whether samples `b` (a later run) are slower than `a` beyond run-to-run noise.
-
-    >>> v = judge([1.0, 1.01, 0.99] * 5, [1.5, 1.52, 1.49] * 5, fail_above_pct=5)
-    >>> v.regression, v.verdict
-    (True, 'slower')
-    """
-    ratio = tail_ms(b) / tail_ms(a)
-    a_raw, b_raw = a, b
-    drift = None
-    if a_ref is not None and b_ref is not None:
-        drift = ratio * normalized_tail(a, a_ref) / normalized_tail(b, b_ref)
-    # the reference is divided out on a quiet machine, and where the machine's change is in
-    # bounds; a machine that ran more than MAX_DRIFT faster while the code ran slower (or the
-    # reverse) leaves the raw change as a lower bound of the code's
-    against = drift is not None and abs(math.log(drift)) > math.log(MAX_DRIFT) and (drift > 1) != (ratio > 1)
-    follows = not contended or (tracks(a, a_ref) and tracks(b, b_ref))
-    divided = drift is not None and follows and not against
-    adjusted = ratio / drift if divided else ratio
-    if divided and len(a_ref) == len(a) and len(b_ref) == len(b):  # interleaved: test the per-round ratios
-        a = [x / r for x, r in zip(a, a_ref, strict=True)]
-        b = [x / r for x, r in zip(b, b_ref, strict=True)]
+def _floor(history: Sequence[float] | None, contended: bool, kind: str) -> tuple[float, str]:
+    """(the noise floor, as a fraction, and where it comes from): learned from the runs of the
+    same code where there are enough, else the default for the run's device and load."""
     learned = learned_floor(history or [])
     if learned is not None and contended and learned < CONTENDED_FLOOR:
         floor, source = (
@@ -166,6 +136,12 @@ def judge(
         source = ("default for a contended run" if contended else f"default for a {kind} run") + (
             "; no history of the same code"
         )
+    return floor, source
+
+
+def _machine_moved(ratio, drift, adjusted, floor, source, divided, contended, against) -> Verdict | None:
+    """A "cannot judge" verdict where the machine's own pace (the reference workload) moved
+    between the runs by enough to leave the code's change unknown; None where it did not."""
     if drift is not None and abs(math.log(drift)) > math.log(MAX_DRIFT) and not against:
         # the machine itself ran that much slower or faster in one run, the way the code moved:
         # what remains of the code's change after dividing that out is not a measurement
@@ -212,6 +188,46 @@ def judge(
             "again on a quiet machine"
         )
         return Verdict(ratio, drift, adjusted, floor, source, 1.0, False, why, divided)
+    return None
+
+
+def judge(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    fail_above_pct: float | None = None,
+    kind: str = "cpu",
+    a_ref: Sequence[float] | None = None,
+    b_ref: Sequence[float] | None = None,
+    history: Sequence[float] | None = None,
+    contended: bool = False,
+    alpha: float = 0.01,
+) -> Verdict:
+    """Whether samples `b` (a later run) are slower than `a` beyond run-to-run noise.
+
+    >>> v = judge([1.0, 1.01, 0.99] * 5, [1.5, 1.52, 1.49] * 5, fail_above_pct=5)
+    >>> v.regression, v.verdict
+    (True, 'slower')
+    """
+    ratio = tail_ms(b) / tail_ms(a)
+    a_raw, b_raw = a, b
+    drift = None
+    if a_ref is not None and b_ref is not None:
+        drift = ratio * normalized_tail(a, a_ref) / normalized_tail(b, b_ref)
+    # the reference is divided out on a quiet machine, and where the machine's change is in
+    # bounds; a machine that ran more than MAX_DRIFT faster while the code ran slower (or the
+    # reverse) leaves the raw change as a lower bound of the code's
+    against = drift is not None and abs(math.log(drift)) > math.log(MAX_DRIFT) and (drift > 1) != (ratio > 1)
+    follows = not contended or (tracks(a, a_ref) and tracks(b, b_ref))
+    divided = drift is not None and follows and not against
+    adjusted = ratio / drift if divided else ratio
+    if divided and len(a_ref) == len(a) and len(b_ref) == len(b):  # interleaved: test the per-round ratios
+        a = [x / r for x, r in zip(a, a_ref, strict=True)]
+        b = [x / r for x, r in zip(b, b_ref, strict=True)]
+    floor, source = _floor(history, contended, kind)
+    unsure = _machine_moved(ratio, drift, adjusted, floor, source, divided, contended, against)
+    if unsure is not None:
+        return unsure
     p = stats.independent_ratio(a, b)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
     # the raw times must have moved too: where they did not, only the reference workload did,
     # and its change is not the code's (code whose time does not follow the machine: a wait)

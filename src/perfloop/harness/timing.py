@@ -98,15 +98,10 @@ def bench(
         raise BenchError(
             f"fn raised while sampling: {type(exc).__name__}: {exc}; the measurement was discarded"
         ) from exc
-    warns += input_drift_warnings(before)
+    warns += input_drift_warnings(before) + _sampling_warnings(samples, reason, budget_s, target_ci)
     contended = None if on_cuda else load.warning()
     if contended:
         warns.append(contended)
-    if reason == "budget":
-        warns.append(
-            f"stopped by the time budget ({budget_s:g} s) before the CI reached "
-            f"+-{target_ci:.1%}: CI is +-{stats.relative_ci_halfwidth(samples):.1%}"
-        )
     graph_meta: dict = {}
     if on_cuda and sampler.graph is not None:
         graph_meta, graph_warns = graph_gaps(sampler, samples)
@@ -132,6 +127,15 @@ def bench(
         meta=meta,
         extra_warnings=tuple(warns),
     )
+
+
+def _sampling_warnings(samples, reason: str, budget_s: float, target_ci: float) -> list[str]:
+    if reason != "budget":
+        return []
+    return [
+        f"stopped by the time budget ({budget_s:g} s) before the CI reached "
+        f"+-{target_ci:.1%}: CI is +-{stats.relative_ci_halfwidth(samples):.1%}"
+    ]
 
 
 def compare(
@@ -169,34 +173,12 @@ def compare(
     >>> c.speedups["b"].significant
     False
     """
-    if not isinstance(fns, dict) or not fns:
-        raise ValueError("fns: must be a non-empty dict of {name: callable}")
-    for name, f in fns.items():
-        if not callable(f):
-            raise TypeError(f"fns[{name!r}]: must be callable, got {f!r}")
-    baseline = baseline if baseline is not None else next(iter(fns))
-    if baseline not in fns:
-        raise ValueError(f"baseline: {baseline!r} is not one of {sorted(fns)}")
-    if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
-        raise ValueError(
-            f"min_effect: the smallest speed-up called significant, as a fraction in [0, 1) "
-            f"(0.005 = 0.5%), got {min_effect!r}"
-        )
+    baseline = _compare_args(fns, baseline, min_effect)
     validate(next(iter(fns.values())), budget_s, target_ci, min_rounds, max_rounds, warmup_s, False, "rounds")
     on_cuda = _device.has_cuda()
     t0 = time.perf_counter()
-    samplers, outputs = {}, {}
     timed = {**fns, _REFERENCE: reference} if reference is not None else fns
-    for name, f in timed.items():
-        try:
-            samplers[name], _, _, outputs[name] = prepare(
-                f, (), {}, flush_l2=flush_l2, graph=False, warmup_s=warmup_s, on_cuda=on_cuda
-            )
-        except BenchError as exc:
-            raise BenchError(f"fns[{name!r}]: {exc}") from exc.__cause__
-    outputs.pop(_REFERENCE, None)
-    _check_same_outputs(outputs, baseline, check_values)
-    del outputs
+    samplers = _prepared(timed, baseline, check_values, flush_l2, warmup_s, on_cuda)
     names = list(timed)
 
     def judged(samples: dict, n_boot: int = 2000) -> dict:
@@ -216,27 +198,9 @@ def compare(
 
     with CpuLoad() as load:
         samples, reason = _interleave(samplers, min_rounds, max_rounds, target_ci, t0 + budget_s, settled)
-    contended = None if on_cuda else load.warning()
-    env = _device.env_fingerprint()
-    ceil = _resolve_ceilings(None, work)
-    meas = {
-        n: Measurement(
-            samples_ms=tuple(samples[n]),
-            work=work,
-            label=n,
-            ceilings=ceil,
-            env=env,
-            meta={
-                "stop_reason": reason,
-                "interleaved": True,
-                "calls_per_sample": samplers[n].calls_per_sample,
-                "flush_l2": bool(flush_l2 and on_cuda),
-                "other_cpu_cores": None if on_cuda else load.other_cores,
-            },
-            extra_warnings=(contended,) if contended else (),
-        )
-        for n in names
-    }
+    meas = _measurements(
+        samples, samplers, names, work, reason, flush_l2 and on_cuda, None if on_cuda else load
+    )
     ref = meas.pop(_REFERENCE, None)
     speedups = {
         n: Speedup(
@@ -249,6 +213,60 @@ def compare(
         for n, (s, excl, small, by_p) in judged(samples).items()
     }
     return Comparison(baseline=baseline, measurements=meas, speedups=speedups, reference=ref)
+
+
+def _measurements(samples, samplers, names, work, reason: str, flushed: bool, load) -> dict:
+    """One Measurement per candidate of an interleaved run (`load`: the CPU's, None on a GPU)."""
+    contended = load.warning() if load is not None else None
+    env = _device.env_fingerprint()
+    ceil = _resolve_ceilings(None, work)
+    meta = {"stop_reason": reason, "interleaved": True, "flush_l2": bool(flushed)}
+    meta["other_cpu_cores"] = load.other_cores if load is not None else None
+    return {
+        n: Measurement(
+            samples_ms=tuple(samples[n]),
+            work=work,
+            label=n,
+            ceilings=ceil,
+            env=env,
+            meta=meta | {"calls_per_sample": samplers[n].calls_per_sample},
+            extra_warnings=(contended,) if contended else (),
+        )
+        for n in names
+    }
+
+
+def _compare_args(fns, baseline: str | None, min_effect) -> str:
+    """The baseline's name, after compare's arguments are checked."""
+    if not isinstance(fns, dict) or not fns:
+        raise ValueError("fns: must be a non-empty dict of {name: callable}")
+    for name, f in fns.items():
+        if not callable(f):
+            raise TypeError(f"fns[{name!r}]: must be callable, got {f!r}")
+    baseline = baseline if baseline is not None else next(iter(fns))
+    if baseline not in fns:
+        raise ValueError(f"baseline: {baseline!r} is not one of {sorted(fns)}")
+    if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
+        raise ValueError(
+            f"min_effect: the smallest speed-up called significant, as a fraction in [0, 1) "
+            f"(0.005 = 0.5%), got {min_effect!r}"
+        )
+    return baseline
+
+
+def _prepared(timed: dict, baseline: str, check_values: bool, flush_l2, warmup_s, on_cuda) -> dict:
+    """Each candidate's sampler, warmed up, once every output matched the baseline's."""
+    samplers, outputs = {}, {}
+    for name, f in timed.items():
+        try:
+            samplers[name], _, _, outputs[name] = prepare(
+                f, (), {}, flush_l2=flush_l2, graph=False, warmup_s=warmup_s, on_cuda=on_cuda
+            )
+        except BenchError as exc:
+            raise BenchError(f"fns[{name!r}]: {exc}") from exc.__cause__
+    outputs.pop(_REFERENCE, None)
+    _check_same_outputs(outputs, baseline, check_values)
+    return samplers
 
 
 def _interleave(

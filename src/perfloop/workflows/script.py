@@ -518,6 +518,57 @@ def _exit_in_main_thread():
 
 
 def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
+    _check_taken(w)
+    if w.ended_at is not None:
+        w.warnings.append(
+            f"--window: the script ended {w.ended_at:.3g} s into the window of "
+            f"{w.window[1]:g} s: profiled {w.ended_at:.3g} s only"
+        )
+    if w.count_work and w.range_name and w.counted_prof is None:
+        why = (
+            "the script's own torch.profiler had started by the one after the profiled ones"
+            if w.count_blocked
+            else "keep --skip plus --steps below the script's count"
+        )
+        w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} to count ({why})")
+    counted = (
+        counting.counted(w.counted_prof, w.counter.records, w.on_cuda, w.trees) if w.counted_prof else None
+    )
+    say_compiled(w)
+    plain = _plain_ms(w)
+    # the profile's own copies of the range bound it where the trace has them (not NVTX's, not
+    # optimizer steps': there the profiled span is the steps)
+    traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
+    samples = w.sampler.align(w.prof.events(), w.sampler_mark) if w.sampler is not None else None
+    p = profiling.build_profile(
+        w.prof,
+        max(w.calls, 1),
+        w.wall_ms,
+        w.wall_ms,
+        w.on_cuda,
+        w.warnings,
+        counted,
+        range_name=traced,
+        plain_wall_ms=plain,
+        samples=samples,
+        window_cut_s=w.ended_at,
+        compile_metrics=compilation.live_metrics(),
+        break_reasons=compilation.live_break_reasons(),
+        step=w.range_name,
+        sites=sites,
+        trees=w.trees,
+    )
+    if not p.items():
+        what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
+        raise ValueError(
+            f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "
+            "analyse; choose steps or a window where the script computes"
+        )
+    return p
+
+
+def _check_taken(w: _Window) -> None:
+    """Raise, saying why and what to pass instead, where the window took no profile of a step."""
     if w.range_name == AUTO:
         seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"
         raise ValueError(
@@ -549,21 +600,11 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
             if w.range_name
             else "--window: the script ended before the window opened"
         )
-    if w.ended_at is not None:
-        w.warnings.append(
-            f"--window: the script ended {w.ended_at:.3g} s into the window of "
-            f"{w.window[1]:g} s: profiled {w.ended_at:.3g} s only"
-        )
-    if w.count_work and w.range_name and w.counted_prof is None:
-        why = (
-            "the script's own torch.profiler had started by the one after the profiled ones"
-            if w.count_blocked
-            else "keep --skip plus --steps below the script's count"
-        )
-        w.warnings.append(f"FLOPs and bytes not counted: no occurrence of {w.range_name!r} to count ({why})")
-    counted = (
-        counting.counted(w.counted_prof, w.counter.records, w.on_cuda, w.trees) if w.counted_prof else None
-    )
+
+
+def _plain_ms(w: _Window) -> float | None:
+    """The profiled steps' time without the profiler: the median pace of the unprofiled steps that
+    did not compile (the steady ones after the profile, where there are two), or None."""
     compiled = set(w.compiled)  # the pace of steps that compiled is not the step's ...
     profiled = range(w.first_timed, w.first_timed + w.steps)
     recompiling = bool(w.range_name and w.first_timed) and all(n in compiled for n in profiled)
@@ -575,7 +616,6 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
     after = sorted(w.paced[k + 1] - w.paced[k] for k in w.paced if k + 1 in w.paced and k not in compiled)
     if len(after) >= 2 and not recompiling:  # steady steps, where the early skipped ones may still warm up
         periods = after
-    say_compiled(w)
     plain = periods[len(periods) // 2] * 1e3 * max(w.calls, 1) if periods else None
     if w.range_name and plain is None and len(w.enters) > 2:
         w.warnings.append(
@@ -587,32 +627,4 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
             "idle time measured under the profiler, which slows the host: --skip 2 or more "
             "times the unprofiled steps and scales the idle to them"
         )
-    # the profile's own copies of the range bound it where the trace has them (not NVTX's, not
-    # optimizer steps': there the profiled span is the steps)
-    traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
-    samples = w.sampler.align(w.prof.events(), w.sampler_mark) if w.sampler is not None else None
-    p = profiling.build_profile(
-        w.prof,
-        max(w.calls, 1),
-        w.wall_ms,
-        w.wall_ms,
-        w.on_cuda,
-        w.warnings,
-        counted,
-        range_name=traced,
-        plain_wall_ms=plain,
-        samples=samples,
-        window_cut_s=w.ended_at,
-        compile_metrics=compilation.live_metrics(),
-        break_reasons=compilation.live_break_reasons(),
-        step=w.range_name,
-        sites=sites,
-        trees=w.trees,
-    )
-    if not p.items():
-        what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
-        raise ValueError(
-            f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "
-            "analyse; choose steps or a window where the script computes"
-        )
-    return p
+    return plain

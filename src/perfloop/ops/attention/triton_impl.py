@@ -50,18 +50,8 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(x) = log2(x) * LN2
 
 
 @triton.jit
-def _load(
-    base,
-    rows,
-    n_rows,
-    offs_d,
-    stride_row,
-    stride_d,
-    HEAD_DIM: tl.constexpr,
-    MASK: tl.constexpr,
-    UPCAST: tl.constexpr,
-    TRANS: tl.constexpr = False,
-):
+def _load(base, rows, n_rows, offs_d, stride_row, stride_d, HEAD_DIM: tl.constexpr, MASK: tl.constexpr,
+          UPCAST: tl.constexpr, TRANS: tl.constexpr = False):  # fmt: skip
     """Rows `rows` (< n_rows) of a (seq, HEAD_DIM) matrix, as (rows, d) or, with TRANS,
     (d, rows); zeros outside. MASK=False: the caller knows every row and column is in bounds."""
     if TRANS:
@@ -80,33 +70,10 @@ def _load(
 
 
 @triton.jit
-def _fwd_tiles(
-    q,
-    k_base,
-    v_base,
-    m_i,
-    l_i,
-    acc,
-    qk_scale,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
-    SK,
-    SK_V,
-    offs_m,
-    offs_n,
-    offs_d,
-    lo,
-    hi,
-    MASK: tl.constexpr,
-    MASK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd, stride_vn, stride_vd, SK,
+               SK_V, offs_m, offs_n, offs_d, lo, hi, MASK: tl.constexpr, MASK_D: tl.constexpr,
+               CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
     """Key tiles [lo, hi) into the running (m_i, l_i, acc); MASK where a tile can hold
     keys past SK or above the diagonal. V's rows are read up to SK_V (>= SK: zeros past SK)."""
     for start_n in range(lo, hi, BLOCK_N):
@@ -131,9 +98,8 @@ def _fwd_tiles(
 
 
 @triton.jit
-def _key_range(
-    pid_m, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr
-):
+def _key_range(pid_m, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+               CAUSAL: tl.constexpr):  # fmt: skip
     """(mid, hi) for query block pid_m: key tiles [0, mid) need no mask; [mid, hi) are the
     diagonal band (causal) and a ragged last tile. Causal tiles past the block's last query
     are never visited."""
@@ -149,42 +115,16 @@ def _key_range(
 
 @triton.jit
 def _fwd_kernel(
-    Q,
-    K,
-    V,
-    O,
-    L,
-    qk_scale,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    stride_od,
-    H,
-    SQ,
-    SK,
-    SK_V,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    UPCAST: tl.constexpr,
+    Q, K, V, O, L, qk_scale,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H, SQ, SK, SK_V,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
-):
+):  # fmt: skip
     pid_m = tl.program_id(0)
     if CAUSAL:  # the longest rows first: the short ones fill the launch's tail
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -194,77 +134,22 @@ def _fwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     MASK_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    q = _load(
-        Q + b * stride_qb + h * stride_qh,
-        offs_m,
-        SQ,
-        offs_d,
-        stride_qm,
-        stride_qd,
-        HEAD_DIM,
-        MASK_D or not EVEN_M,
-        UPCAST,
-    )
+    q = _load(Q + b * stride_qb + h * stride_qh, offs_m, SQ, offs_d, stride_qm, stride_qd, HEAD_DIM,
+              MASK_D or not EVEN_M, UPCAST)  # fmt: skip
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     mid, hi = _key_range(pid_m, SK, BLOCK_M, BLOCK_N, EVEN_N, CAUSAL)
-    m_i, l_i, acc = _fwd_tiles(
-        q,
-        k_base,
-        v_base,
-        m_i,
-        l_i,
-        acc,
-        qk_scale,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        SK,
-        SK_V,
-        offs_m,
-        offs_n,
-        offs_d,
-        0,
-        mid,
-        MASK=False,
-        MASK_D=MASK_D,
-        CAUSAL=CAUSAL,
-        HEAD_DIM=HEAD_DIM,
-        UPCAST=UPCAST,
-        PRECISION=PRECISION,
-        BLOCK_N=BLOCK_N,
-    )
-    m_i, l_i, acc = _fwd_tiles(
-        q,
-        k_base,
-        v_base,
-        m_i,
-        l_i,
-        acc,
-        qk_scale,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        SK,
-        SK_V,
-        offs_m,
-        offs_n,
-        offs_d,
-        mid,
-        hi,
-        MASK=True,
-        MASK_D=MASK_D,
-        CAUSAL=CAUSAL,
-        HEAD_DIM=HEAD_DIM,
-        UPCAST=UPCAST,
-        PRECISION=PRECISION,
-        BLOCK_N=BLOCK_N,
-    )
+    m_i, l_i, acc = _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd, stride_vn,
+                               stride_vd, SK, SK_V, offs_m, offs_n, offs_d, 0, mid, MASK=False, MASK_D=MASK_D,
+                               CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
+                               BLOCK_N=BLOCK_N)  # fmt: skip
+    m_i, l_i, acc = _fwd_tiles(q, k_base, v_base, m_i, l_i, acc, qk_scale, stride_kn, stride_kd, stride_vn,
+                               stride_vd, SK, SK_V, offs_m, offs_n, offs_d, mid, hi, MASK=True, MASK_D=MASK_D,
+                               CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
+                               BLOCK_N=BLOCK_N)  # fmt: skip
     acc = acc / l_i[:, None]
     row_ok = offs_m < SQ
     tl.store(
@@ -299,29 +184,10 @@ def _rows(X, bh, offs, S, MASK: tl.constexpr):
 
 @triton.jit
 def _dkdv_tiles(
-    dk,
-    dv,
-    k,
-    v,
-    Q,
-    DO,
-    L,
-    Dl,
-    bh,
-    SQ,
-    offs_n,
-    offs_d,
-    lo,
-    hi,
-    qk_scale,
-    MASK: tl.constexpr,
-    MASK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
+    dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, lo, hi, qk_scale,
+    MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
     q_base = Q + bh * SQ * HEAD_DIM
     do_base = DO + bh * SQ * HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
@@ -347,28 +213,12 @@ def _dkdv_tiles(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    L,
-    Dl,
-    DK,
-    DV,
-    sm_scale,
-    H,
-    SQ,
-    SK,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    UPCAST: tl.constexpr,
+    Q, K, V, DO, L, Dl, DK, DV, sm_scale,
+    H, SQ, SK,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
-):
+):  # fmt: skip
     # all tensors contiguous (B*H, S, HEAD_DIM); one program per BLOCK_N keys, walking the queries
     pid_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -392,79 +242,16 @@ def _bwd_dkdv_kernel(
     if CAUSAL:
         lo = n0 // BLOCK_M * BLOCK_M
         mid = tl.maximum(lo, tl.minimum(tl.cdiv(n0 + BLOCK_N, BLOCK_M) * BLOCK_M, m_even))
-        dk, dv = _dkdv_tiles(
-            dk,
-            dv,
-            k,
-            v,
-            Q,
-            DO,
-            L,
-            Dl,
-            bh,
-            SQ,
-            offs_n,
-            offs_d,
-            lo,
-            mid,
-            qk_scale,
-            MASK=True,
-            MASK_D=MASK_D,
-            CAUSAL=CAUSAL,
-            HEAD_DIM=HEAD_DIM,
-            UPCAST=UPCAST,
-            PRECISION=PRECISION,
-            BLOCK_M=BLOCK_M,
-        )
-    dk, dv = _dkdv_tiles(
-        dk,
-        dv,
-        k,
-        v,
-        Q,
-        DO,
-        L,
-        Dl,
-        bh,
-        SQ,
-        offs_n,
-        offs_d,
-        mid,
-        m_even,
-        qk_scale,
-        MASK=False,
-        MASK_D=MASK_D,
-        CAUSAL=CAUSAL,
-        HEAD_DIM=HEAD_DIM,
-        UPCAST=UPCAST,
-        PRECISION=PRECISION,
-        BLOCK_M=BLOCK_M,
-    )
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, lo, mid, qk_scale,
+                             MASK=True, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST,
+                             PRECISION=PRECISION, BLOCK_M=BLOCK_M)  # fmt: skip
+    dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, mid, m_even, qk_scale,
+                         MASK=False, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST,
+                         PRECISION=PRECISION, BLOCK_M=BLOCK_M)  # fmt: skip
     if not EVEN_M:
-        dk, dv = _dkdv_tiles(
-            dk,
-            dv,
-            k,
-            v,
-            Q,
-            DO,
-            L,
-            Dl,
-            bh,
-            SQ,
-            offs_n,
-            offs_d,
-            tl.maximum(mid, m_even),
-            SQ,
-            qk_scale,
-            MASK=True,
-            MASK_D=MASK_D,
-            CAUSAL=CAUSAL,
-            HEAD_DIM=HEAD_DIM,
-            UPCAST=UPCAST,
-            PRECISION=PRECISION,
-            BLOCK_M=BLOCK_M,
-        )
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, DO, L, Dl, bh, SQ, offs_n, offs_d, tl.maximum(mid, m_even), SQ,
+                             qk_scale, MASK=True, MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
+                             UPCAST=UPCAST, PRECISION=PRECISION, BLOCK_M=BLOCK_M)  # fmt: skip
     kv_mask = (offs_n[:, None] < SK) & (offs_d[None, :] < HEAD_DIM)
     kv_off = kv_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -473,29 +260,10 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_tiles(
-    dq,
-    q,
-    do,
-    lse2,
-    di,
-    K,
-    V,
-    bh,
-    SK,
-    SQ,
-    offs_m,
-    offs_d,
-    lo,
-    hi,
-    qk_scale,
-    MASK: tl.constexpr,
-    MASK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, lo, hi, qk_scale,
+    MASK: tl.constexpr, MASK_D: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     k_base = K + bh * SK * HEAD_DIM
     v_base = V + bh * SK * HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -517,27 +285,12 @@ def _dq_tiles(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    L,
-    Dl,
-    DQ,
-    sm_scale,
-    H,
-    SQ,
-    SK,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    UPCAST: tl.constexpr,
+    Q, K, V, DO, L, Dl, DQ, sm_scale,
+    H, SQ, SK,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
-):
+):  # fmt: skip
     # one program per BLOCK_M queries, walking the keys
     pid_m = tl.program_id(0)
     if CAUSAL:
@@ -554,60 +307,15 @@ def _bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     qk_scale = sm_scale * LOG2E
     mid, hi = _key_range(pid_m, SK, BLOCK_M, BLOCK_N, EVEN_N, CAUSAL)
-    dq = _dq_tiles(
-        dq,
-        q,
-        do,
-        lse2,
-        di,
-        K,
-        V,
-        bh,
-        SK,
-        SQ,
-        offs_m,
-        offs_d,
-        0,
-        mid,
-        qk_scale,
-        MASK=False,
-        MASK_D=MASK_D,
-        CAUSAL=CAUSAL,
-        HEAD_DIM=HEAD_DIM,
-        UPCAST=UPCAST,
-        PRECISION=PRECISION,
-        BLOCK_N=BLOCK_N,
-    )
-    dq = _dq_tiles(
-        dq,
-        q,
-        do,
-        lse2,
-        di,
-        K,
-        V,
-        bh,
-        SK,
-        SQ,
-        offs_m,
-        offs_d,
-        mid,
-        hi,
-        qk_scale,
-        MASK=True,
-        MASK_D=MASK_D,
-        CAUSAL=CAUSAL,
-        HEAD_DIM=HEAD_DIM,
-        UPCAST=UPCAST,
-        PRECISION=PRECISION,
-        BLOCK_N=BLOCK_N,
-    )
+    dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, 0, mid, qk_scale, MASK=False,
+                   MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
+                   BLOCK_N=BLOCK_N)  # fmt: skip
+    dq = _dq_tiles(dq, q, do, lse2, di, K, V, bh, SK, SQ, offs_m, offs_d, mid, hi, qk_scale, MASK=True,
+                   MASK_D=MASK_D, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, UPCAST=UPCAST, PRECISION=PRECISION,
+                   BLOCK_N=BLOCK_N)  # fmt: skip
     q_mask = (offs_m[:, None] < SQ) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(
-        DQ + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
-        (dq * sm_scale).to(DQ.dtype.element_ty),
-        mask=q_mask,
-    )
+    tl.store(DQ + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)  # fmt: skip
 
 
 # Tiles (BLOCK_M queries x BLOCK_N keys), warps and pipeline stages per kernel, by dtype (16-bit,

@@ -84,9 +84,8 @@ def _config(x: torch.Tensor, block: int | None, num_warps: int | None) -> tuple[
     return block or tuned_block, num_warps or tuned_warps
 
 
-def _forward(
-    x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: int | None, exact: bool = False
-) -> torch.Tensor:
+def _forward(x: torch.Tensor, out: torch.Tensor, block: int | None, num_warps: int | None, exact: bool = False
+             ) -> torch.Tensor:  # fmt: skip
     n = x.numel()
     if n:
         block, num_warps = _config(x, block, num_warps)

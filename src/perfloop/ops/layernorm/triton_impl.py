@@ -27,21 +27,8 @@ COLSUM_ROWS, COLSUM_BLOCK = TUNED["colsum_tile"]  # the final dw/db sum: a progr
 
 
 @triton.jit
-def norm_fwd_kernel(
-    X,
-    W,
-    B,
-    Y,
-    STATS,
-    stride_x,
-    stride_y,
-    n_rows,
-    n_cols,
-    eps,
-    RMS: tl.constexpr,
-    HAS_B: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+def norm_fwd_kernel(X, W, B, Y, STATS, stride_x, stride_y, n_rows, n_cols, eps,
+                    RMS: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     MEAN = STATS
     RSTD = STATS + n_rows
@@ -63,24 +50,9 @@ def norm_fwd_kernel(
 
 
 @triton.jit
-def norm_bwd_kernel(
-    X,
-    W,
-    DY,
-    DX,
-    STATS,
-    PARTIAL,
-    stride_x,
-    stride_dy,
-    stride_dx,
-    n_rows,
-    n_cols,
-    rows_per_program,
-    RMS: tl.constexpr,
-    HAS_B: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+def norm_bwd_kernel(X, W, DY, DX, STATS, PARTIAL, stride_x, stride_dy, stride_dx, n_rows, n_cols,
+                    rows_per_program, RMS: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     MEAN = STATS
     RSTD = STATS + n_rows

@@ -35,25 +35,11 @@ def _grouped_tile(pid, n_rows, n_cols, GROUP: tl.constexpr):
 
 @triton.jit
 def matmul_relu_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr = False,
-    PRECISION: tl.constexpr = "tf32",
-):
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    UPCAST: tl.constexpr = False, PRECISION: tl.constexpr = "tf32",
+):  # fmt: skip
     pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -79,24 +65,11 @@ def matmul_relu_kernel(
 
 @triton.jit
 def matmul_relu_tf32_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_N: tl.constexpr,
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
     ROUND: tl.constexpr = True,
-):
+):  # fmt: skip
     """relu(A B) in fp32 on TF32 tensor cores, as its transpose: a program's (BLOCK_N, BLOCK_M)
     tile of C^T = B^T A^T. ROUND: B^T rounded to TF32 in registers (cvt.rna), which keeps it the
     dot's register operand (the interpreter has no inline assembly: False there)."""

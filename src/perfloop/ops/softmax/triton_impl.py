@@ -74,14 +74,8 @@ def _row_stats(x_row, n_cols, BLOCK: tl.constexpr):
 
 @triton.jit
 def softmax_online_kernel(
-    x_ptr,
-    y_ptr,
-    n_rows,
-    n_cols,
-    stride_x,
-    stride_y,
-    BLOCK: tl.constexpr,
-):
+    x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y, BLOCK: tl.constexpr,
+):  # fmt: skip
     # Persistent: the grid is sized to the GPU and each program walks rows
     # pid, pid + grid, ... Fewer rows in flight means each row's share of L2 is
     # larger, so more of pass 2's (reversed) reads hit L2 instead of HBM.
@@ -113,20 +107,9 @@ def _combined_stats(stats_ptr, row, n_chunks, MAX_CHUNKS: tl.constexpr):
 
 @triton.jit
 def softmax_split_kernel(
-    x_ptr,
-    y_ptr,
-    stats_ptr,
-    count_ptr,
-    n_rows,
-    n_cols,
-    stride_x,
-    stride_y,
-    n_chunks,
-    spin_limit,
-    BLOCK: tl.constexpr,
-    MAX_CHUNKS: tl.constexpr,
-    PHASE: tl.constexpr = 0,
-):
+    x_ptr, y_ptr, stats_ptr, count_ptr, n_rows, n_cols, stride_x, stride_y, n_chunks, spin_limit,
+    BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr, PHASE: tl.constexpr = 0,
+):  # fmt: skip
     # Persistent; work item i is chunk i % n_chunks of row i // n_chunks. PHASE 0: the grid
     # is a multiple of n_chunks and every program is resident, so a row's chunks run
     # together and wait for each other. Rows with more chunks than fit at once take three
