@@ -1,6 +1,8 @@
 """Compiled code as torch records it: compile ranges in the profiler's events, Dynamo's own
 metrics (the function, the failed guard), said plainly."""
 
+from dataclasses import replace
+
 import torch
 
 import perfloop as pl
@@ -52,8 +54,10 @@ def test_the_profiled_calls_compiled_is_a_finding_and_a_warm_one_is_not():
 def test_cuda_graph_advice_for_compiled_code_names_what_in_the_step_blocks_them():
     """A launch-bound compiled step is told CUDA graphs, with the graph break and the sync that
     would stop them found in that step; a step with neither is told it has none."""
+    from perfloop.analysis.capture import Capture, CompileFacts
     from perfloop.analysis.compilation import CompiledCode, GraphBreak
-    from perfloop.analysis.opportunities import Step
+    from perfloop.analysis.findings import Finding, Kind
+    from perfloop.analysis.ranking import _for_compiled_code
     from perfloop.analysis.timeline import Idle
 
     brk = GraphBreak("forward", "model.py:31", ("2",), "Data-dependent branching", "data-dependent branch")
@@ -64,19 +68,19 @@ def test_cuda_graph_advice_for_compiled_code_names_what_in_the_step_blocks_them(
         syncs=[("aten::_local_scalar_dense", 1, 2.0, ())],
         sync_places={"aten::_local_scalar_dense": "train.py:40"},
     )
-    blocked = Step([], None, None, None, idle, {}, 1, 10.0, 0, None, "cuda", CompiledCode([], [brk], 2.0))
-    blocked.add("launch", "the GPU waits on launches", 5.0, "launch", "e", "fewer launches: torch.compile")
-    advice = blocked.found[0].advice
+    launch = Finding("the GPU waits on launches", 5.0, 0.5, "launch", "e", "fewer launches: torch.compile")
+    launch = replace(launch, kind=Kind.LAUNCH)
+    blocked = Capture("cuda", 1, 10.0, idle=idle, compiled=CompileFacts(CompiledCode([], [brk], 2.0)))
+    advice = _for_compiled_code(launch, blocked).advice
     assert "mode='reduce-overhead'" in advice and "torch.compile(model)" not in advice
     assert (
         "first remove: 1 graph break (model.py:31), a CPU sync (_local_scalar_dense at train.py:40)" in advice
     )
 
-    clean = Step(
-        [], None, None, None, Idle(10.0, 5.0, {}), {}, 1, 10.0, 0, None, "cuda", CompiledCode([], [], 1.0)
+    clean = Capture(
+        "cuda", 1, 10.0, idle=Idle(10.0, 5.0, {}), compiled=CompileFacts(CompiledCode([], [], 1.0))
     )
-    clean.add("launch", "the GPU waits on launches", 5.0, "launch", "e", "fewer launches: torch.compile")
-    assert "this step has none of what blocks them" in clean.found[0].advice
+    assert "this step has none of what blocks them" in _for_compiled_code(launch, clean).advice
 
 
 def test_a_compile_torch_names_no_id_is_the_one_before_it():
@@ -120,18 +124,19 @@ def test_in_compiled_code_a_graph_break_goes_before_the_cuda_graphs_finding_it_b
     removal realized 3.2 ms; CUDA graphs, the launch finding's fix, cannot replay the break, so
     the break comes first. A finding that blocks nothing keeps its place by saving."""
     from perfloop.analysis import timeline
+    from perfloop.analysis.capture import Capture, CompileFacts
     from perfloop.analysis.compilation import CompiledCode, GraphBreak
-    from perfloop.analysis.opportunities import rank
+    from perfloop.analysis.ranking import rank
 
     brk = GraphBreak("forward", "train.py:33", ("2",), "Data-dependent branching", "data-dependent branch", 2)
     causes = dict.fromkeys(timeline.CAUSES, 0.0)
-    causes[timeline.LAUNCH] = 3.4
+    causes[timeline.Cause.LAUNCH] = 3.4
     idle = timeline.Idle(8.5, 4.1, causes, break_saving_ms={"train.py:33": 1.8})
-    d = rank([], None, None, None, idle, {}, 1, 8.5, compiled=CompiledCode([], [brk], 8.0))
+    d = rank(Capture("cuda", 1, 8.5, idle=idle, compiled=CompileFacts(CompiledCode([], [brk], 8.0))), {})
     assert [f.kind for f in d.findings] == ["graph break", "launch"], str(d)
     assert d.findings[0].where == "train.py:33" and d.findings[0].saves_ms == 1.8
     assert "largest first (what blocks CUDA graphs before them)" in str(d)
-    eager = rank([], None, None, None, idle, {}, 1, 8.5, compiled=None)
+    eager = rank(Capture("cuda", 1, 8.5, idle=idle), {})
     assert [f.kind for f in eager.findings] == ["launch"]
 
 

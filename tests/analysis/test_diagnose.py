@@ -121,12 +121,12 @@ def test_one_bound_vocabulary_prints_compares_and_serializes_as_its_word():
     import json
 
     from perfloop.analysis.bound import Bound
-    from perfloop.analysis.opportunities import Opportunity, StepDiagnosis
+    from perfloop.analysis.findings import Diagnosis, Finding
 
-    o = Opportunity("x", 1.0, 0.5, Bound.MEMORY, "e", "a")
+    o = Finding("x", 1.0, 0.5, Bound.MEMORY, "e", "a")
     assert o.bound == "memory" and f"{o.bound}-bound" == "memory-bound" and str(o.bound) == "memory"
     assert "1.000 ms per call (50% of the step), memory-bound" in str(o)
-    step = StepDiagnosis([], 1.0, 1.0, 1.0)
+    step = Diagnosis([], 1.0, 1.0, 1.0)
     assert step.bound is Bound.NONE and json.loads(json.dumps(step.to_dict()))["bound"] == "none"
     assert {b.value for b in Bound} >= {"launch", "memory", "compute", "latency", "host", "precision"}
 
@@ -158,11 +158,12 @@ def test_diagnose_is_one_type_with_or_without_work_and_its_findings_serialize():
 def test_a_findings_kind_is_one_of_a_closed_set():
     """Each analyzer names its findings with a Kind; a word outside the set is refused where the
     finding is made, not carried as a stray string."""
+    from perfloop.analysis.capture import Capture
+    from perfloop.analysis.causes.base import Findings
     from perfloop.analysis.findings import Kind
-    from perfloop.analysis.opportunities import Step
 
-    s = Step([], None, None, None, None, {}, 1, 10.0, 0, None, "cpu")
-    s.add("graph break", "t", 5.0, "host", "e", "a")
+    s = Findings(Capture(device="cpu", calls=1, wall_ms=10.0), {})
+    s.add(Kind.GRAPH_BREAK, "t", 5.0, "host", "e", "a")
     assert s.found[0].kind is Kind.GRAPH_BREAK and s.found[0].kind == "graph break"
-    with pytest.raises(ValueError):
-        s.add("graph brake", "t", 5.0, "host", "e", "a")
+    with pytest.raises(TypeError, match="kind: a findings.Kind"):
+        s.add("graph break", "t", 5.0, "host", "e", "a")

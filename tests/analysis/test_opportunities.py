@@ -7,7 +7,7 @@ import torch.nn as nn
 
 import perfloop as pl
 from helpers import tf32_matmuls
-from perfloop.analysis.opportunities import StepDiagnosis
+from perfloop.analysis.findings import Diagnosis
 
 
 class SoftmaxBySixOps(nn.Module):
@@ -60,7 +60,7 @@ def _planted(body: nn.Module, rows: int, d: int, dev: str = "cpu", linear: bool 
 )
 def test_the_planted_problem_ranks_first(body, rows, d, module, bound):
     d_ = pl.profile(_planted(body, rows, d), calls=2).diagnose()
-    assert isinstance(d_, StepDiagnosis)
+    assert isinstance(d_, Diagnosis)
     top = d_.opportunities[0]
     assert f"in {module} (" in top.title, str(d_)
     assert top.bound == bound, str(d_)
@@ -77,7 +77,7 @@ def test_on_a_cpu_the_advice_names_no_gpu_remedy():
 
 def test_a_call_that_ran_work_is_never_unclear():
     d = pl.profile(lambda x: x @ x, torch.randn(256, 256)).diagnose()
-    assert isinstance(d, StepDiagnosis) and d.bound != "unclear"
+    assert isinstance(d, Diagnosis) and d.bound != "unclear"
     assert d.opportunities or d.at_ceiling, str(d)  # something to gain, or the ceiling it runs at
 
 
@@ -180,7 +180,8 @@ def test_attention_through_sdpa_is_not_called_written_out():
 )
 def test_pageable_copies_are_counted_in_words(per_call, title):
     from perfloop.analysis.attribution import Item
-    from perfloop.analysis.opportunities import rank
+    from perfloop.analysis.capture import Capture
+    from perfloop.analysis.ranking import rank
 
     calls = 3
     copies = [
@@ -188,18 +189,19 @@ def test_pageable_copies_are_counted_in_words(per_call, title):
         for _ in range(per_call * calls)
     ]
     work = [Item("gemm", "aten::mm", "model.fc", "forward", 1.0, 0, 1) for _ in range(calls)]
-    d = rank(copies + work, None, [], [], None, {}, calls, wall_ms=4.0 * per_call + 1.0)
+    c = Capture("cuda", calls, 4.0 * per_call + 1.0, tuple(copies + work), records=(), counted_items=())
+    d = rank(c, {})
     assert d.opportunities[0].title.startswith(title) and d.opportunities[0].title.endswith("per call")
     assert d.opportunities[0].saves_ms == pytest.approx(4.0 * per_call)
 
 
 def test_one_opportunity_reads_as_one():
-    from perfloop.analysis.opportunities import Opportunity
+    from perfloop.analysis.findings import Finding
 
-    one = Opportunity("optimizer: 150 ops per step", 1.5, 0.2, "host", "828 us per call", "fused=True")
-    head = str(StepDiagnosis([one], 7.7, 5.2, 0.73)).splitlines()[0]
+    one = Finding("optimizer: 150 ops per step", 1.5, 0.2, "host", "828 us per call", "fused=True")
+    head = str(Diagnosis([one], 7.7, 5.2, 0.73)).splitlines()[0]
     assert head.endswith("; 1 opportunity"), head
-    two = str(StepDiagnosis([one, one], 7.7, 5.2, 0.73)).splitlines()[0]
+    two = str(Diagnosis([one, one], 7.7, 5.2, 0.73)).splitlines()[0]
     assert two.endswith("; 2 opportunities, largest first"), two
 
 

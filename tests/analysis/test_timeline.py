@@ -299,9 +299,9 @@ def test_a_graph_breaks_saving_is_the_sooner_end_without_every_stretch_of_eager_
     because of it. Its saving is how much sooner the step would end without both stretches (the
     launches after each that much earlier), not the idle before frame 2's region alone (run31:
     0.73 ms predicted against 3.19 ms realized by torch.where)."""
+    from perfloop.analysis.capture import Capture, CompileFacts
+    from perfloop.analysis.causes import graph_breaks
     from perfloop.analysis.compilation import CompiledCode, GraphBreak
-    from perfloop.analysis.compiled_found import graph_breaks_found
-    from perfloop.analysis.opportunities import Step
 
     step = ev("step", 0, 1000)
     kernels = [(0, 100), (310, 390), (610, 1000)]
@@ -312,9 +312,8 @@ def test_a_graph_breaks_saving_is_the_sooner_end_without_every_stretch_of_eager_
     # (starts 210, ends 600): the step ends at 600, not 1000
     assert r.break_saving_ms == {"train.py:33": pytest.approx(0.4)}
     b = GraphBreak("forward", "train.py:33", ("2",), "Data-dependent branching", "data-dependent branch", 1)
-    s = Step([], None, None, None, r, {}, 1, 1.0, 0, None, "cuda", CompiledCode([], [b], 2.0))
-    graph_breaks_found(s)
-    [f] = s.found
+    c = Capture("cuda", 1, 1.0, idle=r, compiled=CompileFacts(CompiledCode([], [b], 2.0)))
+    [f] = graph_breaks.find(c, {})
     assert f.kind == "graph break" and f.saves_ms == pytest.approx(0.4) and f.where == "train.py:33"
 
 
@@ -324,21 +323,22 @@ def test_cuda_graphs_saving_in_compiled_code_is_the_launch_gaps_inside_the_graph
     runs a compiled graph from 0 to 400 (two gaps between its kernels: 40 us) and then eager
     code (one gap: 60 us); the CUDA-graphs finding saves the 40."""
     from perfloop.analysis import timeline
+    from perfloop.analysis.capture import Capture, CompileFacts
     from perfloop.analysis.compilation import CompiledCode
-    from perfloop.analysis.opportunities import rank
+    from perfloop.analysis.ranking import rank
 
     step = ev("step", 0, 1000)
     kernels = [(10, 200), (220, 300), (320, 400), (460, 1000)]
     launched = [5, 215, 315, 455]  # each after the one before ended: the host behind
     r = idle([step], kernels, launched_at=launched, compiled=([], [], {}, [(0, 400)]))
-    assert r.by_cause[timeline.LAUNCH] == pytest.approx(0.1)
+    assert r.by_cause[timeline.Cause.LAUNCH] == pytest.approx(0.1)
     assert r.launch_in_graphs_ms == pytest.approx(0.04)
-    d = rank([], None, None, None, r, {}, 1, 1.0, compiled=CompiledCode([], [], 1.0))
+    d = rank(Capture("cuda", 1, 1.0, idle=r, compiled=CompileFacts(CompiledCode([], [], 1.0))), {})
     [launch] = [f for f in d.findings if f.kind == "launch"]
     assert launch.saves_ms == pytest.approx(0.04) and "mode='reduce-overhead'" in launch.advice
-    eager = rank([], None, None, None, r, {}, 1, 1.0, compiled=None)
+    eager = rank(Capture("cuda", 1, 1.0, idle=r), {})
     [launch] = [f for f in eager.findings if f.kind == "launch"]
-    assert launch.saves_ms == pytest.approx(0.1 + r.by_cause[timeline.FIRST])
+    assert launch.saves_ms == pytest.approx(0.1 + r.by_cause[timeline.Cause.FIRST])
 
 
 def test_a_long_stretch_inside_a_compiled_graphs_call_is_its_launching_not_host_work():
@@ -352,8 +352,8 @@ def test_a_long_stretch_inside_a_compiled_graphs_call_is_its_launching_not_host_
     kernels = [(10, 100), (250, 300), (700, 1000)]
     launched = [5, 245, 695]
     r = idle([step], kernels, launched_at=launched, compiled=([], [], {}, [(0, 400)]))
-    assert r.by_cause[timeline.OUTSIDE] == pytest.approx(0.4)  # 300 -> 700: after the graph's call
-    assert r.by_cause[timeline.LAUNCH] == pytest.approx(0.15)  # 100 -> 250: inside it
+    assert r.by_cause[timeline.Cause.OUTSIDE] == pytest.approx(0.4)  # 300 -> 700: after the graph's call
+    assert r.by_cause[timeline.Cause.LAUNCH] == pytest.approx(0.15)  # 100 -> 250: inside it
     assert r.launch_in_graphs_ms == pytest.approx(0.15)
 
 

@@ -62,14 +62,14 @@ def test_report_renders_in_headless_chromium(demo, tmp_path):
 def test_a_profile_whose_diagnosis_is_a_steps_renders(tmp_path):
     """Under load the demo's naive GELU once got a step's diagnosis (no op recorded: a note, no
     evidence) and the report died on KeyError 'advice'."""
-    from perfloop.analysis.opportunities import StepDiagnosis
+    from perfloop.analysis.findings import Diagnosis
 
     s = Store(tmp_path / "x.db")
     run = s.new_run("x")
     s.add(
         run, pl.Measurement(samples_ms=(1.0, 1.2, 1.1)), op="gelu", variant="naive", shape=(4,), dtype="fp32"
     )
-    d = StepDiagnosis([], 1.0, 0.0, 0.0, note="the calls ran no torch op the profiler recorded")
+    d = Diagnosis([], 1.0, 0.0, 0.0, note="the calls ran no torch op the profiler recorded")
     s.add_artifact(run, "profile", {"kernels": [], "diagnosis": d.to_dict()}, op="gelu", variant="naive")
     page = render_html(s, tmp_path / "rep").read_text()
     assert "the calls ran no torch op the profiler recorded" in page

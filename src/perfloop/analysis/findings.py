@@ -26,6 +26,7 @@ class Kind(str, Enum):
     TINY_OPS = "tiny ops"  # a run of ops too short to fill the device
     PAGEABLE_COPY = "pageable copy"
     LAYOUT_COPY = "layout copy"
+    CONV_LAYOUT = "conv layout"  # convolutions in NCHW, transposed around each kernel
     DTYPE_CAST = "dtype cast"
     OPTIMIZER = "optimizer"
     PRECISION = "precision"  # fp32 matmuls with TF32 off

@@ -32,6 +32,7 @@ from perfloop.harness.ceilings import ceilings as measured_ceilings
 from perfloop.harness.measurement import Work, fmt_ms
 
 if TYPE_CHECKING:
+    from perfloop.analysis.capture import Capture
     from perfloop.analysis.compilation import CompiledCode
     from perfloop.analysis.findings import Diagnosis
     from perfloop.analysis.timeline import Idle
@@ -323,11 +324,10 @@ class Profile:
         return p
 
     def diagnose(self, ceilings: dict | None = None) -> Diagnosis:
-        """The findings, largest time saved first. With `work` given: what kind of bound this
-        one op is, as a one-finding diagnosis."""
+        """The findings, largest time saved first (ranking.rank over this profile's capture). With
+        `work` given: what kind of bound this one op is, as a one-finding diagnosis."""
         from perfloop.analysis.diagnose import diagnose
-        from perfloop.analysis.opportunities import rank
-        from perfloop.analysis.timeline import FIRST
+        from perfloop.analysis.ranking import rank
 
         if not self.items():
             from perfloop.analysis.findings import Diagnosis
@@ -345,30 +345,43 @@ class Profile:
             )
         if self.work is not None:
             return diagnose(self, ceilings)
-        ceilings = ceilings if ceilings is not None else measured_ceilings()
+        return rank(self.capture(), ceilings if ceilings is not None else measured_ceilings())
+
+    def capture(self) -> Capture:
+        """This profile as the analyzers read it (capture.Capture): parsed once, frozen."""
+        return self._capture
+
+    @functools.cached_property
+    def _capture(self) -> Capture:
+        from perfloop.analysis.capture import Capture, CompileFacts
+        from perfloop.analysis.timeline import Cause
+
         records, counted_items, _ = self._counted or (None, None, 1)
-        l2 = _device.l2_bytes() if self.kind == "cuda" else 0
         idle = self.idle()
         if idle is not None and self.step is None:  # pl.profile's calls: the wait for the first is ours
-            idle.by_cause[FIRST] = 0.0
+            idle.by_cause[Cause.FIRST] = 0.0
         wall = self.wall_ms_per_call
         if self.kind != "cuda" and self.profiled_wall_ms_per_call:
             # a CPU: the unprofiled run and the profiled one at the faster one's pace (another
             # process's load can slow either: a loaded run read 175 ms unprofiled over 24 of ops)
             wall = min(wall, self.profiled_wall_ms_per_call)
-        return rank(
-            self.items(),
-            self._work(),
-            records,
-            counted_items,
-            idle,
-            ceilings,
-            self.calls,
-            wall,
-            l2,
+        code = self.compiled_code()
+        facts = None
+        if code is not None:
+            facts = CompileFacts(code, tuple(self.compiled_regions()), tuple(self._graph_calls))
+        return Capture(
+            device=self.kind,
+            calls=self.calls,
+            wall_ms=wall,
+            items=tuple(self.items()),
+            records=tuple(records) if records is not None else None,
+            counted_items=tuple(counted_items) if counted_items is not None else None,
+            work=self._work(),
+            idle=idle,
+            l2_bytes=_device.l2_bytes() if self.kind == "cuda" else 0,
             sites=self.sites,
-            kind=self.kind,
-            compiled=self.compiled_code(),
+            compiled=facts,
+            step=self.step,
         )
 
     def compiled_code(self) -> CompiledCode | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 from torch.autograd import DeviceType
 
@@ -36,17 +37,28 @@ SYNC_APIS = (
     "cuStreamSynchronize",
     "cuCtxSynchronize",
 )
-SYNC = "synchronizing calls"
-LAUNCH = "host launch overhead"
-FIRST = "before the first kernel"
-PAGEABLE = "pageable host-to-device copy"
-ALLOCATOR = "the caching allocator"
-DATA = "data loading"
-OPTIMIZER = "the optimizer's host loop"
-OUTSIDE = "host work outside torch"
-COMPILE = "compilation (Dynamo, Inductor)"
-GRAPH_BREAK = "eager code between compiled graphs"
-CAUSES = (SYNC, LAUNCH, FIRST, PAGEABLE, ALLOCATOR, DATA, OPTIMIZER, OUTSIDE, COMPILE, GRAPH_BREAK)
+
+
+class Cause(str, Enum):
+    """Why the device sat idle: one cause per stretch (the module's docstring says the rules). A
+    str, so it compares and serializes as its words."""
+
+    SYNC = "synchronizing calls"
+    LAUNCH = "host launch overhead"
+    FIRST = "before the first kernel"
+    PAGEABLE = "pageable host-to-device copy"
+    ALLOCATOR = "the caching allocator"
+    DATA = "data loading"
+    OPTIMIZER = "the optimizer's host loop"
+    OUTSIDE = "host work outside torch"
+    COMPILE = "compilation (Dynamo, Inductor)"
+    GRAPH_BREAK = "eager code between compiled graphs"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CAUSES = tuple(Cause)
 ALLOC_APIS = (
     "cudaMalloc",
     "cudaFree",
@@ -72,8 +84,12 @@ DATA_DEPENDENT = (
     "aten::repeat_interleave",
 )
 # the idle a host that runs ahead of the device (no sync holding it back) hides under queued work
-OVERLAPPED = (SYNC, LAUNCH, FIRST, GRAPH_BREAK)
-RANGES = {"enumerate(DataLoader)": DATA, "Optimizer.step#": OPTIMIZER, "Optimizer.zero_grad#": OPTIMIZER}
+OVERLAPPED = (Cause.SYNC, Cause.LAUNCH, Cause.FIRST, Cause.GRAPH_BREAK)
+RANGES = {
+    "enumerate(DataLoader)": Cause.DATA,
+    "Optimizer.step#": Cause.OPTIMIZER,
+    "Optimizer.zero_grad#": Cause.OPTIMIZER,
+}
 
 
 @dataclass
@@ -97,7 +113,7 @@ class Idle:
     # launch gaps while the host ran a compiled graph (None: no graph calls given)
     launch_in_graphs_ms: float | None = None
 
-    raw: Idle | None = field(default=None, repr=False)  # before the syncs took any launch gap
+    raw: Idle | None = field(default=None, repr=False, compare=False)  # before the syncs took any launch gap
 
     def charged(self, host_pace: float = 1.0) -> Idle:
         """A copy with the launch gaps the syncs caused charged to them (both rules below)."""
@@ -112,23 +128,23 @@ class Idle:
         is not the wait for the first kernel: the launch gaps behind the emptied queue up to
         that are the syncs'."""
         own = max(0.0, self.sync_host_ms - self.waited_ms) * host_pace  # the ops' host time, not waiting
-        target = min(self.idle_ms - self.by_cause[FIRST], self.by_cause[SYNC] + own)
+        target = min(self.idle_ms - self.by_cause[Cause.FIRST], self.by_cause[Cause.SYNC] + own)
         total = sum(ms for _, _, ms, _ in self.syncs)
-        moved = min(max(0.0, target - self.by_cause[SYNC]), self.by_cause[LAUNCH])
+        moved = min(max(0.0, target - self.by_cause[Cause.SYNC]), self.by_cause[Cause.LAUNCH])
         if moved <= 0 or not total:
             return self
-        launch = self.by_cause[LAUNCH]
-        self.by_cause[SYNC] += moved
-        self.by_cause[LAUNCH] -= moved
+        launch = self.by_cause[Cause.LAUNCH]
+        self.by_cause[Cause.SYNC] += moved
+        self.by_cause[Cause.LAUNCH] -= moved
         self.syncs = [(op, n, ms + moved * ms / total, s) for op, n, ms, s in self.syncs]
         places: Counter = Counter()
         for c, p, ms in self.places:
-            if c == LAUNCH:
+            if c == Cause.LAUNCH:
                 places[(c, p)] += ms * (1 - moved / launch)
             else:
                 places[(c, p)] += ms
         for op, _, ms, _ in self.syncs:
-            places[(SYNC, self.sync_places.get(op, ""))] += moved * ms / self.by_cause[SYNC]
+            places[(Cause.SYNC, self.sync_places.get(op, ""))] += moved * ms / self.by_cause[Cause.SYNC]
         self.places = [(c, p, ms) for (c, p), ms in places.most_common() if ms > 0]
         return self
 
@@ -136,15 +152,15 @@ class Idle:
         """Where the host's own time (all but its waits) is less than the device's, without the
         syncs it would run ahead and no launch gap would show: every one is the emptied queue's,
         charged to the syncs (in proportion to the idle right after each)."""
-        launch, total = self.by_cause[LAUNCH], sum(ms for _, _, ms, _ in self.syncs)
+        launch, total = self.by_cause[Cause.LAUNCH], sum(ms for _, _, ms, _ in self.syncs)
         if not (launch and total and self.wall_ms - self.waited_ms < self.busy_ms):
             return self
-        self.by_cause[SYNC] += launch
-        self.by_cause[LAUNCH] = 0.0
+        self.by_cause[Cause.SYNC] += launch
+        self.by_cause[Cause.LAUNCH] = 0.0
         self.syncs = [(op, n, ms + launch * ms / total, s) for op, n, ms, s in self.syncs]
         merged: Counter = Counter()
         for c, p, ms in self.places:
-            merged[(SYNC if c == LAUNCH else c, p)] += ms
+            merged[(Cause.SYNC if c == Cause.LAUNCH else c, p)] += ms
         self.places = [(c, p, ms) for (c, p), ms in merged.most_common()]
         return self
 
@@ -452,15 +468,15 @@ class _Host:
         inside = [(c, a, b) for a, b, c in self.ranges.meeting(s, e) if min(e, b) - max(s, a) > half]
         broken = [(a, b, r) for a, b, r, *_ in self.between.meeting(s, e) if min(e, b) - max(s, a) > half]
         if self.compiling.overlap(s, e) > half:
-            cause = COMPILE
+            cause = Cause.COMPILE
         elif broken:
-            cause = GRAPH_BREAK
+            cause = Cause.GRAPH_BREAK
         elif blocking:
-            cause = SYNC
+            cause = Cause.SYNC
         elif self.pageable and self.copies.overlap(s, e) > half:
-            cause = PAGEABLE
+            cause = Cause.PAGEABLE
         elif self.allocs.overlap(s, e) > half:
-            cause = ALLOCATOR
+            cause = Cause.ALLOCATOR
         elif inside:
             cause = inside[-1][0]
         elif (
@@ -468,11 +484,11 @@ class _Host:
             and self.ops.overlap(s, e) + self.graph_calls.overlap(s, e) < half
             and not _in_torch(s, e, self.samples)
         ):
-            cause = OUTSIDE
+            cause = Cause.OUTSIDE
         elif self.before_first(s, e):
-            cause = FIRST
+            cause = Cause.FIRST
         else:
-            cause = SYNC if last_sync is not None else LAUNCH
+            cause = Cause.SYNC if last_sync is not None else Cause.LAUNCH
         return cause, blocking, inside, broken
 
 
@@ -568,22 +584,22 @@ def _charge(holes, host: _Host, ended: dict, samples: Points, sync_places: dict)
         if not ended.get(round(s, 3), True):
             last_sync = last_break = None  # the block before this hole had queued work: the host caught up
         cause, blocking, inside, broken = host.cause(s, e, last_sync)
-        if cause == GRAPH_BREAK:
+        if cause == Cause.GRAPH_BREAK:
             last_break = broken[-1][2]
-        elif cause in (SYNC, LAUNCH) and not blocking and last_break is not None:
-            cause, broken = GRAPH_BREAK, [(s, e, last_break)]  # behind the queue the break emptied
-        if cause == SYNC:
+        elif cause in (Cause.SYNC, Cause.LAUNCH) and not blocking and last_break is not None:
+            cause, broken = Cause.GRAPH_BREAK, [(s, e, last_break)]  # behind the queue the break emptied
+        if cause == Cause.SYNC:
             last_sync = blocking[-1] if blocking else last_sync
             after[last_sync] += ms
         by_cause[cause] += ms
-        if cause == LAUNCH:
+        if cause == Cause.LAUNCH:
             in_graphs += min(ms, host.graph_calls.overlap(s, e) / 1e3)
         # a named range's stretches: where its samples were, all along the range
         at = (inside[-1][1], inside[-1][2]) if inside and cause == inside[-1][0] else (s, e)
         place = _place(*at, samples)
-        if cause == SYNC:  # the line that synchronized, not the one the host went on to
+        if cause == Cause.SYNC:  # the line that synchronized, not the one the host went on to
             place = sync_places.get(last_sync, place)
-        elif cause == GRAPH_BREAK:  # the break: named by the compiled region resumed after it
+        elif cause == Cause.GRAPH_BREAK:  # the break: named by the compiled region resumed after it
             place = broken[-1][2]
         places[(cause, place)] += ms
     return by_cause, after, places, in_graphs

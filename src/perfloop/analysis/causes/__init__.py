@@ -1,0 +1,35 @@
+"""The causes a step's diagnosis looks for: one module each, one analyzer each,
+`find(capture, ceilings) -> list[Finding]`, listed once below. A new cause is a new module here
+and one line in ANALYZERS (and its Kind).
+
+Where two could count the same time, the later one asks the earlier what it explains (the ops
+finding leaves out the fused runs' and the written-out attention's ops: `fusion.covered`,
+`attention.covered`), so each analyzer reads the capture alone and the order below is only the
+order the findings are made in; the ranking sorts them.
+"""
+
+from perfloop.analysis.causes import (
+    attention,
+    compiles,
+    conv_layout,
+    fusion,
+    graph_breaks,
+    idle,
+    layout,
+    ops,
+    optimizer,
+    pageable,
+)
+
+ANALYZERS = [
+    compiles.find,
+    graph_breaks.find,
+    attention.find,
+    fusion.find,
+    pageable.find,
+    layout.find,
+    conv_layout.find,
+    optimizer.find,
+    ops.find,
+    idle.find,
+]
