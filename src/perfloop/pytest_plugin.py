@@ -28,6 +28,7 @@ import json
 import math
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,28 @@ INTERLEAVABLE = {"budget_s", "work", "flush_l2", "target_ci", "warmup_s"}
 DEFAULT_FAIL_ABOVE = 5.0
 
 
+@dataclass
+class _State:
+    """What one pytest session's perfloop keeps, in the config's stash (pytest's place for a
+    plugin's own data on its objects)."""
+
+    notes: list = field(default_factory=list)
+    taken: dict = field(default_factory=dict)  # key -> Measurement
+    owner: dict = field(default_factory=dict)  # a measurement's name -> the test that took it
+    verdicts: dict = field(default_factory=dict)
+    baseline: dict = field(default_factory=dict)
+    matched: set = field(default_factory=set)
+    fail_above: float = 0.0
+
+
+STATE = pytest.StashKey[_State]()
+
+
+def state(config) -> _State:
+    """This session's perfloop state (empty where pytest_configure did not run: --help)."""
+    return config.stash.get(STATE, None) or _State()
+
+
 class Recorder:
     def __init__(self, config, key: str, nodeid: str = ""):
         self.config = config
@@ -112,13 +135,13 @@ class Recorder:
         if name is None:
             self.unnamed += 1
             return self.key if self.unnamed == 1 else f"{self.key}#{self.unnamed}"
-        owner = self.config._perfloop_owner.get(name)
+        owner = state(self.config).owner.get(name)
         if owner is not None:
             raise ValueError(
                 f"name: {name!r} was already measured in this session (by {owner}); give each "
                 "perfloop.bench call its own name"
             )
-        self.config._perfloop_owner[name] = self.nodeid
+        state(self.config).owner[name] = self.nodeid
         return name
 
     def bench(self, fn, *args, name: str | None = None, **kwargs) -> Measurement | None:
@@ -139,8 +162,8 @@ class Recorder:
             m.meta["reference_samples_ms"] = list(c.reference.samples_ms)
         else:
             m = bench(fn, *args, label=key, **kwargs)
-        self.config._perfloop_taken[key] = m
-        base = self.config._perfloop_baseline.get(key)
+        state(self.config).taken[key] = m
+        base = state(self.config).baseline.get(key)
         if base is not None:
             self._judge(key, base, m)
         return m
@@ -148,17 +171,17 @@ class Recorder:
     def _judge(self, key: str, base: Measurement, m: Measurement) -> None:
         from perfloop.harness import gate
 
-        self.config._perfloop_matched.add(key)
+        state(self.config).matched.add(key)
         v = gate.judge(
             base.samples_ms,
             m.samples_ms,
-            fail_above_pct=self.config._perfloop_fail_above,
+            fail_above_pct=state(self.config).fail_above,
             kind=(m.env.get("device") or {}).get("kind", "cpu"),
             a_ref=base.meta.get("reference_samples_ms"),
             b_ref=m.meta.get("reference_samples_ms"),
             contended=gate.contended(base.meta) or gate.contended(m.meta),
         )
-        self.config._perfloop_verdicts[key] = v
+        state(self.config).verdicts[key] = v
         if v.verdict.startswith("cannot judge"):  # said, never passed in silence
             if self.config.getoption("--perfloop-strict"):
                 pytest.fail(f"perfloop: {key}: {v.verdict} (--perfloop-strict)", pytrace=False)
@@ -195,9 +218,9 @@ def _entry(path: str, k: str, v: Any) -> Measurement:
         raise pytest.UsageError(
             f"{where}: samples must be finite positive times (found NaN, inf, zero or text)"
         )
-    for field, kind in (("meta", dict), ("env", dict), ("work", dict)):
-        if v.get(field) is not None and not isinstance(v[field], kind):
-            raise pytest.UsageError(f"{where}: {field} must be an object, got a {type(v[field]).__name__}")
+    for part, kind in (("meta", dict), ("env", dict), ("work", dict)):
+        if v.get(part) is not None and not isinstance(v[part], kind):
+            raise pytest.UsageError(f"{where}: {part} must be an object, got a {type(v[part]).__name__}")
     ref = (v.get("meta") or {}).get("reference_samples_ms")
     if ref is not None and not _positive_times(ref):
         raise pytest.UsageError(f"{where}: meta.reference_samples_ms must be finite positive times")
@@ -303,7 +326,7 @@ def _settings(config) -> None:
         if Path(s.reference).exists():
             opt.perfloop_compare = s.reference
         else:
-            config._perfloop_notes.append(
+            state(config).notes.append(
                 f"[tool.perfloop] reference {s.reference} does not exist yet: nothing "
                 f"was compared; save one with --perfloop-save {s.reference}"
             )
@@ -311,20 +334,15 @@ def _settings(config) -> None:
 
 
 def pytest_configure(config):
-    config._perfloop_notes = []
+    config.stash[STATE] = _State()
     _settings(config)
-    config._perfloop_taken = {}
-    config._perfloop_owner = {}
-    config._perfloop_verdicts = {}
-    config._perfloop_baseline = {}
-    config._perfloop_matched = set()
     fail_above = config.getoption("--perfloop-fail-above", default=None)
-    config._perfloop_fail_above = DEFAULT_FAIL_ABOVE if fail_above is None else fail_above
+    state(config).fail_above = DEFAULT_FAIL_ABOVE if fail_above is None else fail_above
     if fail_above is not None and not (math.isfinite(fail_above) and fail_above >= 0):
         raise pytest.UsageError(f"--perfloop-fail-above: must be a percentage >= 0, got {fail_above}")
     path = config.getoption("--perfloop-compare", default=None)
     if path:
-        config._perfloop_baseline = _read_baseline(path)
+        state(config).baseline = _read_baseline(path)
     save = config.getoption("--perfloop-save", default=None)
     if save is not None:
         _check_output("--perfloop-save", save, holds_object=True)
@@ -360,9 +378,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     session), then each compared one's verdict, slowest first."""
     from perfloop.harness.measurement import fmt_ms
 
-    taken = getattr(config, "_perfloop_taken", {})
-    verdicts = getattr(config, "_perfloop_verdicts", {})
-    for note in getattr(config, "_perfloop_notes", []):
+    taken = state(config).taken
+    verdicts = state(config).verdicts
+    for note in state(config).notes:
         terminalreporter.write_line(f"perfloop: {note}", yellow=True)
     if taken:
         terminalreporter.section("perfloop benchmarks")
@@ -387,10 +405,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    base = getattr(config, "_perfloop_baseline", {})
-    taken = list(getattr(config, "_perfloop_taken", {}))
+    base = state(config).baseline
+    taken = list(state(config).taken)
     keys = list(base)
-    if base and taken and not config._perfloop_matched:
+    if base and taken and not state(config).matched:
         tr = config.pluginmanager.get_plugin("terminalreporter")
         msg = (
             f"perfloop: the baseline has {len(keys)} keys and none matched the {len(taken)} measured "
@@ -408,7 +426,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def _keep(config) -> None:
     path = config.getoption("--perfloop-db", default=None)
-    taken = getattr(config, "_perfloop_taken", {})
+    taken = state(config).taken
     if not path or not taken:
         return
     from perfloop.results.store import Store
@@ -428,7 +446,7 @@ def _write(path: str, payload: Any) -> None:
 
 def _save(config) -> None:
     path = config.getoption("--perfloop-save", default=None)
-    taken = getattr(config, "_perfloop_taken", {})
+    taken = state(config).taken
     if not path or not taken:
         return
     merged = json.loads(Path(path).read_text()) if Path(path).exists() else {}
@@ -442,7 +460,7 @@ def _save_benchmark_json(config) -> None:
     import statistics
 
     path = config.getoption("--perfloop-benchmark-json", default=None)
-    taken = getattr(config, "_perfloop_taken", {})
+    taken = state(config).taken
     if not path or not taken:
         return
     from perfloop.device import env_fingerprint

@@ -1,65 +1,36 @@
-"""Planted bottlenecks: small models with one known problem each; the ranked diagnosis must put
-that problem first, with the right bound."""
+"""Planted bottlenecks: small steps with one known problem each; the ranked diagnosis must put
+that problem first, with the right bound. The steps are recorded once (tests/fixtures/record.py)
+and ranked here from their captures, so a verdict does not hang on this machine's load; the GPU
+cases were recorded on the H200."""
 
 import pytest
 import torch
 import torch.nn as nn
 
 import perfloop as pl
+from fixtures.record import HERE, planted
 from helpers import tf32_matmuls
+from perfloop.analysis.capture import load
 from perfloop.analysis.findings import Diagnosis
+from perfloop.analysis.ranking import rank
 
 
-class SoftmaxBySixOps(nn.Module):
-    def forward(self, x):
-        m = x.amax(dim=-1, keepdim=True)
-        e = (x - m).exp()
-        return e / e.sum(dim=-1, keepdim=True) * 1.0 + 0.0
-
-
-class LayerNormByHand(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.weight, self.bias = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
-
-    def forward(self, x):
-        mu = x.mean(-1, keepdim=True)
-        xc = x - mu
-        var = (xc * xc).mean(-1, keepdim=True)
-        return xc * torch.rsqrt(var + 1e-5) * self.weight + self.bias
-
-
-class ThousandTinyKernels(nn.Module):
-    def forward(self, x):
-        for _ in range(1000):
-            x = x * 1.0001
-        return x
-
-
-def _planted(body: nn.Module, rows: int, d: int, dev: str = "cpu", linear: bool = False):
-    """A step whose time is the planted module's (a Linear before it only where asked: on a
-    2-core CPU a large one would outweigh anything planted after it)."""
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(d, d) if linear else nn.Identity(), body).to(dev)
-    x = torch.randn(rows, d, device=dev, requires_grad=True)
-
-    def step():
-        net(x).sum().backward()
-
-    return step
+def ranked(case: str) -> Diagnosis:
+    """The diagnosis of a recorded case, against the ceilings it was recorded with."""
+    capture, ceilings = load(HERE / f"{case}.json.gz")
+    return rank(capture, ceilings)
 
 
 @pytest.mark.parametrize(
-    "body, rows, d, module, bound",
+    "case, module, bound",
     [
-        (SoftmaxBySixOps(), 2048, 1024, "1", "memory"),
-        (LayerNormByHand(1024), 2048, 1024, "1", "memory"),
-        (ThousandTinyKernels(), 4, 8, "1", "launch"),
+        ("softmax-in-six-ops", "1", "memory"),
+        ("unfused-layernorm", "1", "memory"),
+        ("thousand-tiny-kernels", "1", "launch"),
     ],
-    ids=["softmax-in-six-ops", "unfused-layernorm", "thousand-tiny-kernels"],
 )
-def test_the_planted_problem_ranks_first(body, rows, d, module, bound):
-    d_ = pl.profile(_planted(body, rows, d), calls=2).diagnose()
+def test_the_planted_problem_ranks_first(case, module, bound):
+    d_ = ranked(case)
     assert isinstance(d_, Diagnosis)
     top = d_.opportunities[0]
     assert f"in {module} (" in top.title, str(d_)
@@ -69,14 +40,14 @@ def test_the_planted_problem_ranks_first(body, rows, d, module, bound):
 
 def test_on_a_cpu_the_advice_names_no_gpu_remedy():
     """A CPU step of 1000 tiny ops: fuse them, not 'replay as a CUDA graph' (there is none here)."""
-    d_ = pl.profile(_planted(ThousandTinyKernels(), 4, 8), calls=2).diagnose()
+    d_ = ranked("thousand-tiny-kernels")
     top = d_.opportunities[0]
     assert top.title.startswith("1000 tiny ops in a row in 1"), str(d_)
     assert not any("CUDA graph" in o.advice or "the GPU" in o.evidence for o in d_.opportunities), str(d_)
 
 
 def test_a_call_that_ran_work_is_never_unclear():
-    d = pl.profile(lambda x: x @ x, torch.randn(256, 256)).diagnose()
+    d = ranked("matmul")
     assert isinstance(d, Diagnosis) and d.bound != "unclear"
     assert d.opportunities or d.at_ceiling, str(d)  # something to gain, or the ceiling it runs at
 
@@ -84,7 +55,7 @@ def test_a_call_that_ran_work_is_never_unclear():
 @pytest.mark.gpu
 def test_on_the_gpu_an_fp32_matmul_with_tf32_off_is_a_precision_problem():
     with tf32_matmuls(False):
-        d = pl.profile(_planted(nn.GELU(), 4096, 4096, "cuda", linear=True), calls=3).diagnose()
+        d = pl.profile(planted(nn.GELU(), 4096, 4096, "cuda", linear=True), calls=3).diagnose()
     top = d.opportunities[0]
     assert top.bound == "precision" and "TF32" in top.title, str(d)
 
@@ -108,32 +79,8 @@ def test_on_the_gpu_an_item_in_the_step_is_found_with_its_line():
     assert top.bound == "host" and "test_opportunities.py:" in top.evidence, str(d)
 
 
-class WrittenOutAttention(nn.Module):
-    """Causal self-attention as nanoGPT writes it without flash: the T x T scores materialized."""
-
-    def __init__(self, d=64, heads=4, t=256):
-        super().__init__()
-        self.c_attn, self.c_proj, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
-        self.register_buffer("bias", torch.tril(torch.ones(t, t)).view(1, 1, t, t))
-
-    def forward(self, x):
-        import math
-
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
-        att = torch.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.c_proj(y)
-
-
 def test_attention_written_out_is_one_opportunity_with_sdpa_advice_not_fusion_chains():
-    torch.manual_seed(0)
-    net = nn.Sequential(WrittenOutAttention())
-    x = torch.randn(8, 256, 64, requires_grad=True)
-    d = pl.profile(lambda: net(x).sum().backward(), calls=2).diagnose(ceilings={"copy_gbps": 20.0})
+    d = ranked("written-attention")
     # one opportunity with SDPA's advice, among the first two (on a CPU with another process busy
     # the projections' matmuls can time slow enough to rank above it), a fifth of the ops' time at
     # least (of the ops, not the wall: a loaded run's unprofiled calls ran 5x slower than its ops)
@@ -147,31 +94,13 @@ def test_attention_written_out_is_one_opportunity_with_sdpa_advice_not_fusion_ch
 
 def test_written_attention_says_where_it_is_and_that_pl_patch_rewrites_it():
     """Issue 40: the finding's where line, from pl.patch's plan of the model."""
-    import dataclasses
-
-    from perfloop.nn.patch import plan
-
-    torch.manual_seed(0)
-    net = nn.Sequential(WrittenOutAttention(t=64))
-    x = torch.randn(4, 64, 64, requires_grad=True)
-    p = pl.profile(lambda: net(x).sum().backward(), calls=2)
-    d = dataclasses.replace(p, sites=plan(net)).diagnose(ceilings={"copy_gbps": 20.0})
+    d = ranked("written-attention-sites")
     [top] = [o for o in d.findings if o.kind == "attention"]
-    assert "test_opportunities.py:" in top.where and "pl.patch rewrites it" in top.where, top.where
+    assert "record.py:" in top.where and "pl.patch rewrites it" in top.where, top.where
 
 
 def test_attention_through_sdpa_is_not_called_written_out():
-    class Fused(WrittenOutAttention):
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = self.c_attn(x).split(c, dim=2)
-            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-    net = nn.Sequential(Fused())
-    x = torch.randn(8, 256, 64, requires_grad=True)
-    d = pl.profile(lambda: net(x).sum().backward(), calls=2).diagnose(ceilings={"copy_gbps": 20.0})
+    d = ranked("sdpa-attention")
     assert not any("attention written out" in o.title for o in d.opportunities), str(d)
 
 
@@ -208,12 +137,7 @@ def test_one_opportunity_reads_as_one():
 def test_a_model_already_on_sdpa_is_not_told_to_use_sdpa():
     """Below its ceiling, scaled_dot_product_attention's row says another backend might help, not
     to switch to the op it already is."""
-    import torch.nn.functional as F
-
-    q, k, v = (torch.randn(4, 8, 256, 64) for _ in range(3))
-    d = pl.profile(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), calls=2).diagnose(
-        ceilings={"copy_gbps": 2000.0, "matmul_fp32_tflops": 50.0}  # far above this CPU: below both
-    )
+    d = ranked("sdpa-op")  # ceilings far above a CPU: below both
     rows = [o for o in d.findings if "attention" in o.title and o.kind in ("roofline", "latency")]
     assert rows, str(d)
     assert all("F.scaled_dot_product_attention with a flash backend" not in o.advice for o in rows), str(d)
@@ -254,20 +178,7 @@ def test_a_backward_chain_is_the_kind_of_its_modules_forward_chain():
     """llama2.c's RoPE backward (mul, neg, add, slice_backward, ...) and its RMSNorm's (pow, sum,
     div, ...) name no op only that kind makes; they are the backward of the one chain their
     module ran forward, and are told its fix (found profiling a Llama-style training script)."""
-    import torch
-    from tests.helpers import example
-
-    llama = example("llama_model")
-    torch.manual_seed(0)
-    args = llama.ModelArgs(dim=64, n_layers=2, n_heads=4, vocab_size=256, multiple_of=32, max_seq_len=64)
-    model = llama.Transformer(args)
-    x, y = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
-
-    def step():
-        model(x, y)
-        model.last_loss.backward()
-
-    d = pl.profile(step, calls=2).diagnose(ceilings={"copy_gbps": 5.0, "matmul_fp32_tflops": 0.2})
+    d = ranked("llama-backward-chains")
     fused = {
         (f.site.module, f.title.split("(")[1].split(",")[0].rstrip(")")): f.advice
         for f in d.findings
@@ -279,13 +190,12 @@ def test_a_backward_chain_is_the_kind_of_its_modules_forward_chain():
 def test_fp32_matmuls_with_tf32_off_are_one_finding_with_every_rows_saving():
     """One switch fixes them all: run32's planted fp32 step was ranked by its backward mm alone
     (19.8 ms), its forward addmm second (6.4 ms), against 27.0 ms realized by the one fix."""
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
-    x = torch.randn(512, 256)
-    p = pl.profile(lambda: m(x).square().mean().backward(), calls=2)
-    d = p.diagnose(ceilings={"matmul_fp32_tflops": 0.05, "matmul_tf32_tflops": 5.0, "copy_gbps": 20.0})
+    from perfloop.analysis.attribution import group
+
+    capture, ceilings = load(HERE / "fp32-mlp.json.gz")
+    d = rank(capture, ceilings)
     [f] = [o for o in d.findings if o.kind == "precision"]
     assert "(forward)" in f.evidence and "aten::mm (backward)" in f.evidence, str(d)
-    rows = [r for r in p.breakdown("op") if r.name in ("aten::linear", "aten::mm")]
-    matmul_ms = sum(r.device_ms for r in rows) / p.calls
+    rows = [r for r in group(list(capture.items), "op") if r.name in ("aten::linear", "aten::mm")]
+    matmul_ms = sum(r.device_ms for r in rows) / capture.calls
     assert 0.5 * matmul_ms < f.saves_ms <= matmul_ms, (f.saves_ms, matmul_ms)

@@ -130,24 +130,31 @@ def _decode(x):
     return cls(**{k: _decode(v) for k, v in x.items() if k != "@"})
 
 
-def dumps(capture: Capture) -> str:
-    return json.dumps({"format": FORMAT, "capture": _encode(capture)})
+def dumps(capture: Capture, ceilings: dict | None = None) -> str:
+    """The capture as JSON, with the ceilings it was ranked against where given."""
+    return json.dumps({"format": FORMAT, "capture": _encode(capture), "ceilings": ceilings})
 
 
-def loads(text: str) -> Capture:
+def _doc(text: str) -> dict:
     doc = json.loads(text)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else None
         raise CaptureFormatError(f"a saved capture of format {got!r}; this perfloop reads format {FORMAT}")
-    return _decode(doc["capture"])
+    return doc
 
 
-def save(capture: Capture, path: str | os.PathLike) -> Path:
-    """Write the capture as gzipped JSON (`.json.gz`)."""
+def loads(text: str) -> Capture:
+    return _decode(_doc(text)["capture"])
+
+
+def save(capture: Capture, path: str | os.PathLike, ceilings: dict | None = None) -> Path:
+    """Write the capture (and the ceilings it is ranked against) as gzipped JSON (`.json.gz`)."""
     p = Path(path)
-    p.write_bytes(gzip.compress(dumps(capture).encode(), mtime=0))
+    p.write_bytes(gzip.compress(dumps(capture, ceilings).encode(), mtime=0))
     return p
 
 
-def load(path: str | os.PathLike) -> Capture:
-    return loads(gzip.decompress(Path(path).read_bytes()).decode())
+def load(path: str | os.PathLike) -> tuple[Capture, dict | None]:
+    """(the capture, the ceilings saved with it) of a file `save` wrote."""
+    doc = _doc(gzip.decompress(Path(path).read_bytes()).decode())
+    return _decode(doc["capture"]), doc.get("ceilings")

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from perfloop.analysis import causes
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
-from perfloop.analysis.causes import ANALYZERS, ops
+from perfloop.analysis.causes import ops
 from perfloop.analysis.findings import Diagnosis, Finding, Kind, count_words
 
 COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
@@ -41,7 +42,7 @@ BLOCKERS = (
 def rank(c: Capture, ceilings: dict, analyzers: list | None = None) -> Diagnosis:
     """The ranked findings of capture `c` against the measured `ceilings` (`analyzers`: the ones
     to run, all of causes.ANALYZERS by default)."""
-    found = [f for find in (ANALYZERS if analyzers is None else analyzers) for f in find(c, ceilings)]
+    found = [f for find in (causes.ANALYZERS if analyzers is None else analyzers) for f in find(c, ceilings)]
     if c.compiled is not None:
         found = [_for_compiled_code(f, c) for f in found]
     found = blockers_first(found, c.compiled is not None)

@@ -1,0 +1,132 @@
+"""The causes a diagnosis looks for: one module each in analysis/causes, listed once in
+ANALYZERS, each reading one frozen Capture; a new cause is one module and one list line."""
+
+import dataclasses
+import importlib
+import pkgutil
+
+import pytest
+import torch
+import torch.nn as nn
+
+import perfloop as pl
+from fixtures.record import HERE, ConvNet
+from perfloop.analysis import causes
+from perfloop.analysis.attribution import Item
+from perfloop.analysis.bound import Bound
+from perfloop.analysis.capture import Capture, CaptureFormatError, dumps, load, loads
+from perfloop.analysis.causes.base import Findings
+from perfloop.analysis.findings import Kind
+from perfloop.analysis.ranking import rank
+
+HELPERS = {"base"}  # modules of the package that are not causes
+
+
+def test_every_cause_module_is_in_the_list_once_and_the_list_holds_nothing_else():
+    modules = [m.name for m in pkgutil.iter_modules(causes.__path__) if m.name not in HELPERS]
+    finds = [importlib.import_module(f"perfloop.analysis.causes.{m}").find for m in modules]
+    assert sorted(f.__module__ for f in causes.ANALYZERS) == sorted(f.__module__ for f in finds)
+    assert len(set(causes.ANALYZERS)) == len(causes.ANALYZERS) == len(modules)
+
+
+def test_a_cause_added_to_the_list_is_ranked_with_no_other_change(monkeypatch):
+    """The list is the only registry: an analyzer appended to it is run by pl.profile's
+    diagnose and its finding ranked among the others, by its saving."""
+    capture, ceilings = load(HERE / "softmax-in-six-ops.json.gz")
+
+    def planted_cause(c, ceilings):
+        f = Findings(c, ceilings)
+        f.add(Kind.HOST, "a planted cause", c.step_ms * 0.99, Bound.HOST, "its evidence", "its fix")
+        return f.found
+
+    before = rank(capture, ceilings)
+    monkeypatch.setattr(causes, "ANALYZERS", [*causes.ANALYZERS, planted_cause])
+    after = rank(capture, ceilings)
+    assert after.findings[0].title == "a planted cause"
+    assert [f.title for f in after.findings[1:]] == [f.title for f in before.findings]
+
+
+def _items(kernels: list[tuple[str, str, str, float]], calls: int) -> tuple:
+    return tuple(
+        Item(k, op, module, "forward", ms, 0, 1) for _ in range(calls) for k, op, module, ms in kernels
+    )
+
+
+TRANSPOSE_IN = "void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false>"
+TRANSPOSE_OUT = "void cudnn::engines_precompiled::nhwcToNchwKernel<__nv_bfloat16, __nv_bfloat16, float, true>"
+CONV = "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64"
+
+
+def test_convolutions_in_nchw_are_one_finding_saving_the_transposes_around_them():
+    """cuDNN's tensor-core convolutions run NHWC: on NCHW tensors it transposes in and out
+    around each one. The finding saves the transposes' time, says channels_last, and names the
+    module that spends the most on them; the transposes are not also counted as op rows."""
+    calls = 2
+    kernels = [
+        (TRANSPOSE_IN, "aten::cudnn_convolution", "body.0", 0.3),
+        (CONV, "aten::cudnn_convolution", "body.0", 1.0),
+        (TRANSPOSE_OUT, "aten::cudnn_convolution", "body.0", 0.2),
+        (TRANSPOSE_IN, "aten::cudnn_convolution", "body.3", 0.1),
+        (CONV, "aten::cudnn_convolution", "body.3", 1.0),
+    ]
+    c = Capture("cuda", calls, 2.6, _items(kernels, calls))
+    d = rank(c, {"copy_gbps": 4000.0, "matmul_bf16_tflops": 700.0})
+    [f] = [f for f in d.findings if f.kind == Kind.CONV_LAYOUT]
+    assert d.findings[0] is f, str(d)
+    assert f.saves_ms == pytest.approx(0.6) and f.evidence.values["transposes"] == 3
+    assert f.site.module == "body.0" and "channels_last" in f.advice
+    assert not any("nchwToNhwc" in g.title or "nhwcToNchw" in g.title for g in d.findings)
+
+
+def test_convolutions_already_channels_last_are_not_told_to_be():
+    kernels = [
+        (CONV, "aten::cudnn_convolution", "body.0", 1.0),
+        (CONV, "aten::cudnn_convolution", "body.3", 1.0),
+    ]
+    d = rank(Capture("cuda", 1, 2.0, _items(kernels, 1)), {"copy_gbps": 4000.0})
+    assert not any(f.kind == Kind.CONV_LAYOUT for f in d.findings), str(d)
+
+
+def test_a_profiles_capture_saves_and_loads_unchanged_and_ranks_the_same():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 64))
+    x = torch.randn(32, 64)
+    p = pl.profile(lambda: net(x).square().mean().backward(), calls=2)
+    c = p.capture()
+    assert c.items and c.records and c.idle is not None and c.work
+    back = loads(dumps(c))
+    assert back == c
+    ceilings = {"copy_gbps": 20.0, "matmul_fp32_tflops": 0.5}
+    assert str(rank(back, ceilings)) == str(rank(c, ceilings)) == str(p.diagnose(ceilings))
+
+
+def test_a_capture_of_another_format_is_refused_with_the_version():
+    text = dumps(Capture("cpu", 1, 1.0)).replace('"format": 1', '"format": 99')
+    with pytest.raises(CaptureFormatError, match="format 99; this perfloop reads format 1"):
+        loads(text)
+
+
+def test_a_capture_is_frozen():
+    c = Capture("cpu", 1, 1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.calls = 2
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_bf16_convolutions_in_nchw_are_found_and_channels_last_are_not():
+    def step_of(fmt):
+        torch.manual_seed(0)
+        net = ConvNet().to("cuda", memory_format=fmt)
+        x = torch.randn(32, 128, 56, 56, device="cuda").to(memory_format=fmt)
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                net(x).float().square().mean().backward()
+
+        return step
+
+    nchw = pl.profile(step_of(torch.contiguous_format), calls=3).diagnose()
+    [f] = [f for f in nchw.findings if f.kind == Kind.CONV_LAYOUT]
+    assert f.share > 0.05 and "channels_last" in f.advice, str(nchw)
+    last = pl.profile(step_of(torch.channels_last), calls=3).diagnose()
+    assert not any(f.kind == Kind.CONV_LAYOUT for f in last.findings), str(last)
