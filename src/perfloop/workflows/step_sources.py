@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import re
 import threading
+import weakref
 
 import torch
 
@@ -41,6 +42,7 @@ def step_sources(w):
 
     marks = itertools.count()
     opened = threading.local()  # per thread: the marks of the record_function ranges open
+    mark_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a range open -> its mark
 
     def begun_since(mark: int) -> bool:
         return any(m > mark for m in getattr(opened, "marks", ()))
@@ -51,15 +53,15 @@ def step_sources(w):
         if told(rf):
             w.enter(NUMBERED.sub("", rf.name))
         out = rf_enter(rf)
-        rf._perfloop_mark = next(marks)
-        opened.__dict__.setdefault("marks", []).append(rf._perfloop_mark)
+        mark_of[rf] = next(marks)
+        opened.__dict__.setdefault("marks", []).append(mark_of[rf])
         return out
 
     def __exit__(rf, *exc):
         try:
             return rf_exit(rf, *exc)
         finally:
-            mark = rf.__dict__.get("_perfloop_mark")
+            mark = mark_of.pop(rf, None)
             if mark is not None and mark in getattr(opened, "marks", ()):
                 opened.marks.remove(mark)
             if told(rf):
