@@ -141,42 +141,41 @@ def warmed(models: dict, batch, loss_fn) -> float:
 
 def compiled_comparison(name: str, small: bool, dev: str, budget_s: float) -> dict:
     """torch.compile(model) against torch.compile(patched model): the losses in the graph as
-    perfloop's ops (compiled.IN_GRAPH as shipped), then every fused op in the graph."""
+    perfloop's ops (compiled.in_graph as shipped), then every fused op in the graph."""
     from perfloop.harness.timing import compare
     from perfloop.nn import compiled as pc
 
     loss_fn = make_loss_fn(dev)
     out = {}
-    shipped = set(pc.IN_GRAPH)
+    shipped = pc.DEFAULT_IN_GRAPH
     every = shipped | {"layer_norm", "rms_norm"}
     for label, in_graph in (("losses in graph", shipped), ("all in graph", every)):
-        pc.IN_GRAPH = in_graph
-        torch._dynamo.reset()
-        base, batch = seeded_batch(name, small, dev)
-        patched = __import__("copy").deepcopy(base)
-        report = pl.patch(patched, batch, loss_fn=loss_fn)
-        models = {"compiled": torch.compile(base), "patched+compiled": torch.compile(patched)}
-        compile_s = warmed(models, batch, loss_fn)  # compiled outside the timing
-        steps = {k: step_of(m, batch, loss_fn) for k, m in models.items()}
-        c = compare(steps, baseline="compiled", budget_s=budget_s)
-        s = c.speedups["patched+compiled"]
-        out[label] = {
-            "in_graph": sorted(in_graph),
-            "replaced": report.replaced,
-            "compile_s": compile_s,
-            "compiled_ms": c.measurements["compiled"].median_ms,
-            "patched_compiled_ms": c.measurements["patched+compiled"].median_ms,
-            "speedup": s.speedup,
-            "ci": s.ci,
-            "significant": s.significant,
-        }
-        print(
-            f"{name} {label}: compiled {out[label]['compiled_ms']:.2f} ms, patched+compiled "
-            f"{out[label]['patched_compiled_ms']:.2f} ms, {s.speedup:.3f}x [{s.ci[0]:.3f}, {s.ci[1]:.3f}]"
-            f" (compiles {compile_s:.0f} s)",
-            flush=True,
-        )
-    pc.IN_GRAPH = shipped
+        with pc.in_graph(in_graph):
+            torch._dynamo.reset()
+            base, batch = seeded_batch(name, small, dev)
+            patched = __import__("copy").deepcopy(base)
+            report = pl.patch(patched, batch, loss_fn=loss_fn)
+            models = {"compiled": torch.compile(base), "patched+compiled": torch.compile(patched)}
+            compile_s = warmed(models, batch, loss_fn)  # compiled outside the timing
+            steps = {k: step_of(m, batch, loss_fn) for k, m in models.items()}
+            c = compare(steps, baseline="compiled", budget_s=budget_s)
+            s = c.speedups["patched+compiled"]
+            out[label] = {
+                "in_graph": sorted(in_graph),
+                "replaced": report.replaced,
+                "compile_s": compile_s,
+                "compiled_ms": c.measurements["compiled"].median_ms,
+                "patched_compiled_ms": c.measurements["patched+compiled"].median_ms,
+                "speedup": s.speedup,
+                "ci": s.ci,
+                "significant": s.significant,
+            }
+            print(
+                f"{name} {label}: compiled {out[label]['compiled_ms']:.2f} ms, patched+compiled "
+                f"{out[label]['patched_compiled_ms']:.2f} ms, {s.speedup:.3f}x [{s.ci[0]:.3f}, {s.ci[1]:.3f}]"
+                f" (compiles {compile_s:.0f} s)",
+                flush=True,
+            )
     return out
 
 

@@ -64,9 +64,8 @@ class Attention(nn.Module):
         xk = self.wk(x).view(bsz, seqlen, self.n_heads, self.head_dim)
         xv = self.wv(x).view(bsz, seqlen, self.n_heads, self.head_dim)
         xq, xk = apply_rotary_emb(xq, cos, sin), apply_rotary_emb(xk, cos, sin)
-        out = F.scaled_dot_product_attention(
-            xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), is_causal=True
-        )
+        out = F.scaled_dot_product_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2),
+                                             is_causal=True)  # fmt: skip
         return self.wo(out.transpose(1, 2).contiguous().view(bsz, seqlen, -1))
 
 

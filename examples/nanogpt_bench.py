@@ -54,13 +54,11 @@ def get_batch():  # random tokens: no data set to read
     return x, y
 
 
-gptconf = GPTConfig(
-    block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd, bias=bias, vocab_size=vocab_size
-)
+gptconf = GPTConfig(block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd, bias=bias,
+                    vocab_size=vocab_size)  # fmt: skip
 model = GPT(gptconf).to(device)
-optimizer = torch.optim.AdamW(
-    model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=device_type == "cuda"
-)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                              fused=device_type == "cuda")  # fmt: skip
 if compile:
     print("Compiling model...")
     model = torch.compile(model)

@@ -77,14 +77,12 @@ class GPT(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.config = c
-        self.transformer = nn.ModuleDict(
-            {
-                "wte": nn.Embedding(c.vocab, c.d_model),
-                "wpe": nn.Embedding(c.context, c.d_model),
-                "h": nn.ModuleList(Block(c) for _ in range(c.layers)),
-                "ln_f": nn.LayerNorm(c.d_model),
-            }
-        )
+        self.transformer = nn.ModuleDict({
+            "wte": nn.Embedding(c.vocab, c.d_model),
+            "wpe": nn.Embedding(c.context, c.d_model),
+            "h": nn.ModuleList(Block(c) for _ in range(c.layers)),
+            "ln_f": nn.LayerNorm(c.d_model),
+        })  # fmt: skip
         self.lm_head = nn.Linear(c.d_model, c.vocab, bias=False)
         self.loss = nn.CrossEntropyLoss()  # a module, so perfloop.patch can swap in its fused one
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2

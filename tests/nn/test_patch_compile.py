@@ -1,8 +1,9 @@
 """torch.compile can keep the fused kernels of a patched model (issue 23): with the cross entropy
-in compiled.IN_GRAPH it is one node of the compiled graph (a torch.library custom op, no graph
-break), forward and backward equal to the unpatched model's; what IN_GRAPH leaves out (as
+in compiled.in_graph it is one node of the compiled graph (a torch.library custom op, no graph
+break), forward and backward equal to the unpatched model's; what in_graph leaves out (as
 shipped: all but the fused head) runs torch's code."""
 
+import contextlib
 import copy
 from pathlib import Path
 
@@ -23,10 +24,19 @@ def _interpreted(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from perfloop.nn import compiled as pc
 
-    monkeypatch.setattr(pc, "IN_GRAPH", {"cross_entropy", "linear_cross_entropy"})  # as a user may set it
     torch._dynamo.reset()
-    yield
+    with pc.in_graph({"cross_entropy", "linear_cross_entropy"}):  # as a user may choose
+        yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def graph_ops():
+    """graph_ops(names): the fused functions a compiled graph takes, for the rest of the test."""
+    from perfloop.nn import compiled as pc
+
+    with contextlib.ExitStack() as stack:
+        yield lambda names: stack.enter_context(pc.in_graph(names))
 
 
 def _gpt(nanogpt):
@@ -85,10 +95,8 @@ def test_the_fused_loss_is_one_node_of_the_compiled_graph_and_equal(nanogpt, bac
         torch.testing.assert_close(grads[n], want_grads[n], atol=1e-5, rtol=1e-4, msg=n)
 
 
-def test_norms_go_into_the_graph_when_in_graph_names_them(nanogpt, monkeypatch):
-    from perfloop.nn import compiled as pc
-
-    monkeypatch.setattr(pc, "IN_GRAPH", pc.IN_GRAPH | {"layer_norm"})
+def test_norms_go_into_the_graph_when_in_graph_names_them(nanogpt, graph_ops):
+    graph_ops({"cross_entropy", "linear_cross_entropy", "layer_norm"})
     model, batch = _gpt(nanogpt)
     want_loss, want_grads = _step(copy.deepcopy(model), batch)
     pl.patch(model, batch, loss_fn=lambda m, b: m(*b)[1])
@@ -121,14 +129,10 @@ def test_a_line_left_unverified_keeps_torchs_function_under_compile():
     x = torch.randn(4, 16)
     report = pl.patch(m, (x,))
     assert len(report.replaced) == 1 and len(report.refused) == 1
-    old = pc.IN_GRAPH
-    pc.IN_GRAPH = old | {"layer_norm"}
-    try:
+    with pc.in_graph({"cross_entropy", "linear_cross_entropy", "layer_norm"}):
         graphs = []
         compiled = torch.compile(m, backend=lambda gm, i: graphs.append(gm) or gm.forward, fullgraph=True)
         torch.testing.assert_close(compiled(x), m(x))
-    finally:
-        pc.IN_GRAPH = old
     ops = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
     assert not any("perfloop" in o for o in ops)
 
@@ -152,10 +156,10 @@ def test_the_loss_module_goes_into_the_graph_too():
     assert "perfloop.cross_entropy.default" in ops
 
 
-def test_as_shipped_a_patched_model_compiles_to_the_graph_of_its_own_code(nanogpt, monkeypatch):
+def test_as_shipped_a_patched_model_compiles_to_the_graph_of_its_own_code(nanogpt, graph_ops):
     from perfloop.nn import compiled as pc
 
-    monkeypatch.setattr(pc, "IN_GRAPH", set(pc.DEFAULT_IN_GRAPH))
+    graph_ops(pc.DEFAULT_IN_GRAPH)
     model, batch = _gpt(nanogpt)
     plain_targets, _ = _graph_targets(copy.deepcopy(model), batch)
     torch._dynamo.reset()
@@ -177,12 +181,12 @@ class _Head(nn.Module):
         return None, self.head(self.ln(h), targets)  # no logits: the head never makes them
 
 
-def test_as_shipped_the_fused_head_is_one_node_of_a_compiled_graph_and_equal(monkeypatch):
+def test_as_shipped_the_fused_head_is_one_node_of_a_compiled_graph_and_equal(graph_ops):
     """LinearCrossEntropy exists to keep the logits out of memory (a GPT-2 loss in 0.29 GiB where
     compile's takes 1.63): under torch.compile it was F.linear and F.cross_entropy again."""
     from perfloop.nn import compiled as pc
 
-    monkeypatch.setattr(pc, "IN_GRAPH", set(pc.DEFAULT_IN_GRAPH))  # as shipped
+    graph_ops(pc.DEFAULT_IN_GRAPH)  # as shipped
     torch.manual_seed(0)
     model, h = _Head(), torch.randn(2, 16, 32)
     t = torch.randint(0, 301, (2, 16))

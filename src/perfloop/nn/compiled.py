@@ -3,8 +3,8 @@ graph break): each op with its autograd formula and a fake-tensor rule for traci
 use the autograd functions of the op library instead (less host time a call); both run the
 same kernels through the same `forward_parts`/`backward_parts`.
 
-Which ops go into a compiled graph is `IN_GRAPH` (names of nn.functional's fused functions:
-"cross_entropy", "linear_cross_entropy", "layer_norm", "rms_norm"). As shipped, the head
+Which ops go into a compiled graph is `in_graph(names)`'s choice, within it (names of
+nn.functional's fused functions that have a graph op: registry.GRAPH_OPS). As shipped, the head
 (nn.LinearCrossEntropy, which a model uses by name) alone: it never holds the logits (a GPT-2
 loss in 0.29 GiB where compile's takes 1.63) at compile's time (1.02x, benchmarks/NOTES.md).
 The others stay out: on the H200 the fused cross entropy in the graph ran GPT-2 small 0.995x and
@@ -16,32 +16,51 @@ gates never go in: they are elementwise, and Inductor fuses those into their nei
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import torch
 from torch import Tensor
 
+from perfloop.nn.registry import DEFAULT_IN_GRAPH, GRAPH_OPS
 from perfloop.ops.base import autocast_fp32 as _autocast_fp32
 from perfloop.ops.base import autocast_on
 from perfloop.ops.cross_entropy import triton_impl as _ce
 from perfloop.ops.layernorm import triton_impl as _norm
 from perfloop.ops.linear_cross_entropy import triton_impl as _lce
 
-DEFAULT_IN_GRAPH = frozenset({"linear_cross_entropy"})
-IN_GRAPH: set[str] = set(DEFAULT_IN_GRAPH)  # which fused functions a compiled graph takes as perfloop's ops
-GRAPH_OPS = frozenset({"cross_entropy", "linear_cross_entropy", "layer_norm", "rms_norm"})
+# which fused functions a compiled graph takes as perfloop's ops, in this context
+_IN_GRAPH: contextvars.ContextVar[frozenset] = contextvars.ContextVar(
+    "perfloop_in_graph", default=DEFAULT_IN_GRAPH
+)
 
 
 @contextlib.contextmanager
-def all_in_graph():
-    """Within: every fused function goes into a graph captured as perfloop's op (nn.rewrite's
-    captures, which run eager: the fused modules inside keep their kernels)."""
-    saved = set(IN_GRAPH)
-    IN_GRAPH.update(GRAPH_OPS)
+def in_graph(names):
+    """Within (this thread or task): the fused functions `names` go into a graph torch.compile
+    traces as perfloop's ops, the others as torch's own code. A graph traced before keeps its
+    choice: call torch.compiler.reset() (or compile anew) for one traced within."""
+    names = frozenset(names)
+    if not names <= GRAPH_OPS:
+        raise ValueError(
+            f"names: {sorted(names - GRAPH_OPS)} have no graph op; those with one: {sorted(GRAPH_OPS)}"
+        )
+    token = _IN_GRAPH.set(names)
     try:
         yield
     finally:
-        IN_GRAPH.clear()
-        IN_GRAPH.update(saved)
+        _IN_GRAPH.reset(token)
+
+
+def all_in_graph():
+    """Within: every fused function goes into a graph captured as perfloop's op (nn.rewrite's
+    captures, which run eager: the fused modules inside keep their kernels)."""
+    return in_graph(GRAPH_OPS)
+
+
+@torch.compiler.assume_constant_result
+def taken(name: str) -> bool:
+    """Whether fused function `name` goes into the graph being traced (read once, at tracing)."""
+    return name in _IN_GRAPH.get()
 
 
 # ------------------------------------------------------------------ cross entropy
@@ -183,7 +202,7 @@ def graph_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="me
     """Under torch.compile: F.cross_entropy as perfloop's graph node, or None where it does not
     take the call (then torch's own goes into the graph)."""
     if not (
-        "cross_entropy" in IN_GRAPH
+        taken("cross_entropy")
         and isinstance(target, Tensor)
         and _here(x)
         and weight is None
@@ -203,7 +222,7 @@ def graph_linear_cross_entropy(h, weight, target, ignore_index):
     """Under torch.compile: LinearCrossEntropy's loss as perfloop's graph node (h and weight in
     one dtype, autocast already applied), or None."""
     if not (
-        "linear_cross_entropy" in IN_GRAPH
+        taken("linear_cross_entropy")
         and _here(h)
         and h.dtype == weight.dtype
         and target.dtype == torch.int64
@@ -218,7 +237,7 @@ def graph_linear_cross_entropy(h, weight, target, ignore_index):
 def graph_norm(name: str, x, normalized_shape, weight, bias, eps, rms: bool):
     """Under torch.compile: F.layer_norm / F.rms_norm as perfloop's graph node, or None."""
     if not (
-        name in IN_GRAPH
+        taken(name)
         and isinstance(x, Tensor)
         and _here(x)
         and weight is not None

@@ -26,10 +26,8 @@ from perfloop.nn.modules import (
     why_not_loss_options,
     why_not_norm_options,
 )
+from perfloop.nn.registry import CALLS, GATES, dispatch
 from perfloop.ops.base import autocast_fp32
-
-FUSED_NAMES = ("layer_norm", "rms_norm", "cross_entropy", "gelu")
-
 
 _WHY: dict = {}  # the checks' answers by call signature: a step pays for them once
 
@@ -40,11 +38,11 @@ def _cached(key, check) -> str | None:
     return _WHY[key]
 
 
-def _takes(x) -> bool:
-    """Whether the kernels can run on x here (a tensor, not under torch.compile)."""
-    if not isinstance(x, torch.Tensor) or torch.compiler.is_compiling():
-        return False
-    return _cached(("here", x.device), lambda: kernel_here(x)) is None
+def _here_why(x) -> str | None:
+    """Why the kernels cannot run on x here (None: they can)."""
+    if not isinstance(x, torch.Tensor):
+        return "no tensor input"
+    return _cached(("here", x.device), lambda: kernel_here(x))
 
 
 def _norm_why(x, normalized_shape, weight) -> str | None:
@@ -77,27 +75,31 @@ def _graph():
     return compiled
 
 
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    if torch.compiler.is_compiling():
-        y = _graph().graph_norm("layer_norm", input, normalized_shape, weight, bias, eps, rms=False)
-        return F.layer_norm(input, normalized_shape, weight, bias, eps) if y is None else y
-    if not _takes(input) or _norm_why(input, normalized_shape, weight):
-        return F.layer_norm(input, normalized_shape, weight, bias, eps)
+def _fused_norm(x, weight, bias, eps, rms: bool):
     from perfloop.ops.layernorm.triton_impl import fused_norm
 
-    return fused_norm(autocast_fp32(input), weight, bias, eps, False)
+    x = autocast_fp32(x)
+    return fused_norm(x, weight, bias, eps if eps is not None else torch.finfo(x.dtype).eps, rms)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return dispatch(
+        graph=lambda: _graph().graph_norm(
+            "layer_norm", input, normalized_shape, weight, bias, eps, rms=False
+        ),
+        why=lambda: _here_why(input) or _norm_why(input, normalized_shape, weight),
+        kernel=lambda: _fused_norm(input, weight, bias, eps, False),
+        fallback=lambda why: F.layer_norm(input, normalized_shape, weight, bias, eps),
+    )
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
-    if torch.compiler.is_compiling():
-        y = _graph().graph_norm("rms_norm", input, normalized_shape, weight, None, eps, rms=True)
-        return F.rms_norm(input, normalized_shape, weight, eps) if y is None else y
-    if not _takes(input) or _norm_why(input, normalized_shape, weight):
-        return F.rms_norm(input, normalized_shape, weight, eps)
-    from perfloop.ops.layernorm.triton_impl import fused_norm
-
-    x = autocast_fp32(input)
-    return fused_norm(x, weight, None, eps if eps is not None else torch.finfo(x.dtype).eps, True)
+    return dispatch(
+        graph=lambda: _graph().graph_norm("rms_norm", input, normalized_shape, weight, None, eps, rms=True),
+        why=lambda: _here_why(input) or _norm_why(input, normalized_shape, weight),
+        kernel=lambda: _fused_norm(input, weight, None, eps, True),
+        fallback=lambda why: F.rms_norm(input, normalized_shape, weight, eps),
+    )
 
 
 def why_not_cross_entropy(input, target, weight, reduction, label_smoothing) -> str | None:
@@ -116,11 +118,6 @@ def cross_entropy(
     reduction="mean",
     label_smoothing=0.0,
 ):
-    if torch.compiler.is_compiling() and size_average is None and reduce is None:
-        loss = _graph().graph_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
-        if loss is not None:
-            return loss
-
     def why():
         if size_average is not None or reduce is not None or not isinstance(target, torch.Tensor):
             return "torch's own"
@@ -138,21 +135,42 @@ def cross_entropy(
         )
         return _cached(key, lambda: why_not_cross_entropy(input, target, weight, reduction, label_smoothing))
 
-    if not _takes(input) or why():
-        return F.cross_entropy(
-            input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
-        )
-    from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy
+    def kernel():
+        from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy
 
-    # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
-    dtype = torch.float32 if autocast_on(input.device.type) else input.dtype
-    return fused_cross_entropy(input, target, ignore_index, dtype)
+        # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
+        dtype = torch.float32 if autocast_on(input.device.type) else input.dtype
+        return fused_cross_entropy(input, target, ignore_index, dtype)
+
+    def graph():
+        if size_average is not None or reduce is not None:
+            return None
+        return _graph().graph_cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
+
+    return dispatch(
+        graph=graph,
+        why=lambda: _here_why(input) or why(),
+        kernel=kernel,
+        fallback=lambda why: F.cross_entropy(
+            input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
+        ),
+    )
 
 
 def gelu(input, approximate="none"):
     ok = (torch.float32, torch.float16, torch.bfloat16)
-    if approximate not in ("tanh", "none") or not _takes(input) or input.dtype not in ok:
-        return F.gelu(input, approximate=approximate)
+    return dispatch(
+        why=lambda: (
+            why_not_gelu_options(approximate)
+            or _here_why(input)
+            or (None if input.dtype in ok else f"dtype {input.dtype}")
+        ),
+        kernel=lambda: _fused_gelu(input, approximate),
+        fallback=lambda why: F.gelu(input, approximate=approximate),
+    )
+
+
+def _fused_gelu(input, approximate: str):
     from perfloop.ops.gelu.triton_impl import gelu as fused
 
     if not input.ndim:
@@ -176,35 +194,38 @@ def _gate_why(a, b, approximate="none") -> str | None:
 
 def silu_gate(a, b):
     """F.silu(a) * b in one kernel each way (SwiGLU)."""
-    if not _takes(a) or _gate_why(a, b):
-        return F.silu(a) * b
-    from perfloop.ops.swiglu.triton_impl import swiglu
 
-    return swiglu(a, b)
+    def kernel():
+        from perfloop.ops.swiglu.triton_impl import swiglu
+
+        return swiglu(a, b)
+
+    return dispatch(
+        why=lambda: _here_why(a) or _gate_why(a, b), kernel=kernel, fallback=lambda why: F.silu(a) * b
+    )
 
 
 def gelu_gate(a, b, approximate="none"):
     """F.gelu(a, approximate=...) * b in one kernel each way (GeGLU)."""
-    if not _takes(a) or _gate_why(a, b, approximate):
-        return F.gelu(a, approximate=approximate) * b
-    from perfloop.ops.swiglu.triton_impl import geglu
 
-    return geglu(a, b, approximate=approximate)
+    def kernel():
+        from perfloop.ops.swiglu.triton_impl import geglu
+
+        return geglu(a, b, approximate=approximate)
+
+    return dispatch(
+        why=lambda: _here_why(a) or _gate_why(a, b, approximate),
+        kernel=kernel,
+        fallback=lambda why: F.gelu(a, approximate=approximate) * b,
+    )
 
 
-FUSED = {
-    "layer_norm": layer_norm,
-    "rms_norm": rms_norm,
-    "cross_entropy": cross_entropy,
-    "gelu": gelu,
-    "silu_gate": silu_gate,
-    "gelu_gate": gelu_gate,
-}
-TORCH = {
+# registry.OPS' functions defined here, by name
+FUSED = {n: f for n, f in globals().items() if n in {*CALLS, *GATES.values()}}
+TORCH = {  # torch's own of each gate (the others are torch.nn.functional's of the same name)
     "silu_gate": lambda a, b: F.silu(a) * b,
     "gelu_gate": lambda a, b, approximate="none": F.gelu(a, approximate=approximate) * b,
 }
-GATES = {"silu": "silu_gate", "gelu": "gelu_gate"}  # an activation times a gate, written out
 
 
 def torch_function(name: str):
@@ -324,7 +345,7 @@ def functional_aliases(fn) -> dict[str, str]:
         if v is F:
             out[name] = "F"
         else:
-            for fused in (*FUSED_NAMES, *GATES):
+            for fused in (*CALLS, *GATES):
                 if v is getattr(F, fused):
                     out[name] = fused
     return out
@@ -341,7 +362,7 @@ def site_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
         aliases = functional_aliases(fn)
         names = {n for c in _codes(fn.__code__) for n in c.co_names}
         if any(v != "F" for v in aliases.values()) or (
-            any(v == "F" for v in aliases.values()) and names & {*FUSED_NAMES, *GATES}
+            any(v == "F" for v in aliases.values()) and names & {*CALLS, *GATES}
         ):
             out.append((name, m))
     return out
@@ -495,7 +516,7 @@ class Rerouted:
 
     Under torch.compile (which cannot follow a call's line) a function is sent to its fused
     version where every line calling it is a verified site, and the fused versions put the
-    kernels `compiled.IN_GRAPH` names into the graph."""
+    kernels `compiled.in_graph` names into the graph."""
 
     def __init__(self, owner: torch.nn.Module, fn, sites: dict[str, set[int]], outer=None):
         self.owner, self.fn, self.sites, self.outer = owner, fn, sites, outer or fn

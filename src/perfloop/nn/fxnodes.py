@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 
+CASTS = ("float", "half", "bfloat16", "to", "type_as", "type")  # the Tensor methods that cast
+
 
 def calls(n: Any, *targets) -> bool:
     """Whether n is a call of one of these functions or (by name) methods."""

@@ -23,13 +23,13 @@ import torch.nn.functional as F
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
-from perfloop.nn.fxnodes import Found, calls, example
+from perfloop.nn.fxnodes import CASTS, Found, calls, example
 from perfloop.nn.modules import linear_cross_entropy
 
 LOSS = "linear + cross entropy written out"
 
 _LINEARS = (torch._C._nn.linear, F.linear)
-_CASTS = ("float", "to", "type", "contiguous")
+_KEEPS_ROWS = (*CASTS, "contiguous")  # with a dtype as their only argument
 _VIEWS = ("view", "reshape", "flatten")
 
 # id(weight) -> (a weak reference to it, whether the logits must be kept)
@@ -100,7 +100,7 @@ def _row_preserving(n: Node) -> bool:
     y, x = example(n), example(n.args[0]) if n.args else None
     if y is None or x is None or not y.ndim or not x.ndim or y.shape[-1] != x.shape[-1]:
         return False
-    if n.op == "call_method" and n.target in _CASTS:
+    if n.op == "call_method" and n.target in _KEEPS_ROWS:
         return all(isinstance(a, torch.dtype) for a in (*n.args[1:], *n.kwargs.values()))
     if n.op == "call_method" and n.target in _VIEWS:
         return n.target == "flatten" or _last_is(n.args[1:], x.shape[-1])

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from perfloop.nn.registry import dispatch
 from perfloop.ops.base import autocast_fp32 as _autocast_fp32
 from perfloop.ops.base import autocast_on, interpreting
 
@@ -75,10 +76,7 @@ def _norm_supported(x: torch.Tensor, weight: torch.Tensor) -> str | None:
 
 
 def _cached_why(module: nn.Module, key, call_check, x: torch.Tensor) -> str | None:
-    """Why no kernel takes this call: "compiling" under torch.compile (Inductor fuses the module
-    itself: let it see torch's), else the checks for this key, run once per module and key."""
-    if torch.compiler.is_compiling():
-        return "compiling"
+    """Why no kernel takes this call: the checks for this key, run once per module and key."""
     cache = module.__dict__.get("_perfloop_why")
     if cache is not None and key in cache:  # the common case: this key seen before
         return cache[key]
@@ -92,30 +90,32 @@ class _FusedNorm:
 
     def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         rms = isinstance(self, nn.RMSNorm)
-        if torch.compiler.is_compiling():
+        bias = None if rms else self.bias
+
+        def graph():
             from perfloop.nn.compiled import graph_norm
 
-            bias = None if rms else self.bias
-            y = graph_norm(
-                "rms_norm" if rms else "layer_norm",
-                x,
-                self.normalized_shape,
-                self.weight,
-                bias,
-                self.eps,
-                rms,
-            )
-            return super().forward(x) if y is None else y
-        why = _why_no_kernel(self, x)
-        if why:
-            _fallback(self, why)
-            return super().forward(x)
-        from perfloop.ops.layernorm.triton_impl import fused_norm
+            name = "rms_norm" if rms else "layer_norm"
+            return graph_norm(name, x, self.normalized_shape, self.weight, bias, self.eps, rms)
 
-        x = _autocast_fp32(x)
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        # no autocast switch around it: the function makes no op autocast would cast
-        return fused_norm(x, self.weight, None if rms else self.bias, eps, rms)
+        def kernel():
+            from perfloop.ops.layernorm.triton_impl import fused_norm
+
+            y = _autocast_fp32(x)
+            eps = self.eps if self.eps is not None else torch.finfo(y.dtype).eps
+            # no autocast switch around it: the function makes no op autocast would cast
+            return fused_norm(y, self.weight, bias, eps, rms)
+
+        return dispatch(
+            graph=graph, why=lambda: _why_no_kernel(self, x), kernel=kernel, fallback=self._torch(x)
+        )
+
+    def _torch(self, x: torch.Tensor):
+        def fallback(why: str) -> torch.Tensor:
+            _fallback(self, why)
+            return super(_FusedNorm, self).forward(x)
+
+        return fallback
 
 
 class LayerNorm(_FusedNorm, nn.LayerNorm):
@@ -140,17 +140,27 @@ class GELU(nn.GELU):
     autocast_fp32 = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        from perfloop.ops.gelu.triton_impl import gelu
-
         x = input
         ok = (torch.float32, torch.float16, torch.bfloat16)
-        why = _cached_why(self, (x.device, x.dtype), lambda: None if x.dtype in ok else f"dtype {x.dtype}", x)
-        if why:
+
+        def kernel():
+            from perfloop.ops.gelu.triton_impl import gelu
+
+            out_dtype = torch.float32 if self.autocast_fp32 and autocast_on(x.device.type) else None
+            y = gelu(x if x.ndim else x.reshape(1), approximate=self.approximate, out_dtype=out_dtype)
+            return y if x.ndim else y.reshape(())
+
+        def fallback(why: str) -> torch.Tensor:
             _fallback(self, why)
-            return super().forward(x)
-        out_dtype = torch.float32 if self.autocast_fp32 and autocast_on(x.device.type) else None
-        y = gelu(x if x.ndim else x.reshape(1), approximate=self.approximate, out_dtype=out_dtype)
-        return y if x.ndim else y.reshape(())
+            return super(GELU, self).forward(x)
+
+        return dispatch(
+            why=lambda: _cached_why(
+                self, (x.device, x.dtype), lambda: None if x.dtype in ok else f"dtype {x.dtype}", x
+            ),
+            kernel=kernel,
+            fallback=fallback,
+        )
 
 
 class CrossEntropyLoss(nn.CrossEntropyLoss):
@@ -158,24 +168,33 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
     read of the logits, their gradient in one more read and one write, in the logits' dtype."""
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy, supported
-
         logits = input
-        if torch.compiler.is_compiling():
+
+        def graph():
             from perfloop.nn.compiled import graph_cross_entropy
 
-            loss = graph_cross_entropy(
+            return graph_cross_entropy(
                 logits, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing
             )
-            return super().forward(logits, target) if loss is None else loss
-        key = (logits.device, logits.dtype, logits.ndim, target.dtype)
-        why = _cached_why(self, key, lambda: supported(logits, target), logits)
-        if why:
+
+        def why():
+            from perfloop.ops.cross_entropy.triton_impl import supported
+
+            key = (logits.device, logits.dtype, logits.ndim, target.dtype)
+            return _cached_why(self, key, lambda: supported(logits, target), logits)
+
+        def kernel():
+            from perfloop.ops.cross_entropy.triton_impl import fused_cross_entropy
+
+            # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
+            dtype = torch.float32 if autocast_on(logits.device.type) else logits.dtype
+            return fused_cross_entropy(logits, target, self.ignore_index, dtype)
+
+        def fallback(why: str) -> torch.Tensor:
             _fallback(self, why)
-            return super().forward(logits, target)
-        # under autocast torch's loss is fp32; else the logits' dtype (the kernel writes it so)
-        dtype = torch.float32 if autocast_on(logits.device.type) else logits.dtype
-        return fused_cross_entropy(logits, target, self.ignore_index, dtype)
+            return super(CrossEntropyLoss, self).forward(logits, target)
+
+        return dispatch(graph=graph, why=why, kernel=kernel, fallback=fallback)
 
 
 class SwiGLU(nn.Module):
@@ -185,13 +204,20 @@ class SwiGLU(nn.Module):
     gelu = False
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        from perfloop.ops.swiglu.triton_impl import geglu, swiglu
+        def kernel():
+            from perfloop.ops.swiglu.triton_impl import geglu, swiglu
 
-        why = "compiling" if torch.compiler.is_compiling() else kernel_here(a)
-        if why or a.shape != b.shape or a.dtype != b.dtype:
-            _fallback(self, why or "operands of different shapes or dtypes")
+            return (geglu if self.gelu else swiglu)(a, b)
+
+        def fallback(why: str) -> torch.Tensor:
+            _fallback(self, why)
             return (F.gelu(a, approximate="tanh") if self.gelu else F.silu(a)) * b
-        return (geglu if self.gelu else swiglu)(a, b)
+
+        def why():
+            same = a.shape == b.shape and a.dtype == b.dtype
+            return kernel_here(a) or (None if same else "operands of different shapes or dtypes")
+
+        return dispatch(why=why, kernel=kernel, fallback=fallback)
 
 
 class GeGLU(SwiGLU):
@@ -218,11 +244,14 @@ class RoPE(nn.Module):
         from perfloop.ops.rope.triton_impl import rope
 
         validate(x, cos, sin, self.interleaved)
-        why = "compiling" if torch.compiler.is_compiling() else kernel_here(x)
-        if why:
+
+        def fallback(why: str) -> torch.Tensor:
             _fallback(self, why)
             return fp32(x, cos, sin, self.interleaved)
-        return rope(x, cos, sin, self.interleaved)
+
+        return dispatch(
+            why=lambda: kernel_here(x), kernel=lambda: rope(x, cos, sin, self.interleaved), fallback=fallback
+        )
 
     def extra_repr(self) -> str:
         return f"interleaved={self.interleaved}"
@@ -264,30 +293,36 @@ def linear_cross_entropy(
     `graph`: traced into a compiled graph (default: whether torch.compile is tracing), where it
     is perfloop's graph op. Where no kernel takes the call, torch's own (said once, as from
     `owner`)."""
-    graph = torch.compiler.is_compiling() if graph is None else graph
-    from perfloop.ops.linear_cross_entropy.triton_impl import LinearCrossEntropyFunction, chunk_rows
-
     h, t, w = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1), weight
     dev = h.device.type
     if autocast_on(dev):
         dtype = torch.get_autocast_dtype(dev)
         h, w = h.to(dtype), w.to(dtype)
-    if graph:
+
+    def graph_op():
         from perfloop.nn.compiled import graph_linear_cross_entropy
 
-        loss = graph_linear_cross_entropy(h, w, t, ignore_index)
-        if loss is not None:
-            return loss
-    why = "compiling" if graph else kernel_here(h)
-    if not why and t.dtype != torch.int64:
-        why = f"targets of dtype {t.dtype} (class indices in int64 only)"
-    if why or h.dtype != w.dtype:
-        why = why or "hidden states and weight in different dtypes"
-        _fallback(owner if owner is not None else LinearCrossEntropy, why)
+        return graph_linear_cross_entropy(h, w, t, ignore_index)
+
+    def why():
+        if t.dtype != torch.int64:
+            return kernel_here(h) or f"targets of dtype {t.dtype} (class indices in int64 only)"
+        return kernel_here(h) or (
+            None if h.dtype == w.dtype else "hidden states and weight in different dtypes"
+        )
+
+    def kernel():
+        from perfloop.ops.linear_cross_entropy.triton_impl import LinearCrossEntropyFunction, chunk_rows
+
+        with torch.autocast(dev, enabled=False):
+            chunk = chunk_rows(h.shape[0], w.shape[0], h.element_size())
+            return LinearCrossEntropyFunction.apply(h, w, t, ignore_index, chunk)
+
+    def fallback(reason: str) -> torch.Tensor:
+        _fallback(owner if owner is not None else LinearCrossEntropy, reason)
         return F.cross_entropy(F.linear(h, w).float(), t, ignore_index=ignore_index)
-    with torch.autocast(dev, enabled=False):
-        chunk = chunk_rows(h.shape[0], w.shape[0], h.element_size())
-        return LinearCrossEntropyFunction.apply(h, w, t, ignore_index, chunk)
+
+    return dispatch(graph=graph_op, why=why, kernel=kernel, fallback=fallback, compiling=graph)
 
 
 def why_not_norm_options(normalized_shape, weight) -> str | None:

@@ -29,28 +29,11 @@ import torch
 import torch.nn as nn
 
 from perfloop.nn import functional as _functional
+from perfloop.nn import registry
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn import verify as _verify
 from perfloop.nn.modules import fused_like, why_not
 from perfloop.nn.verify import Swap
-
-# One row per fused op: its folder in perfloop.ops, the torch module class it replaces, the
-# functional call it replaces (nn.functional's name), and the kind the analysis names its chains by.
-FUSED_OPS = [
-    ("layernorm", "LayerNorm", "layer_norm", "normalization"),
-    ("rmsnorm", "RMSNorm", "rms_norm", "normalization"),
-    ("cross_entropy", "CrossEntropyLoss", "cross_entropy", "cross_entropy"),
-    ("gelu", "GELU", "gelu", "gelu"),
-    ("swiglu", None, "silu_gate", None),
-    ("geglu", None, "gelu_gate", None),
-]
-OPS = {module: op for op, module, _, _ in FUSED_OPS if module}  # module class -> op
-_CALL_OPS = {call: op for op, _, call, _ in FUSED_OPS}  # functional call -> op
-_KIND_OF = {module: kind for _, module, _, kind in FUSED_OPS if module and kind}  # module class -> kind
-KINDS = {  # kind -> its functional calls
-    kind: tuple(call for _, _, call, k in FUSED_OPS if k == kind)
-    for kind in dict.fromkeys(k for *_, k in FUSED_OPS if k)
-}
 
 
 @dataclass
@@ -235,7 +218,7 @@ def _check_call(label: str, fname: str, args, kwargs, autocast_dtype) -> Swap:
         return Swap(label, _CALL_SHOWN.get(fname, f"F.{fname}"), False, why)
     torch_fn, fused = _Call(_functional.torch_function(fname)), _Call(_functional.FUSED[fname])
     kind = _CALL_SHOWN.get(fname, f"F.{fname}")
-    return _verify.check(label, torch_fn, fused, args, kwargs, autocast_dtype, _CALL_OPS[fname], kind)
+    return _verify.check(label, torch_fn, fused, args, kwargs, autocast_dtype, registry.get(fname).op, kind)
 
 
 def _route_sites(model: nn.Module, swaps) -> list:
@@ -357,7 +340,8 @@ def _patch(
             )
             continue
         args, kwargs, autocast_dtype = seen[id(original)]
-        op = OPS.get(type(original).__name__) or OPS.get(type(fused).__name__, "rmsnorm")
+        row = registry.by_module(type(original).__name__) or registry.by_module(type(fused).__name__)
+        op = row.op if row is not None else "rmsnorm"
         swap = _verify.check(name, original, fused, args, kwargs, autocast_dtype, op)
         swap.aliases = aliases
         if swap.replaced and original is not model:
@@ -568,7 +552,8 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
     root = root or type(model).__name__
     prefix = lambda n: root if n in ("", root) else n
     for name, m, fused in _candidates(model):
-        kind = _KIND_OF.get(type(m).__name__) or _KIND_OF[type(fused).__name__]  # a model's own class
+        row = registry.by_module(type(m).__name__)  # a model's own class: its fused one's
+        kind = (row if row is not None and row.kind else registry.by_module(type(fused).__name__)).kind
         why = why_not(m)
         label = f"{type(m).__name__} module" + (f": not reached ({why})" if why else ": pl.patch swaps it")
         out.setdefault(prefix(name), {})[kind] = label
@@ -608,7 +593,7 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
     for name, m in _functional.site_modules(model):
         fn = _functional.forward_function(m)
         where = fn.__code__.co_filename.rsplit("/", 1)[-1]
-        for kind, names in KINDS.items():
+        for kind, names in registry.kinds().items():
             lines = _functional.call_lines(fn, names)
             if lines:
                 calls = ", ".join(f"F.{n} at {where}:{','.join(map(str, ls))}" for n, ls in lines.items())

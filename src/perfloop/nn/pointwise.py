@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Node
 
+from perfloop.nn.fxnodes import CASTS
 from perfloop.nn.modules import kernel_here
 
 GELU = "GELU written out"
@@ -27,7 +28,6 @@ _ANCHORS = (torch.tanh, torch.erf, torch.special.erf, "tanh", "erf")
 _NAMES = ["mul", "add", "sub", "div", "pow", "neg", "tanh", "erf", "sqrt", "rsqrt", "exp"]
 _OPERATORS = (operator.mul, operator.add, operator.sub, operator.truediv, operator.neg, operator.pow)
 _POINTWISE = {*_NAMES, *(getattr(torch, n) for n in _NAMES), *_OPERATORS, torch.special.erf}
-_CASTS = ("float", "to", "type_as", "half", "bfloat16")
 
 
 _ROWWISE = {torch.mean, torch.var, torch.sum, "mean", "var", "sum"}
@@ -36,7 +36,7 @@ _ROWWISE = {torch.mean, torch.var, torch.sum, "mean", "var", "sum"}
 def _pointwise(n) -> bool:
     if not isinstance(n, Node) or n.op not in ("call_function", "call_method"):
         return False
-    return n.target in _POINTWISE or (n.op == "call_method" and n.target in _CASTS)
+    return n.target in _POINTWISE or (n.op == "call_method" and n.target in CASTS)
 
 
 def _rowwise(n) -> bool:
@@ -124,7 +124,7 @@ def _evaluate(x: Node, nodes: list, probe: torch.Tensor) -> torch.Tensor | None:
         return a
 
     for n in nodes:
-        if n.op == "call_method" and n.target in _CASTS:
+        if n.op == "call_method" and n.target in CASTS:
             env[n] = env[n.args[0]] if isinstance(n.args[0], Node) else n.args[0]
             continue
         args, kwargs = val(n.args), {k: val(v) for k, v in n.kwargs.items()}

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from perfloop.nn.fxnodes import Found, calls, example, values_of
+from perfloop.nn.fxnodes import CASTS, Found, calls, example, values_of
 
 ATTENTION = "attention written out"
 HIDDEN = -1e4  # a fill value at or under this hides its position after softmax as -inf does
@@ -51,14 +51,13 @@ def _shape(n: Node) -> tuple:
     return tuple(n.meta["example_value"].shape)
 
 
-_CASTS = ("float", "half", "bfloat16", "to", "type_as", "type")
 _SOFTMAX = (F.softmax, torch.softmax, "softmax", torch.Tensor.softmax)
 _MATMUL = (operator.matmul, torch.matmul, "matmul", torch.Tensor.matmul)
 _DROPOUT = (F.dropout, torch.dropout, "dropout")
 
 
 def _cast(n: Any) -> bool:
-    return (calls(n, *_CASTS) and n.op == "call_method") or calls(n, torch.Tensor.float, torch.Tensor.to)
+    return (calls(n, *CASTS) and n.op == "call_method") or calls(n, torch.Tensor.float, torch.Tensor.to)
 
 
 def _const(x: Any) -> float | None:
