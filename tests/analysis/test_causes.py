@@ -130,3 +130,18 @@ def test_on_the_gpu_bf16_convolutions_in_nchw_are_found_and_channels_last_are_no
     assert f.share > 0.05 and "channels_last" in f.advice, str(nchw)
     last = pl.profile(step_of(torch.channels_last), calls=3).diagnose()
     assert not any(f.kind == Kind.CONV_LAYOUT for f in last.findings), str(last)
+
+
+def test_recorded_on_the_gpu_nchw_convolutions_are_found_and_channels_last_ones_are_not():
+    """bf16 convolutions recorded on the H200: NCHW pays cuDNN's transposes (24 a step: in and out
+    of three convolutions, forward and backward); channels_last pays none, and its batch norms are
+    not told to use a fused LayerNorm."""
+    nchw, ceilings = load(HERE / "gpu-conv-nchw.json.gz")
+    d = rank(nchw, ceilings)
+    [f] = [f for f in d.findings if f.kind == Kind.CONV_LAYOUT]
+    assert f.evidence.values["transposes"] == 24 and f.share > 0.1, str(d)
+    assert set(f.evidence.values["by_module"]) == {"body.0", "body.3", "body.6"}
+    norms = [g for g in d.findings if "batch_norm" in g.title]
+    assert norms and all("channels_last" in g.advice and "pl.patch" not in g.advice for g in norms), str(d)
+    last, ceilings = load(HERE / "gpu-conv-channels-last.json.gz")
+    assert not any(g.kind == Kind.CONV_LAYOUT for g in rank(last, ceilings).findings)

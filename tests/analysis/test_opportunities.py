@@ -199,3 +199,32 @@ def test_fp32_matmuls_with_tf32_off_are_one_finding_with_every_rows_saving():
     rows = [r for r in group(list(capture.items), "op") if r.name in ("aten::linear", "aten::mm")]
     matmul_ms = sum(r.device_ms for r in rows) / capture.calls
     assert 0.5 * matmul_ms < f.saves_ms <= matmul_ms, (f.saves_ms, matmul_ms)
+
+
+# ------------------------------------------------------------------ recorded on the H200
+
+
+def test_recorded_on_the_gpu_an_fp32_matmul_with_tf32_off_is_a_precision_problem():
+    d = ranked("gpu-tf32-off")
+    top = d.findings[0]
+    assert top.bound == "precision" and "TF32" in top.title and top.share > 0.5, str(d)
+
+
+def test_recorded_on_the_gpu_an_item_in_the_step_is_found_with_its_line():
+    d = ranked("gpu-item-sync")
+    top = d.findings[0]
+    assert top.kind == "sync" and top.bound == "host" and "record.py:" in top.where, str(d)
+
+
+def test_recorded_on_the_gpu_an_eager_mlp_step_is_launch_bound_first_with_the_optimizer_second():
+    d = ranked("gpu-mlp-eager")
+    assert [f.kind for f in d.findings[:2]] == ["launch", "optimizer"], str(d)
+    assert "torch.compile" in d.findings[0].advice and "fused=True" in d.findings[1].advice
+
+
+def test_recorded_on_the_gpu_the_same_step_compiled_is_told_cuda_graphs_not_torch_compile():
+    d = ranked("gpu-mlp-compiled")
+    top = d.findings[0]
+    assert top.kind == "launch" and "mode='reduce-overhead'" in top.advice, str(d)
+    assert "inside the compiled graphs' calls" in top.evidence
+    assert not any(f.advice.startswith("fewer launches: torch.compile") for f in d.findings), str(d)

@@ -42,11 +42,12 @@ def find(c: Capture, ceilings: dict) -> list[Finding]:
         Bound.MEMORY,
         f"{fmt_ms(ms)} per call in cuDNN's NCHW <-> NHWC transposes, in "
         + "; ".join(f"{m or 'the step'} {fmt_ms(v)}" for m, v in top[:3])
-        + (f" and {len(top) - 3} more modules" if len(top) > 3 else ""),
+        + (f" and {len(top) - 3} more modules" if len(top) > 3 else "")
+        + "; the least channels_last saves (its convolutions and batch norms run faster too)",
         "channels_last: model.to(memory_format=torch.channels_last) and each input batch "
         "x.to(memory_format=torch.channels_last); the convolutions then read and write NHWC directly",
         site=Site(top[0][0]),
         transposes=len(found) // c.calls,
-        modules=len(top),
+        by_module=dict(top),
     )
     return f.found

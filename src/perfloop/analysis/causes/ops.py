@@ -15,6 +15,12 @@ from perfloop.analysis.inductor import COMPILED_OP
 from perfloop.analysis.patterns import ADVICE, chain_kind, where_any
 from perfloop.harness.measurement import fmt_ms, matmul_ceiling
 
+BATCH_NORM = (
+    "channels_last (model.to(memory_format=torch.channels_last) and the input batch): cuDNN's NHWC "
+    "batch norm, with no transposes around the convolutions; torch.compile fuses it with the "
+    "activation after it; for inference, fold it into the convolution before it"
+)
+
 
 def kept(c: Capture, ceilings: dict) -> list:
     """The items no earlier finding explains: not the written-out attention's, the fused runs',
@@ -139,6 +145,10 @@ def _below_ceiling(f: Findings, row, cat: str, site: Site | None = None) -> None
         else "fewer, larger ops: fuse (torch.compile) or batch them"
     )
     advice = ADVICE.get(cat, ADVICE["other"]) if row.bound != Bound.LATENCY else latency
+    if (
+        cat == "normalization" and "batch_norm" in row.name and row.bound != Bound.LATENCY
+    ):  # not perfloop.nn's
+        advice = BATCH_NORM
     if cat == "attention" and row.name.startswith("aten::") and "attention" in row.name:  # already fused
         advice = (
             "already scaled_dot_product_attention: only another backend measured faster at this "
