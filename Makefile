@@ -35,7 +35,7 @@ lint: $(READY)
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 test: $(READY) $(CHROMIUM) lint
-	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+	TRITON_INTERPRET=1 $(PY) -m pytest -q --durations=40 tests
 
 # On the GPU machine as its image stands (system python3, no install, no network):
 gpu-check:
