@@ -24,7 +24,6 @@ UNPLACED = {NO_MODULE, "_orig_mod"}
 def main() -> None:
     out = Path(sys.argv[1])
     args = sys.argv[3:] if len(sys.argv) > 2 and sys.argv[2] == "--" else []
-    sys.path.insert(0, str(ROOT / "examples"))
     p = profile_script(ROOT / "examples" / "nanogpt_bench.py", ["--compile=True", *args], exit_after=True)
     modules = p.breakdown(by="module")
     total = sum(r.device_ms for r in modules) or 1e-12

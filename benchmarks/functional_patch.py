@@ -16,21 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-import llama_model
-import mingpt_model
-import nanogpt_model
+from example_models import example
 
 import perfloop as pl
 from perfloop.device import env_fingerprint
 from perfloop.nn import functional as pf
+
+llama_model, mingpt_model, nanogpt_model = (
+    example(n) for n in ("llama_model", "mingpt_model", "nanogpt_model")
+)
 
 
 def host_us(fn, calls: int = 2000) -> float:

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import train_gpt
+from example_models import example
 
 import perfloop as pl
 import perfloop.nn as pnn
+
+train_gpt = example("train_gpt")
 
 
 def _liger():

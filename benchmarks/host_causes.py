@@ -325,11 +325,10 @@ def sync_ops_ms(p) -> float:
 def sampling_overhead(dev: str, rounds: int = 5, steps: int = 10) -> dict:
     """A GPT-2 small training step's wall time with the stack sampler running and without,
     in alternating blocks of `steps` steps."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    import nanogpt_model
+    from example_models import example
+
+    nanogpt_model = example("nanogpt_model")
 
     from perfloop.analysis.stacks import Sampler
 

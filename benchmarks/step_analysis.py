@@ -23,13 +23,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import train_gpt
+from example_models import example
 
 import perfloop as pl
 from perfloop.analysis.attribution import NO_MODULE, row_dict, table
 from perfloop.analysis.work import total_flops
+
+train_gpt = example("train_gpt")
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only for a dry run of this script
 SYNC = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)

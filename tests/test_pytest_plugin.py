@@ -19,7 +19,7 @@ def test_kernel_speed(perfloop):
 # One torch thread: this file tests the plugin's flow (save, compare, fail). With torch's two
 # threads beside a busy core, twice the work read raw 1.10x and 1.23x in two loaded runs (one of
 # the threads waits on the busy core, unevenly from run to run): what the gate then says is
-# tests/harness/test_gate.py's and benchmarks/gate_noise.py's subject.
+# tests/harness/test_gate.py's and benchmarks/experiments/gate_noise.py's subject.
 SCALING = """
 import torch
 

@@ -124,7 +124,7 @@ def _tf32_config(bn, bm, bk, group, stages, warps):
 
 
 # TF32 (C^T's tiles, BLOCK_N x BLOCK_M): a stage of 32-bit operands takes twice a 16-bit one's
-# shared memory, so K steps of 32 (benchmarks/tf32_tune.py --swap, run25)
+# shared memory, so K steps of 32 (benchmarks/tuning/tf32_tune.py --swap, run25)
 TF32_CONFIGS = [
     _tf32_config(128, 256, 32, 8, 4, 8),
     _tf32_config(128, 256, 32, 8, 3, 8),

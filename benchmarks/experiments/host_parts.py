@@ -3,7 +3,7 @@ issued 500 times back to back with one sync at the end, at 1024 x 768 bf16 (the 
 limit there), against torch's module. Also prints the installed Triton's launch path, the code a
 cached launch must match.
 
-    PYTHONPATH=src python3 benchmarks/host_parts.py OUT_DIR
+    PYTHONPATH=src python3 benchmarks/experiments/host_parts.py OUT_DIR
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """fp32 FlashAttention against SDPA in fp32, per tl.dot precision (ieee, tf32x3, tf32): time
 (forward, forward + backward) and the error against an fp64 reference, SDPA's own error beside.
 
-    PYTHONPATH=src python3 benchmarks/attention_fp32.py OUT_DIR
+    PYTHONPATH=src python3 benchmarks/experiments/attention_fp32.py OUT_DIR
 
 Writes attention-fp32.json (one row per shape, precision and mode) and prints each row.
 """

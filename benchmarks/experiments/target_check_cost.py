@@ -2,7 +2,7 @@
 forward + backward with the target check and without it, timed interleaved, at GPT-2's loss
 size (device time) and at a small size (where the host's time per call is what shows).
 
-    PYTHONPATH=src python3 benchmarks/target_check_cost.py --out DIR
+    PYTHONPATH=src python3 benchmarks/experiments/target_check_cost.py --out DIR
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The H200 run of 2026-11-30 (benchmarks/results/2026-11-30-h200-run6-report/) sto
 launch-overhead, sync-pitfall, lm-step and matmul-dispatch before they drew plots; each
 now draws them from its own table rows, so the recorded numbers can be drawn as they are:
 
-    python3 benchmarks/replot_experiments.py benchmarks/results/2026-11-30-h200-run6-report
+    python3 benchmarks/experiments/replot_experiments.py benchmarks/results/2026-11-30-h200-run6-report
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main(folder: str) -> None:
         paths = drawn if isinstance(drawn, list) else [drawn]
         p["plots"] = [Path(x).name for x in paths]
         p["plot_paths"] = [str(x) for x in paths]
-        p["plots_drawn_later"] = "from the stored table, by benchmarks/replot_experiments.py"
+        p["plots_drawn_later"] = "from the stored table, by benchmarks/experiments/replot_experiments.py"
         con.execute("UPDATE artifacts SET payload = ? WHERE id = ?", (json.dumps(p), art_id))
         print(f"{p['name']}: {', '.join(p['plots'])}")
     con.commit()

@@ -2,7 +2,7 @@
 time, CUDA-graph replays), over the backward's programs per SM and warps; and the kernels of one
 forward + backward against torch's.
 
-    PYTHONPATH=src python3 benchmarks/norm_tune.py OUT_DIR [ROWSxCOLS, default 8192x4096]
+    PYTHONPATH=src python3 benchmarks/tuning/norm_tune.py OUT_DIR [ROWSxCOLS, default 8192x4096]
 """
 
 from __future__ import annotations

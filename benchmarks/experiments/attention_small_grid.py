@@ -5,7 +5,7 @@ the host's pace where the host is the limit) and as device time alone (the kerne
 from the profiler) -- so a point says whether the kernel or the host is behind, and which tile
 shape fills a GPU that the table's tiles leave half idle.
 
-    PYTHONPATH=src python3 benchmarks/attention_small_grid.py --out $OUT [--grid LAST.json] [--points 10]
+    PYTHONPATH=src python3 benchmarks/experiments/attention_small_grid.py --out $OUT [--grid LAST.json] [--points 10]
 
 Writes attention-small-grid.json; needs a GPU.
 """
@@ -30,7 +30,7 @@ CANDIDATES = [(64, 64, 4, 3), (32, 64, 4, 3), (32, 32, 2, 3), (16, 64, 2, 3), (6
 
 
 def latest_grid() -> Path | None:
-    root = Path(__file__).resolve().parent / "results"
+    root = Path(__file__).resolve().parents[1] / "results"
     found = sorted(root.glob("*/attention-grid.json"))
     return found[-1] if found else None
 

@@ -5,7 +5,7 @@ the limit, its pace), and a cProfile of those calls (the Python functions the ti
 then both ratios again with torch's call and ours measured in turn, round after round (the GPU
 machine's host pace drifts by a third within minutes: one after the other, whole, it misleads).
 
-    PYTHONPATH=src python3 benchmarks/host_cost.py OUT_DIR [OP,OP...]
+    PYTHONPATH=src python3 benchmarks/experiments/host_cost.py OUT_DIR [OP,OP...]
 
 For the norms, their fused call through the Python autograd Function (the path before the C++
 one, ops/layernorm/native.cpp) is timed too, in turn with the C++ one. Writes

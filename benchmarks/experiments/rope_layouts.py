@@ -3,7 +3,7 @@ with neighbouring pairs and fp32 out (the written form promotes to the fp32 tabl
 7B benchmark's (B, H, T, D) halves; forward and backward (the same kernel, the angle negated) timed
 apart, each against torch.compile of the written form at the same layout.
 
-    PYTHONPATH=src python3 benchmarks/rope_layouts.py OUT.json
+    PYTHONPATH=src python3 benchmarks/experiments/rope_layouts.py OUT.json
 """
 
 from __future__ import annotations

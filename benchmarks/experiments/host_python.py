@@ -3,10 +3,10 @@ fused module's forward + backward with its kernel launches left out (`launch` re
 function that returns at once), against an autograd Function that does nothing at all, on a
 tiny tensor (on the GPU where there is one; its kernels are never launched). What is left is the
 wrapper's own host cost: the module's checks, the autograd Function, reshapes, allocations and
-launch settings. The GPU's host (benchmarks/host_parts.py) pays the same Python ~4x slower (its
+launch settings. The GPU's host (benchmarks/experiments/host_parts.py) pays the same Python ~4x slower (its
 forward_parts' non-launch part: 32 us there).
 
-    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/host_python.py [OUT_DIR]
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/experiments/host_python.py [OUT_DIR]
 """
 
 from __future__ import annotations

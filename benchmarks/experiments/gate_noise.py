@@ -4,8 +4,8 @@ own process) of the same code, with another process loading one core, and N runs
 (slowed), with the history of the same code's earlier runs. Prints the false alarms and the
 misses, and the naive within-run test's for comparison.
 
-    python benchmarks/gate_noise.py --runs 20 --load 1 --out benchmarks/results/gate.json
-    python benchmarks/gate_noise.py --rejudge benchmarks/results/2026-12-01-cpu-gate-noise-raw-runs.json.gz
+    python benchmarks/experiments/gate_noise.py --runs 20 --load 1 --out benchmarks/results/gate.json
+    python benchmarks/experiments/gate_noise.py --rejudge benchmarks/results/2026-12-01-cpu-gate-noise-raw-runs.json.gz
                                      # the stored runs, judged again by the gate as it is now
 """
 

@@ -1,7 +1,7 @@
 """RoPE's table (tuned.json): each (pairs a program, warps) timed forward + backward on q and k at
 benchmarks/rope.py's shape; prints the times, fastest first.
 
-    PYTHONPATH=src python3 benchmarks/rope_tune.py OUT.json
+    PYTHONPATH=src python3 benchmarks/tuning/rope_tune.py OUT.json
 """
 
 import json
