@@ -5,7 +5,8 @@ the host's pace where the host is the limit) and as device time alone (the kerne
 from the profiler) -- so a point says whether the kernel or the host is behind, and which tile
 shape fills a GPU that the table's tiles leave half idle.
 
-    PYTHONPATH=src python3 benchmarks/experiments/attention_small_grid.py --out $OUT [--grid LAST.json] [--points 10]
+    PYTHONPATH=src python3 benchmarks/experiments/attention_small_grid.py --out $OUT \
+        [--grid LAST.json] [--points 10]
 
 Writes attention-small-grid.json; needs a GPU.
 """

@@ -5,7 +5,8 @@ own process) of the same code, with another process loading one core, and N runs
 misses, and the naive within-run test's for comparison.
 
     python benchmarks/experiments/gate_noise.py --runs 20 --load 1 --out benchmarks/results/gate.json
-    python benchmarks/experiments/gate_noise.py --rejudge benchmarks/results/2026-12-01-cpu-gate-noise-raw-runs.json.gz
+    python benchmarks/experiments/gate_noise.py \
+        --rejudge benchmarks/results/2026-12-01-cpu-gate-noise-raw-runs.json.gz
                                      # the stored runs, judged again by the gate as it is now
 """
 

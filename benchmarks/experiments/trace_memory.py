@@ -1,6 +1,7 @@
 """Memory and time of reading a large torch-like Chrome trace (`perfloop profile --trace-file`).
 
-    PYTHONPATH=src python3 benchmarks/experiments/trace_memory.py --gib 1 --out benchmarks/results/trace-memory.json
+    PYTHONPATH=src python3 benchmarks/experiments/trace_memory.py --gib 1 \
+        --out benchmarks/results/trace-memory.json
 
 Writes a synthetic trace of the size asked (ProfilerStep ranges of matmul ops with their shapes,
 launches, and the kernels after every CPU event, as torch writes them), then reads it in a fresh

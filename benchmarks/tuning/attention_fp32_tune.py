@@ -1,7 +1,8 @@
 """fp32 attention's tiles (tf32x3 dots, TF32 off): each kernel's configs timed against SDPA in
 fp32, head dims 64 and 128, causal, 1000 and 4096 tokens. Writes attention-fp32-tune.json.
 
-    PYTHONPATH=src python3 benchmarks/tuning/attention_fp32_tune.py OUT_DIR [--fwd] [--dims D ...] [--tokens T ...]
+    PYTHONPATH=src python3 benchmarks/tuning/attention_fp32_tune.py OUT_DIR [--fwd] [--dims D ...] \
+        [--tokens T ...]
 
 `--fwd`: the forward's configs only; `--dims` / `--tokens` pick the cases (default 64 128 / 1000 4096).
 """

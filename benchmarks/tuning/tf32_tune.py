@@ -7,7 +7,8 @@ TF32 there, so it is not a plain load: Hopper's wgmma reads a 32-bit operand of 
 registers, K-major only from shared memory), A^T K-major from shared memory as it lies: no copy
 (the op's `matmul_relu_tf32_kernel` since run25) over its tiles.
 
-    PYTHONPATH=src python3 benchmarks/tuning/tf32_tune.py OUT_DIR [SIZE ...] [--op-only|--swap] (default 4096 6144)
+    PYTHONPATH=src python3 benchmarks/tuning/tf32_tune.py OUT_DIR [SIZE ...] [--op-only|--swap]
+        (default sizes 4096 6144)
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def _one_run(slow: bool):
 @pytest.mark.slow
 def test_back_to_back_unchanged_runs_under_load_raise_no_false_alarm():
     """Unchanged code, run after run, with another process loading a core: no alarm. (The
-    20-process version, with the misses of a real 1.3x under that load: benchmarks/experiments/gate_noise.py.)"""
+    20-process version, with the misses of a real 1.3x under that load:
+    benchmarks/experiments/gate_noise.py.)"""
     from helpers import one_core_loaded
 
     with one_core_loaded():
