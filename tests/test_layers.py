@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "perfloop"
 # Bottom to top. A module belongs to the first prefix it matches; within a layer, modules may
 # import each other (without a cycle).
 LAYERS = [
-    ("device", "settings"),
+    ("device", "settings", "errors"),
     ("harness.stats", "harness.measurement", "harness.sampling"),
     ("harness.ceilings",),  # measured with the harness's samplers
     ("harness.timing", "harness"),  # bench/compare/sweep report against the ceilings

@@ -44,3 +44,22 @@ def test_every_public_function_and_method_is_annotated():
     assert len(found) > 60  # the check saw the surface
     missing = [name for name, obj in found if _untyped(obj)]
     assert missing == [], missing
+
+
+def test_a_bad_argument_is_a_typed_error_naming_it_that_the_cli_says_as_its_flag():
+    """The layers below the CLI raise errors.ArgumentError (a ValueError) naming the argument;
+    the CLI says it as the flag the user typed, by the error's field, not its text."""
+    import pytest
+
+    from perfloop import ops
+    from perfloop.cli.args import UsageError, shape_errors
+    from perfloop.errors import ArgumentError
+
+    with pytest.raises(ArgumentError) as got:
+        ops.get("gelu").check_shape((0, 4))
+    assert got.value.argument == "shape" and isinstance(got.value, ValueError)
+    want = r"^--shapes: \(0, 4\): sizes must be positive integers$"
+    with pytest.raises(UsageError, match=want), shape_errors("--shapes"):
+        ops.get("gelu").check_shape((0, 4))
+    with pytest.raises(ValueError, match="shape: not mine"), shape_errors():  # a plain ValueError passes on
+        raise ValueError("shape: not mine")

@@ -17,6 +17,10 @@ class UsageError(Exception):
 
 def as_flag(exc: Exception, flag: str, arg: str | None = None) -> UsageError:
     """A library error ("dtype: unknown ...") in the flag's words ("--dtype: unknown ...")."""
+    from perfloop.errors import ArgumentError
+
+    if isinstance(exc, ArgumentError):
+        return UsageError(f"{flag}: {exc.detail}")
     text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
     arg = arg or flag.lstrip("-").replace("-", "_")
     if text.startswith(f"{arg}:"):
@@ -36,11 +40,13 @@ def parse_shape(text: str, flag: str = "--shape") -> tuple[int, ...]:
 def shape_errors(flag: str = "--shape"):
     """The library's "shape: ..." errors (a rank the op does not take, too large for memory) as
     usage errors naming `flag`; other errors pass on."""
+    from perfloop.errors import ArgumentError
+
     try:
         yield
-    except ValueError as exc:
-        if str(exc).startswith("shape:"):
-            raise as_flag(exc, flag, "shape") from None
+    except ArgumentError as exc:
+        if exc.argument == "shape":
+            raise as_flag(exc, flag) from None
         raise
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from perfloop.device import default_device
+from perfloop.errors import ArgumentError
 from perfloop.harness.measurement import Work
 
 DTYPES = {
@@ -42,7 +43,7 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"dtype: unknown {dtype!r}; use one of fp32, fp16, bf16 (or a torch.dtype)")
+        raise ArgumentError("dtype", f"unknown {dtype!r}; use one of fp32, fp16, bf16 (or a torch.dtype)")
     return DTYPES[dtype]
 
 
@@ -312,22 +313,24 @@ class Op:
         and output would not fit in the device's memory -- before anything is allocated."""
         if self.shape_names and len(shape) != len(self.shape_names):
             names = ", ".join(self.shape_names)
-            raise ValueError(
-                f"shape: {self.name} takes {len(self.shape_names)} sizes ({names}), "
-                f"got {len(shape)}: {'x'.join(map(str, shape))}"
+            raise ArgumentError(
+                "shape",
+                f"{self.name} takes {len(self.shape_names)} sizes ({names}), "
+                f"got {len(shape)}: {'x'.join(map(str, shape))}",
             )
         flags = {i for i, n in enumerate(self.shape_names or ()) if n == "causal"}  # 0 or 1
         sizes = [s for i, s in enumerate(shape) if i not in flags]
         if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in sizes):
-            raise ValueError(f"shape: {shape!r}: sizes must be positive integers")
+            raise ArgumentError("shape", f"{shape!r}: sizes must be positive integers")
         need = self.work(shape, dtype).bytes
         have = free_memory(device or default_device())
         if have and need > have:
             shown = "x".join(map(str, shape))
-            raise ValueError(
-                f"shape: {shown} {dtype_name(dtype)} needs ~{need / 2**30:.1f} GiB for its "
+            raise ArgumentError(
+                "shape",
+                f"{shown} {dtype_name(dtype)} needs ~{need / 2**30:.1f} GiB for its "
                 f"inputs and output, more than the {have / 2**30:.1f} GiB free here; choose a "
-                "smaller shape"
+                "smaller shape",
             )
 
     def bench_shape(self, device: str) -> tuple:
