@@ -4,7 +4,7 @@ import pytest
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-from perfloop.analysis.timeline import gaps, idle
+from perfloop.analysis.timeline import HostCompiled, gaps, idle
 
 _ids = iter(range(1, 10**6))
 
@@ -287,7 +287,7 @@ def test_the_stretch_between_two_compiled_graphs_and_the_emptied_queue_after_it_
     step = ev("step", 0, 1000)
     kernels = [(0, 100), (310, 320), (340, 350), (360, 900)]
     launched = [0, 305, 335, 352]  # each of the two after the break launched after the last ended
-    r = idle([step], kernels, launched_at=launched, compiled=([], [(100, 300, "4/0")]))
+    r = idle([step], kernels, launched_at=launched, compiled=HostCompiled(between=((100, 300, "4/0"),)))
     assert r.by_cause["eager code between compiled graphs"] == pytest.approx(0.21 + 0.02 + 0.01)
     assert r.by_cause["host launch overhead"] == 0
     assert {p for c, p, _ in r.places if c == "eager code between compiled graphs"} == {"4/0"}
@@ -307,7 +307,12 @@ def test_a_graph_breaks_saving_is_the_sooner_end_without_every_stretch_of_eager_
     kernels = [(0, 100), (310, 390), (610, 1000)]
     launched = [0, 305, 605]
     between = [(100, 300, "2/0", "1/0"), (400, 600, "1/1", "2/0")]
-    r = idle([step], kernels, launched_at=launched, compiled=([], between, {"train.py:33": {"2"}}))
+    r = idle(
+        [step],
+        kernels,
+        launched_at=launched,
+        compiled=HostCompiled(between=tuple(between), breaks={"train.py:33": {"2"}}),
+    )
     # without them: the second kernel launched at 105 (starts 110, ends 190), the third at 205
     # (starts 210, ends 600): the step ends at 600, not 1000
     assert r.break_saving_ms == {"train.py:33": pytest.approx(0.4)}
@@ -330,7 +335,7 @@ def test_cuda_graphs_saving_in_compiled_code_is_the_launch_gaps_inside_the_graph
     step = ev("step", 0, 1000)
     kernels = [(10, 200), (220, 300), (320, 400), (460, 1000)]
     launched = [5, 215, 315, 455]  # each after the one before ended: the host behind
-    r = idle([step], kernels, launched_at=launched, compiled=([], [], {}, [(0, 400)]))
+    r = idle([step], kernels, launched_at=launched, compiled=HostCompiled(graph_calls=((0, 400),)))
     assert r.by_cause[timeline.Cause.LAUNCH] == pytest.approx(0.1)
     assert r.launch_in_graphs_ms == pytest.approx(0.04)
     d = rank(Capture("cuda", 1, 1.0, idle=r, compiled=CompileFacts(CompiledCode([], [], 1.0))), {})
@@ -351,7 +356,7 @@ def test_a_long_stretch_inside_a_compiled_graphs_call_is_its_launching_not_host_
     step = ev("step", 0, 1000)
     kernels = [(10, 100), (250, 300), (700, 1000)]
     launched = [5, 245, 695]
-    r = idle([step], kernels, launched_at=launched, compiled=([], [], {}, [(0, 400)]))
+    r = idle([step], kernels, launched_at=launched, compiled=HostCompiled(graph_calls=((0, 400),)))
     assert r.by_cause[timeline.Cause.OUTSIDE] == pytest.approx(0.4)  # 300 -> 700: after the graph's call
     assert r.by_cause[timeline.Cause.LAUNCH] == pytest.approx(0.15)  # 100 -> 250: inside it
     assert r.launch_in_graphs_ms == pytest.approx(0.15)
@@ -368,7 +373,10 @@ def test_a_break_whose_sync_is_the_steps_only_one_saves_all_the_idle_the_host_ou
     launched = [5, 425, 605]
     between = [(20, 420, "2/0", "1/0")]  # the eager code the break at train.py:36 makes, its sync inside
     r = idle(
-        [step, item, sync], kernels, launched_at=launched, compiled=([], between, {"train.py:36": {"2"}})
+        [step, item, sync],
+        kernels,
+        launched_at=launched,
+        compiled=HostCompiled(between=tuple(between), breaks={"train.py:36": {"2"}}),
     )
     # timeline.without alone: the later launches 400 us sooner, the device still busy to 960
     assert r.break_saving_ms == {"train.py:36": pytest.approx(r.idle_ms)} and r.idle_ms == pytest.approx(0.05)
@@ -377,7 +385,7 @@ def test_a_break_whose_sync_is_the_steps_only_one_saves_all_the_idle_the_host_ou
         [step, item, sync, other],
         kernels,
         launched_at=launched,
-        compiled=([], between, {"train.py:36": {"2"}}),
+        compiled=HostCompiled(between=tuple(between), breaks={"train.py:36": {"2"}}),
     )
     assert r.break_saving_ms == {"train.py:36": pytest.approx(0.04)}
 
@@ -394,7 +402,12 @@ def test_a_breaks_sync_that_waits_little_still_holds_the_host_back_and_saves_the
     kernels = [(10, 100), (430, 500), (520, 600), (620, 1000)]
     launched = [5, 425, 515, 615]
     between = [(120, 420, "2/0", "1/0")]
-    r = idle([step, item, sync], kernels, launched_at=launched, compiled=([], between, {"t.py:36": {"2"}}))
+    r = idle(
+        [step, item, sync],
+        kernels,
+        launched_at=launched,
+        compiled=HostCompiled(between=tuple(between), breaks={"t.py:36": {"2"}}),
+    )
     assert r.idle_ms == pytest.approx(0.38)
     # the launches 300 us sooner alone would end the step at 695: 0.305 ms
     assert r.break_saving_ms == {"t.py:36": pytest.approx(r.idle_ms)}
@@ -412,7 +425,10 @@ def test_the_windows_own_drains_before_the_first_launch_and_after_the_last_are_n
     launched = [5, 425, 605]
     between = [(20, 420, "2/0", "1/0")]
     r = idle(
-        [step, item, sync, *ours], kernels, launched_at=launched, compiled=([], between, {"t.py:36": {"2"}})
+        [step, item, sync, *ours],
+        kernels,
+        launched_at=launched,
+        compiled=HostCompiled(between=tuple(between), breaks={"t.py:36": {"2"}}),
     )
     assert not r.syncs  # the idle is the break's (and the wait for the first kernel)
     assert r.waited_ms == pytest.approx(0.37)  # the .item()'s wait alone

@@ -240,7 +240,7 @@ class Profile:
     def idle(self) -> Idle | None:
         """When and why the device sat idle (timeline.Idle): on a CPU, the time between the
         step's ops."""
-        from perfloop.analysis.timeline import idle
+        from perfloop.analysis.timeline import HostCompiled, idle
 
         if self._prof is None:
             return None
@@ -261,10 +261,13 @@ class Profile:
             each = [r for r in each if r is not None]
             r = min(each, key=lambda x: x.idle_ms).times(len(spans)) if each else None
         else:
-            breaks = {b.where: set(b.frames) for b in self.graph_breaks()}
             graphs = self._graph_calls  # none recorded: the launch gaps are not split by them
-            made = [(c.start_us, c.end_us) for c in self.compiles()]
-            compiled = (made, self._between_regions(), breaks, *([graphs] if graphs else []))
+            compiled = HostCompiled(
+                compiling=tuple((c.start_us, c.end_us) for c in self.compiles()),
+                between=tuple(self._between_regions()),
+                breaks={b.where: set(b.frames) for b in self.graph_breaks()},
+                graph_calls=tuple(graphs) if graphs else None,
+            )
             r = idle(
                 events,
                 intervals,

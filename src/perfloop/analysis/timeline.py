@@ -92,6 +92,20 @@ RANGES = {
 }
 
 
+@dataclass(frozen=True)
+class HostCompiled:
+    """What the host ran compiled, on the profile's timeline (us): the intervals Dynamo and
+    Inductor compiled in; the host's stretches between two compiled regions of a call, as (start,
+    end, the next region's compile id[, the previous region's]); each graph break's line -> the
+    frames of the code resumed after it; and the host's calls of compiled graphs (None where none
+    were recorded: then the launch gaps are not split by them)."""
+
+    compiling: tuple = ()
+    between: tuple = ()
+    breaks: dict = field(default_factory=dict)
+    graph_calls: tuple | None = None
+
+
 @dataclass
 class Idle:
     wall_ms: float  # the profiled region, all calls
@@ -400,14 +414,14 @@ def _before_first(device_intervals, spans):
     return lambda s, e: e <= first or any(a <= s and e <= f for a, f in waits.meeting(s, e))
 
 
-def _break_savings(compiled: tuple, spans, device_intervals, launched_at, end, syncs, hidden) -> dict:
+def _break_savings(compiled: HostCompiled, spans, device_intervals, launched_at, end, syncs, hidden) -> dict:
     """A graph break's line -> how much sooner the work would end (ms) without the host's
     stretches between graphs that its code makes: those before a region of the code resumed
     after it, and those after one (up to the next graph). A break whose stretches hold all the
     step's synchronizing calls saves, at least, the idle a host running ahead across steps
     hides (`hidden` ms: the device's idle waits on a host a sync held back; `compiled`:
     idle's)."""
-    breaks, between = compiled[2] if len(compiled) > 2 else {}, compiled[1]
+    breaks, between = compiled.breaks, compiled.between
     if launched_at is None or not breaks:
         return {}
     waits = [(cs, ce) for cs, ce, *_ in syncs]
@@ -501,22 +515,20 @@ def idle(
     launched_at: list[float] | None = None,
     pageable: list[tuple[float, float]] | None = None,
     samples=None,
-    compiled: tuple = ((), ()),
+    compiled: HostCompiled | None = None,
 ) -> Idle | None:
     """The idle breakdown of a profile (None when nothing ran on the device). `sites`: op ->
     source lines that made that synchronizing call (from the WorkCounter); `spans`: the host
     intervals the profile is limited to (the occurrences of a range), idle counted inside them;
     `launched_at`: when the host launched each interval's work; `pageable`: the device's
     pageable host-to-device copies; `samples`: the launching thread's stack samples
-    (stacks.Sample on this timeline); `compiled`: (the intervals Dynamo and Inductor compiled in,
-    the host's stretches between two compiled regions of a call as (start, end, the next
-    region's compile id[, the previous region's]) and, optionally, each graph break's line -> the
-    frames of the code resumed after it, and the host's calls of compiled graphs) -- a stretch
-    there is charged to the compile, or to the graph break (its place: the next region's id);
+    (stacks.Sample on this timeline); `compiled`: what the host ran compiled (HostCompiled) -- a
+    stretch there is charged to the compile, or to the graph break (its place: the next region's id);
     each break's saving is the sooner end without its stretches (timeline.without); the launch
     gaps inside graph calls (what CUDA graphs would replay) are counted apart."""
     if not device_intervals:
         return None
+    compiled = compiled or HostCompiled()
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
     start = min([e.time_range.start for e in cpu] + [s for s, _ in device_intervals])
     end = max(e for _, e in device_intervals)  # the host's wait for the last kernel is ours
@@ -532,9 +544,9 @@ def idle(
         Intervals(_runtime(cpu, ALLOC_APIS)),
         Intervals(_ranges(cpu)),
         Intervals([(e.time_range.start, e.time_range.end) for e in cpu if "::" in e.name]),
-        Intervals([(a, b) for a, b in compiled[0]]),
-        Intervals(compiled[1]),
-        Intervals(list(compiled[3]) if len(compiled) > 3 else []),
+        Intervals([(a, b) for a, b in compiled.compiling]),
+        Intervals(list(compiled.between)),
+        Intervals(list(compiled.graph_calls or [])),
         samples,
         _before_first(device_intervals, spans),
         bool(pageable),
@@ -565,7 +577,7 @@ def idle(
         outer=outer,
         sync_places=sync_places,
         break_saving_ms=break_saving,
-        launch_in_graphs_ms=in_graphs if len(compiled) > 3 else None,
+        launch_in_graphs_ms=in_graphs if compiled.graph_calls is not None else None,
     )
     return out.charged()
 
