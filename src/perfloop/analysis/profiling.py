@@ -535,64 +535,73 @@ def _profiled(call, calls, warmup, on_cuda, sync, memory_snapshot, cuda_profiler
         work_counted = counted_call(call, on_cuda, warnings, prof, trees) if count_work else None
 
     return build_profile(
-        prof,
-        calls,
-        wall_ms,
-        host * 1e3,
-        on_cuda,
-        warnings,
-        work_counted,
-        peak,
-        work,
-        plain_wall_ms=plain_ms,
-        samples=samples,
-        call_spans=spans,
-        compile_metrics=live_metrics(),
-        break_reasons=live_break_reasons(),
-        trees=trees,
+        Recording(
+            prof,
+            calls,
+            wall_ms,
+            host * 1e3,
+            on_cuda,
+            warnings,
+            work_counted,
+            peak,
+            work,
+            plain_wall_ms=plain_ms,
+            samples=samples,
+            call_spans=spans,
+            compile_metrics=live_metrics(),
+            break_reasons=live_break_reasons(),
+            trees=trees,
+        )
     )
 
 
-def build_profile(
-    prof,
-    calls: int,
-    wall_ms: float,
-    host_ms: float,
-    on_cuda: bool,
-    warnings: list[str],
-    counted=None,
-    peak: int | None = None,
-    work: Work | None = None,
-    range_name: str | None = None,
-    plain_wall_ms: float | None = None,
-    samples=None,
-    call_spans=None,
-    given_work=None,
-    window_cut_s: float | None = None,
-    compile_metrics: list | None = None,
-    break_reasons: list | None = None,
-    step: str | None = None,
-    sites: dict | None = None,
-    trees: list | None = None,
-) -> Profile:
-    """A Profile from a stopped profiler that recorded `calls` calls (times over all of them);
-    with `range_name`, of the work launched inside that range's occurrences only, and the wall
-    time theirs; `plain_wall_ms`: the same calls' wall time without the profiler; `samples`: the
-    launching thread's stack samples; `call_spans`: each call's host interval; `given_work`:
-    (events, kind, windows) -> {(module, phase, op): work}, for a trace that carries shapes;
-    `step`: what one call is (a script's range); `sites`: pl.patch's call sites by module;
-    `trees`: the models run (inductor.module_trees), where compiled kernels are placed."""
+@dataclass
+class Recording:
+    """What a source recorded (pl.profile's calls, a script's window, a trace file), handed to
+    build_profile whole: a stopped profiler (`prof`: anything with events()) over `calls` calls,
+    times over all of them. `range_name`: the profile is of the work launched inside that range's
+    occurrences only, the wall time theirs; `plain_wall_ms`: the same calls' wall time without the
+    profiler; `samples`: the launching thread's stack samples; `call_spans`: each call's host
+    interval; `given_work`: (events, kind, windows) -> {(module, phase, op): work}, for a trace that
+    carries shapes; `step`: what one call is (a script's range); `sites`: pl.patch's call sites by
+    module; `trees`: the models run (inductor.module_trees), where compiled kernels are placed."""
+
+    prof: Any
+    calls: int
+    wall_ms: float
+    host_ms: float
+    on_cuda: bool
+    warnings: list[str] = field(default_factory=list)
+    counted: Any = None  # (records, items, calls) of the counted call
+    peak: int | None = None
+    work: Work | None = None
+    range_name: str | None = None
+    plain_wall_ms: float | None = None
+    samples: Any = None
+    call_spans: Any = None
+    given_work: Any = None
+    window_cut_s: float | None = None
+    compile_metrics: list | None = None
+    break_reasons: list | None = None
+    step: str | None = None
+    sites: dict | None = None
+    trees: list | None = None
+
+
+def build_profile(r: Recording) -> Profile:
+    """A Profile of what a source recorded (Recording)."""
     from perfloop.analysis.attribution import windows
 
-    events = prof.events()
-    spans = windows(events, range_name) if range_name else None
-    kind, items, launches = _activity(events, on_cuda, warnings, spans)
+    events = r.prof.events()
+    warnings, wall_ms, host_ms, plain_wall_ms = r.warnings, r.wall_ms, r.host_ms, r.plain_wall_ms
+    spans = windows(events, r.range_name) if r.range_name else None
+    kind, items, launches = _activity(events, r.on_cuda, warnings, spans)
     if spans:
         wall_ms = host_ms = sum(e - s for s, e in spans) / 1e3
         if plain_wall_ms and len(spans) > 1 and wall_ms * 1e3 < COVERED * (spans[-1][1] - spans[0][0]):
             warnings.append(
                 f"idle time measured under the profiler: other work runs between the "
-                f"occurrences of {range_name!r}, so their pace is not its time"
+                f"occurrences of {r.range_name!r}, so their pace is not its time"
             )
             plain_wall_ms = None
         if kind != "cuda" and len(spans) > 1:  # a CPU: each occurrence at the fastest one's pace
@@ -601,27 +610,27 @@ def build_profile(
     total = sum(k.total_ms for k in kernels) or 1e-12
     return Profile(
         kernels=kernels,
-        calls=calls,
-        device_ms_per_call=total / calls,
-        busy_ms_per_call=_union_ms([(s, e) for _, s, e in items]) / calls,
-        wall_ms_per_call=(plain_wall_ms if plain_wall_ms else wall_ms) / calls,
-        profiled_wall_ms_per_call=wall_ms / calls if plain_wall_ms else None,
-        host_ms_per_call=host_ms / calls,
-        launches_per_call=launches / calls,
+        calls=r.calls,
+        device_ms_per_call=total / r.calls,
+        busy_ms_per_call=_union_ms([(s, e) for _, s, e in items]) / r.calls,
+        wall_ms_per_call=(plain_wall_ms if plain_wall_ms else wall_ms) / r.calls,
+        profiled_wall_ms_per_call=wall_ms / r.calls if plain_wall_ms else None,
+        host_ms_per_call=host_ms / r.calls,
+        launches_per_call=launches / r.calls,
         kind=kind,
-        peak_memory_bytes=peak,
-        work=work,
+        peak_memory_bytes=r.peak,
+        work=r.work,
         warnings=warnings,
-        _prof=prof,
-        _counted=counted,
+        _prof=r.prof,
+        _counted=r.counted,
         _windows=spans,
-        _samples=samples,
-        _call_spans=call_spans,
-        _given_work=given_work(events, kind, spans) if given_work is not None else None,
-        window_cut_s=window_cut_s,
-        compile_metrics=compile_metrics,
-        break_reasons=break_reasons,
-        step=step,
-        sites=sites,
-        _trees=trees,
+        _samples=r.samples,
+        _call_spans=r.call_spans,
+        _given_work=r.given_work(events, kind, spans) if r.given_work is not None else None,
+        window_cut_s=r.window_cut_s,
+        compile_metrics=r.compile_metrics,
+        break_reasons=r.break_reasons,
+        step=r.step,
+        sites=r.sites,
+        _trees=r.trees,
     )

@@ -389,16 +389,18 @@ def from_trace(
     span_ms = (max(r.end for r in cpu) - min(r.start for r in cpu)) / 1e3
     shapes = meta.get("record_shapes") or any("Input Dims" in e.args for e in events)
     p = profiling.build_profile(
-        TraceEvents(events),
-        max(len(steps), 1),
-        span_ms,
-        span_ms,
-        on_cuda,
-        warnings,
-        range_name="ProfilerStep#*" if steps else None,
-        given_work=work_by_key if shapes else None,
-        # each step's wait for its first kernel is the user's (data, Python)
-        step="ProfilerStep" if steps else None,
+        profiling.Recording(
+            TraceEvents(events),
+            max(len(steps), 1),
+            span_ms,
+            span_ms,
+            on_cuda,
+            warnings,
+            range_name="ProfilerStep#*" if steps else None,
+            given_work=work_by_key if shapes else None,
+            # each step's wait for its first kernel is the user's (data, Python)
+            step="ProfilerStep" if steps else None,
+        )
     )
     if not shapes:
         warnings.append(

@@ -541,22 +541,24 @@ def _result(w: _Window, sites: dict | None = None) -> profiling.Profile:
     traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
     samples = w.sampler.align(w.prof.events(), w.sampler_mark) if w.sampler is not None else None
     p = profiling.build_profile(
-        w.prof,
-        max(w.calls, 1),
-        w.wall_ms,
-        w.wall_ms,
-        w.on_cuda,
-        w.warnings,
-        counted,
-        range_name=traced,
-        plain_wall_ms=plain,
-        samples=samples,
-        window_cut_s=w.ended_at,
-        compile_metrics=compilation.live_metrics(),
-        break_reasons=compilation.live_break_reasons(),
-        step=w.range_name,
-        sites=sites,
-        trees=w.trees,
+        profiling.Recording(
+            w.prof,
+            max(w.calls, 1),
+            w.wall_ms,
+            w.wall_ms,
+            w.on_cuda,
+            w.warnings,
+            counted,
+            range_name=traced,
+            plain_wall_ms=plain,
+            samples=samples,
+            window_cut_s=w.ended_at,
+            compile_metrics=compilation.live_metrics(),
+            break_reasons=compilation.live_break_reasons(),
+            step=w.range_name,
+            sites=sites,
+            trees=w.trees,
+        )
     )
     if not p.items():
         what = f"{w.calls} occurrence(s) of {w.range_name!r}" if w.range_name else f"the window {w.window}"
