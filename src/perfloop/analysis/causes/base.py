@@ -10,6 +10,14 @@ from perfloop.analysis.findings import Evidence, Finding, Kind, Site
 MIN_SHARE = 0.01  # findings saving less of the step are not listed
 
 
+def by_module(items, calls: int, name=lambda i: i.module) -> list[tuple[str, float]]:
+    """(module, ms per call) of the items, largest first (`name`: what an item is charged to)."""
+    ms: dict = {}
+    for i in items:
+        ms[name(i)] = ms.get(name(i), 0.0) + i.ms / calls
+    return sorted(ms.items(), key=lambda kv: -kv[1])
+
+
 class Findings:
     """One analyzer's findings of capture `c`, against the measured `ceilings`."""
 

@@ -9,11 +9,10 @@ Napkin math: a (64, 256, 56, 56) bf16 activation is 103 MB; one transpose each w
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
-from perfloop.analysis.causes.base import Findings
+from perfloop.analysis.causes.base import Findings, by_module
 from perfloop.analysis.findings import Finding, Kind, Site
 from perfloop.harness.measurement import fmt_ms
 
@@ -31,10 +30,7 @@ def find(c: Capture, ceilings: dict) -> list[Finding]:
         return []
     f = Findings(c, ceilings)
     ms = sum(i.ms for i in found) / c.calls
-    by_module: dict = defaultdict(float)
-    for i in found:
-        by_module[i.module] += i.ms / c.calls
-    top = sorted(by_module.items(), key=lambda kv: -kv[1])
+    top = by_module(found, c.calls)
     f.add(
         Kind.CONV_LAYOUT,
         f"convolutions in NCHW: {len(found) // c.calls} layout transposes per call around them",

@@ -3,12 +3,10 @@ it was given. The written-out attention's and the fused runs' copies are theirs.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes import attention, fusion
-from perfloop.analysis.causes.base import Findings
+from perfloop.analysis.causes.base import Findings, by_module
 from perfloop.analysis.findings import Finding, Kind, Site
 from perfloop.analysis.patterns import LAYOUT_OPS
 from perfloop.harness.measurement import fmt_ms
@@ -32,11 +30,8 @@ def find(c: Capture, ceilings: dict) -> list[Finding]:
         return []
     f = Findings(c, ceilings)
     ms = sum(i.ms for i in layout) / c.calls
-    by_module: dict = defaultdict(float)
-    for i in layout:
-        by_module[f"{i.module} ({i.phase})"] += i.ms / c.calls
     ops = sorted({(i.outer_op or i.op).split("::")[-1] for i in layout})
-    top = sorted(by_module.items(), key=lambda kv: -kv[1])[:3]
+    top = by_module(layout, c.calls, lambda i: f"{i.module} ({i.phase})")[:3]
     f.add(
         Kind.LAYOUT_COPY,
         f"layout copies: {len(layout) // c.calls} per call ({', '.join(ops)})",
