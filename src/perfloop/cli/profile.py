@@ -411,6 +411,10 @@ def _print_step(args, p, what, tables, d, idle, run_id, name, page) -> None:
         out.print(said, markup=False, highlight=False)
         for line in patch_summary(p.sites):
             out.print(f"  {line}", markup=False, highlight=False)
+        from perfloop.ops.base import TRITON_MISSING, triton_installed
+
+        if not triton_installed():  # it would keep every one: say why before the user tries
+            out.print(f"  but here: {TRITON_MISSING}", style="yellow")
     for w in p.warnings:
         out.print(w, style="yellow")
     out.print(f"stored as run {run_id} ({name}); compare two runs op by op: perfloop compare RUN_A RUN_B")

@@ -17,16 +17,24 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 
 import torch
 from torch import Tensor
 
 from perfloop.nn.registry import DEFAULT_IN_GRAPH, GRAPH_OPS
 from perfloop.ops.base import autocast_fp32 as _autocast_fp32
-from perfloop.ops.base import autocast_on
-from perfloop.ops.cross_entropy import triton_impl as _ce
-from perfloop.ops.layernorm import triton_impl as _norm
-from perfloop.ops.linear_cross_entropy import triton_impl as _lce
+from perfloop.ops.base import autocast_on, triton_installed
+from perfloop.ops.layernorm import MAX_N
+
+_TRITON = triton_installed()  # a constant where Dynamo reads it
+
+
+def _kernels(op: str):
+    """The op's Triton module, imported at its first call (Triton is optional: without it no
+    graph op takes a call, `_here`)."""
+    return importlib.import_module(f"perfloop.ops.{op}.triton_impl")
+
 
 # which fused functions a compiled graph takes as perfloop's ops, in this context
 _IN_GRAPH: contextvars.ContextVar[frozenset] = contextvars.ContextVar(
@@ -68,7 +76,7 @@ def taken(name: str) -> bool:
 
 @torch.library.custom_op("perfloop::cross_entropy", mutates_args=())
 def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int) -> tuple[Tensor, Tensor, Tensor]:
-    return _ce.forward_parts(logits, target, ignore_index)
+    return _kernels("cross_entropy").forward_parts(logits, target, ignore_index)
 
 
 @_cross_entropy.register_fake
@@ -82,7 +90,7 @@ def _(logits, target, ignore_index):
 def _cross_entropy_backward(
     logits: Tensor, target: Tensor, lse: Tensor, n_valid: Tensor, dloss: Tensor, ignore_index: int
 ) -> Tensor:
-    return _ce.backward_parts(logits, target, lse, n_valid, dloss, ignore_index)
+    return _kernels("cross_entropy").backward_parts(logits, target, lse, n_valid, dloss, ignore_index)
 
 
 @_cross_entropy_backward.register_fake
@@ -116,7 +124,9 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
 def _linear_cross_entropy(
     h: Tensor, weight: Tensor, target: Tensor, ignore_index: int, chunk: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _lce.forward_parts(h, weight, target, ignore_index, chunk)
+    kernels = _kernels("linear_cross_entropy")
+    chunk = chunk or kernels.chunk_rows(h.shape[0], weight.shape[0], h.element_size())
+    return kernels.forward_parts(h, weight, target, ignore_index, chunk)
 
 
 @_linear_cross_entropy.register_fake
@@ -146,7 +156,7 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, target: Tensor, ignore_index
 
 @torch.library.custom_op("perfloop::norm", mutates_args=())
 def _norm_op(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, rms: bool) -> tuple[Tensor, Tensor]:
-    return _norm.forward_parts(x, weight, bias, eps, rms)
+    return _kernels("layernorm").forward_parts(x, weight, bias, eps, rms)
 
 
 @_norm_op.register_fake
@@ -159,7 +169,7 @@ def _(x, weight, bias, eps, rms):
 def _norm_backward(
     dy: Tensor, x: Tensor, weight: Tensor, stats: Tensor, has_bias: bool, rms: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    dx, dw, db = _norm.backward_parts(dy, x, weight, stats, has_bias, rms)
+    dx, dw, db = _kernels("layernorm").backward_parts(dy, x, weight, stats, has_bias, rms)
     return dx, dw, db.clone() if db is not None else dw.new_empty(0)  # dw, db: one storage, two outputs
 
 
@@ -195,7 +205,7 @@ def norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, rms: bool) 
 def _here(x: Tensor) -> bool:
     from perfloop.ops.base import interpreting
 
-    return x.is_cuda or (x.device.type == "cpu" and interpreting())
+    return _TRITON and (x.is_cuda or (x.device.type == "cpu" and interpreting()))
 
 
 def graph_cross_entropy(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
@@ -230,8 +240,7 @@ def graph_linear_cross_entropy(h, weight, target, ignore_index):
     ):
         return None
     with torch.autocast(h.device.type, enabled=False):
-        chunk = _lce.chunk_rows(h.shape[0], weight.shape[0], h.element_size())
-        return linear_cross_entropy(h, weight, target, ignore_index, chunk)
+        return linear_cross_entropy(h, weight, target, ignore_index, 0)  # 0: the op picks the chunk
 
 
 def graph_norm(name: str, x, normalized_shape, weight, bias, eps, rms: bool):
@@ -245,7 +254,7 @@ def graph_norm(name: str, x, normalized_shape, weight, bias, eps, rms: bool):
         and tuple(normalized_shape) == tuple(x.shape[-1:])
         and weight.shape == x.shape[-1:]
         and x.dtype in _FLOATS
-        and x.shape[-1] <= _norm.MAX_N
+        and x.shape[-1] <= MAX_N
     ):
         return None
     x = _autocast_fp32(x)

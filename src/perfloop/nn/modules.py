@@ -16,8 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from perfloop.nn.registry import dispatch
+from perfloop.ops.base import TRITON_MISSING, autocast_on, interpreting, triton_installed
 from perfloop.ops.base import autocast_fp32 as _autocast_fp32
-from perfloop.ops.base import autocast_on, interpreting
 
 _WARNED: set = set()
 # while pl.patch checks a module (recording_fallbacks): its fallbacks go to that list, unsaid
@@ -53,11 +53,7 @@ def _fallback(module: nn.Module, why: str) -> None:
 
 def kernel_here(x: torch.Tensor) -> str | None:
     if x.is_cuda or (x.device.type == "cpu" and interpreting()):
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return "Triton is not installed"
-        return None
+        return None if triton_installed() else TRITON_MISSING
     return f"a {x.device.type} tensor (the kernels run on a GPU, or on the CPU with TRITON_INTERPRET=1)"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import os
 from collections.abc import Callable, Sequence
@@ -238,6 +239,21 @@ def cdiv(a: int, b: int) -> int:
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Whether Triton can be imported here (without importing it: perfloop runs without it)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+TRITON_MISSING = (
+    "Triton is not installed: perfloop's fused kernels need it "
+    '(pip install "perfloop[triton]"); torch\'s own ops run instead'
+)
 
 
 def dot_precision(dtype: torch.dtype, exact: str = "ieee") -> str:

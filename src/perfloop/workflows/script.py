@@ -62,8 +62,38 @@ class ScriptError(Exception):
         if self.code is not None:
             how = "os._exit" if isinstance(original, _Exit) else "sys.exit"
             super().__init__(f"the script exited with {how}({self.code!r})")
+        elif _perfloops_import(original):
+            super().__init__(
+                f"perfloop, called by the script, could not import {original.name!r} ({original}): "
+                + (
+                    'pip install "perfloop[triton]" for its fused kernels'
+                    if original.name == "triton"
+                    else "a package perfloop needs for what the script asked is missing"
+                )
+            )
         else:
             super().__init__(f"the script raised {type(original).__name__}: {original}")
+
+
+def _perfloops_import(exc: BaseException) -> bool:
+    """Whether exc is an ImportError of an import statement in perfloop's own code (not the
+    script's): the innermost frame of code that ran it, the import machinery's and the runner's
+    own frames aside, is perfloop's."""
+    if not isinstance(exc, ImportError):
+        return False
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the perfloop package
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not code.co_filename.startswith("<frozen") and code.co_name not in _IMPORT_MACHINERY:
+            frames.append(os.path.abspath(code.co_filename))
+        tb = tb.tb_next
+    while frames and frames[0].startswith(here):  # the runner that ran the script
+        frames.pop(0)
+    return bool(frames) and frames[-1].startswith(here)
+
+
+_IMPORT_MACHINERY = {"find_spec", "find_module", "exec_module", "load_module", "_find_and_load"}
 
 
 PACED = 20  # the occurrences after the profile timed for the unprofiled pace, at most

@@ -16,6 +16,7 @@ from perfloop.harness.measurement import Work
 from perfloop.ops.base import Op, Variant, check_tensor, seeded
 
 EPS = 1e-5
+MAX_N = 65536  # a row must fit in one Triton program's registers
 # shared with rmsnorm: one column is left out (x - mean is then rounding noise)
 # rows of 5, not 3: torch's own fp16 LayerNorm backward on the CPU misses by up to 25% of the
 # largest gradient on rows of 3 (0.3% on rows of 5; 300 seeds)

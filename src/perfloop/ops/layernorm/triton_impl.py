@@ -19,9 +19,9 @@ import triton.language as tl
 from perfloop.ops import native
 from perfloop.ops.base import as_rows, cdiv, check_tensor, needs_grad, next_pow2
 from perfloop.ops.launch import launch
+from perfloop.ops.layernorm import MAX_N
 from perfloop.ops.tuning import first_at_most, load_table
 
-MAX_N = 65536  # a row must fit in one program's registers
 TUNED = load_table(Path(__file__).parent)  # warps, the backward's band, the dw/db sum's tile (tuned.json)
 COLSUM_ROWS, COLSUM_BLOCK = TUNED["colsum_tile"]  # the final dw/db sum: a program's tile of partials a step
 
