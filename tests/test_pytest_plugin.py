@@ -150,4 +150,5 @@ def test_each_session_is_kept_in_the_store_as_a_line_of_the_history(pytester):
         assert main(["history", "kernel", "--db", db, "--json"]) == 0
     [trend] = json.loads(out.getvalue())["trends"]
     assert trend["key"]["op"] == "test:kernel" and len(trend["points"]) == 2
-    assert all(p["median_ms"] == pytest.approx(0.3, rel=0.5) for p in trend["points"])
+    # a 0.3 ms spin is never faster than 0.3 ms; slower only where the machine is loaded
+    assert all(p["median_ms"] >= 0.29 for p in trend["points"]), trend["points"]

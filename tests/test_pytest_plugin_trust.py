@@ -148,7 +148,7 @@ def test_k(perfloop):
     [b] = doc["benchmarks"]
     assert b["fullname"] == "test_user.py::test_k" and "machine_info" in doc
     assert (
-        b["stats"]["median"] == pytest.approx(2e-4, rel=0.5)
+        1.9e-4 <= b["stats"]["median"] < 2e-2  # seconds (a 0.2 ms spin; ms would read 1000x)
         and len(b["stats"]["data"]) == b["stats"]["rounds"]
     )
     r = pytester.runpytest_subprocess("--perfloop-compare", "pb.json")

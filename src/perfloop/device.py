@@ -32,12 +32,6 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def data_dir() -> Path:
-    """Where perfloop keeps results (XDG data dir)."""
-    root = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return Path(root) / "perfloop"
-
-
 def triton_version() -> str | None:
     try:
         import triton

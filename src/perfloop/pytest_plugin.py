@@ -30,11 +30,12 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from perfloop.harness.measurement import Measurement
+if TYPE_CHECKING:  # imported where a test takes a measurement: a session that takes none stays light
+    from perfloop.harness.measurement import Measurement
 
 
 def pytest_addoption(parser):
@@ -225,6 +226,8 @@ def _entry(path: str, k: str, v: Any) -> Measurement:
     if ref is not None and not _positive_times(ref):
         raise pytest.UsageError(f"{where}: meta.reference_samples_ms must be finite positive times")
     try:
+        from perfloop.harness.measurement import Measurement
+
         return Measurement.from_dict(v)
     except (TypeError, ValueError) as exc:
         raise pytest.UsageError(f"{where}: {exc}") from None
@@ -233,6 +236,8 @@ def _entry(path: str, k: str, v: Any) -> Measurement:
 def _from_pytest_benchmark(path: str, raw: dict) -> dict[str, Measurement]:
     """pytest-benchmark's saved JSON: each benchmark's raw timings (seconds, kept with
     --benchmark-save-data) as a Measurement keyed as this plugin keys the same test."""
+    from perfloop.harness.measurement import Measurement
+
     out = {}
     for b in raw.get("benchmarks") or []:
         name = b.get("fullname") or b.get("name") if isinstance(b, dict) else None
@@ -376,13 +381,13 @@ def pytest_collection_modifyitems(config, items):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Every measurement this session took, as a table (pytest-benchmark prints one every
     session), then each compared one's verdict, slowest first."""
-    from perfloop.harness.measurement import fmt_ms
-
     taken = state(config).taken
     verdicts = state(config).verdicts
     for note in state(config).notes:
         terminalreporter.write_line(f"perfloop: {note}", yellow=True)
     if taken:
+        from perfloop.harness.measurement import fmt_ms
+
         terminalreporter.section("perfloop benchmarks")
         width = max(len(k) for k in taken)
         terminalreporter.write_line(

@@ -12,8 +12,16 @@ working directory. The command line overrides each one.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def data_dir() -> Path:
+    """Where perfloop keeps results (XDG data dir)."""
+    root = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return Path(root) / "perfloop"
+
 
 KEYS = {
     "db": "a path",

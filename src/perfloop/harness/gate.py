@@ -37,7 +37,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfloop.harness import stats
-from perfloop.harness.sampling import BUSY_OTHERS
 
 DEFAULT_FLOOR = {"cpu": 0.15, "cuda": 0.03}  # run-to-run spread assumed when no history is known
 CONTENDED_FLOOR = 0.4  # ... when another process took CPU time while either run was timed
@@ -104,7 +103,7 @@ def tracks(samples: Sequence[float], ref: Sequence[float] | None) -> bool:
 def contended(meta: dict | None) -> bool:
     """Whether a measurement's samples were taken while other processes took CPU time."""
     cores = (meta or {}).get("other_cpu_cores")
-    return cores is not None and cores > BUSY_OTHERS
+    return cores is not None and cores > stats.BUSY_OTHERS
 
 
 def learned_floor(history: Sequence[float]) -> float | None:

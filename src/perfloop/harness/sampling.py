@@ -23,6 +23,7 @@ from torch.autograd import DeviceType
 
 from perfloop import device as _device
 from perfloop.harness import stats
+from perfloop.harness.stats import BUSY_OTHERS
 
 CPU_SAMPLE_S = 1e-3  # a CPU sample lasts >= 1 ms: perf_counter's ~100 ns is then < 0.01%
 GRAPH_SAMPLE_MS = 1.0  # a graph replay holds enough calls to last about this long
@@ -105,8 +106,6 @@ def input_drift_warnings(before: list[tuple[torch.Tensor, bool, bool]]) -> list[
 
 
 # ------------------------------------------------------------------ contention
-
-BUSY_OTHERS = 0.3  # other processes' CPU use, in cores, above which CPU samples are contended
 
 
 def _machine_busy_s() -> float | None:

@@ -12,7 +12,8 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import optimize, stats
+
+BUSY_OTHERS = 0.3  # other processes' CPU use, in cores, above which CPU samples are contended
 
 
 def quantile(samples: Sequence[float], q: float) -> float:
@@ -27,6 +28,8 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float
     probability given by Binomial(n, 1/2); no normality assumed. For fewer than
     6 samples no 95% interval exists and the full range is returned.
     """
+    from scipy import stats  # imported on use: the read-only verbs stay light
+
     x = np.sort(np.asarray(samples, dtype=float))
     n = len(x)
     if n == 0:
@@ -65,6 +68,8 @@ def paired_speedup(
     pairs together so the drift that hit both runs of a round stays paired.
     Test: Wilcoxon signed-rank on the per-round log ratios (H0: no difference).
     """
+    from scipy import stats  # imported on use: the read-only verbs stay light
+
     b = np.asarray(base, dtype=float)
     c = np.asarray(cand, dtype=float)
     if len(b) != len(c) or len(b) < 2:
@@ -88,6 +93,8 @@ def fit_power_floor(sizes: Sequence[float], times: Sequence[float]) -> dict:
     (fixed overhead), c, the exponent k, the size where c*size**k equals the
     floor (where work starts to dominate), and R^2 in log space.
     """
+    from scipy import optimize  # imported on use: the read-only verbs stay light
+
     n = np.asarray(sizes, dtype=float)
     t = np.asarray(times, dtype=float)
     if len(n) < 3:
@@ -140,6 +147,8 @@ def fit_power_floor(sizes: Sequence[float], times: Sequence[float]) -> dict:
 
 def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict:
     """Least-squares line y = a + b*x with its R^2 (scipy.stats.linregress)."""
+    from scipy import stats  # imported on use: the read-only verbs stay light
+
     r = stats.linregress(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
     return {"intercept": float(r.intercept), "slope": float(r.slope), "r2": float(r.rvalue**2)}
 
@@ -155,6 +164,8 @@ def independent_ratio(
 
     CI: bootstrap of both sets; test: Mann-Whitney U (no normality assumed).
     """
+    from scipy import stats  # imported on use: the read-only verbs stay light
+
     x = np.asarray(a, dtype=float)
     y = np.asarray(b, dtype=float)
     if len(x) < 2 or len(y) < 2:

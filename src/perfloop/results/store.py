@@ -21,9 +21,12 @@ import sqlite3
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from perfloop.device import data_dir
-from perfloop.harness.measurement import Measurement
+from perfloop.settings import data_dir
+
+if TYPE_CHECKING:  # the read-only verbs (runs, history, compare) import neither torch nor scipy
+    from perfloop.harness.measurement import Measurement
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -442,7 +445,7 @@ class Store:
         return out
 
     def measurement(self, row: dict) -> Measurement:
-        from perfloop.harness.measurement import Work
+        from perfloop.harness.measurement import Measurement, Work
 
         return Measurement(
             samples_ms=tuple(row["samples"]),
