@@ -35,6 +35,7 @@ def test_kernel_speed(perfloop):
 """
 
 
+@pytest.mark.slow
 def test_baseline_then_regression_then_noise(pytester):
     pytester.makepyfile(test_user=SCALING.replace("REPS", "4"))
     r = pytester.runpytest_subprocess("--perfloop-save", "base.json")
@@ -67,6 +68,7 @@ def test_unreadable_baseline_is_a_usage_error(pytester):
 UNNAMED = SUITE.replace('name="kernel", ', "")  # keyed by the test itself
 
 
+@pytest.mark.slow
 def test_keys_do_not_depend_on_the_folder_pytest_starts_in(pytester):
     """Saved from the project root, compared from inside tests/: the same key, so a 3x
     slowdown is caught (it used to pass: every node id differed)."""
@@ -102,6 +104,7 @@ def test_a_baseline_with_no_matching_key_fails_loudly(pytester):
     r.stdout.fnmatch_lines(["*none matched*nothing was compared*"])
 
 
+@pytest.mark.slow
 def test_saving_a_subset_merges_into_the_baseline_and_creates_its_folder(pytester):
     two = (
         SUITE.replace("MS", "0.2")
@@ -135,6 +138,7 @@ def test_a_malformed_baseline_is_a_usage_error(pytester, content, says):
     r.stderr.fnmatch_lines([f"*{says}*"])
 
 
+@pytest.mark.slow
 def test_each_session_is_kept_in_the_store_as_a_line_of_the_history(pytester):
     import contextlib
     import io

@@ -19,6 +19,7 @@ def test_step(perfloop):
 )
 
 
+@pytest.mark.slow
 def test_two_unnamed_calls_in_one_test_get_two_keys_and_a_3x_slowdown_of_the_first_fails(pytester):
     pytester.makepyfile(test_user=TWO_UNNAMED.replace("FIRST", "0.3"))
     r = pytester.runpytest_subprocess("--perfloop-save", "base.json")
@@ -63,6 +64,7 @@ def _targets(root):
     ]
 
 
+@pytest.mark.slow
 def test_bad_output_targets_are_usage_errors_before_any_test_runs(pytester):
     pytester.makepyfile(
         test_user=BUSY
@@ -135,6 +137,7 @@ def test_skip_only_and_disable_choose_what_runs_and_what_is_timed(pytester):
     assert not (pytester.path / "b.json").exists()  # nothing timed, nothing saved
 
 
+@pytest.mark.slow
 def test_pytest_benchmark_json_written_then_read_back_as_a_baseline(pytester):
     pytester.makepyfile(
         test_user=BUSY
@@ -161,6 +164,7 @@ def test_k(perfloop):
     r.stderr.fnmatch_lines(["*no raw timings (stats.data)*--benchmark-save-data*"])
 
 
+@pytest.mark.slow
 def test_strict_makes_cannot_judge_a_failure_with_the_reason(pytester):
     pytester.makepyfile(
         test_user=BUSY + "\ndef test_k(perfloop):\n    perfloop.bench(busy(0.2), name='k', budget_s=0.3)\n"
@@ -180,6 +184,7 @@ def test_strict_makes_cannot_judge_a_failure_with_the_reason(pytester):
     r.stdout.fnmatch_lines(["*perfloop: k: cannot judge*(--perfloop-strict)*"])
 
 
+@pytest.mark.slow
 def test_the_projects_tool_perfloop_table_names_the_baseline_the_plugin_compares_against(pytester):
     pytester.makepyprojecttoml("[project]\nname = 'user'\n\n[tool.perfloop]\nreference = 'perf/base.json'\n")
     pytester.makepyfile(

@@ -54,6 +54,7 @@ def test_triton_gelu_compiles_for_sm90_with_16_byte_accesses():
     assert ".target sm_90" in rep["ptx"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(pl.device.triton_version() is None, reason="needs Triton")
 def test_tf32_matmul_fills_shared_memory_16_bytes_at_a_time():
     """TF32 wgmma reads a shared-memory operand K-major only. The TF32 kernel takes the product

@@ -3,12 +3,14 @@ metrics (the function, the failed guard), said plainly."""
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 import perfloop as pl
 from perfloop.analysis.compilation import recompile_fix, recompile_in_words, summary, summary_lines
 
 
+@pytest.mark.slow
 def test_a_recompile_on_a_new_shape_is_said_as_the_dim_that_changed_with_its_fix():
     torch._dynamo.reset()
 

@@ -126,6 +126,7 @@ def compiled_net():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_a_compiled_models_kernels_are_rows_charged_to_its_modules_and_lines(compiled_net):
     model, x = compiled_net
     p = pl.profile(lambda: model(x).backward(), calls=2)
@@ -145,6 +146,7 @@ def test_a_compiled_models_kernels_are_rows_charged_to_its_modules_and_lines(com
     assert f"blocks.*.ln at test_inductor.py:{_line(MLP, 'h = self.ln(x)')[0]}" in norm.note
 
 
+@pytest.mark.slow
 def test_compiled_kernels_without_a_recorded_source_are_said_to_be_charged_to_the_compiled_function():
     import torch._inductor.config as inductor_config
 
@@ -216,6 +218,7 @@ def test_a_graphs_record_holding_another_models_launches_first_is_read_for_this_
     assert placed[id(call.cpu_children[0])].module == "blocks.*.fc"
 
 
+@pytest.mark.slow
 def test_a_model_first_compiled_inside_pl_profile_has_its_kernels_placed_without_a_switch():
     import torch._inductor.config as inductor_config
 

@@ -29,6 +29,7 @@ def test_matmul_scaling_fits_a_floor_then_a_steep_power(store):
     assert len(r["table"]["rows"]) == 5
 
 
+@pytest.mark.slow
 def test_mlp_time_is_linear_in_steps_and_layers(store):
     # the full axes (4 points, 1 s each): in quick mode's 3 points of 0.3 s, one noisy point on a
     # shared 2-core machine took R^2 to 0.72 in a fresh process (measured on this code and the

@@ -60,6 +60,7 @@ def test_configurations_without_a_kernel_are_refused_by_name():
         pl.patch(lambda x: x, (torch.randn(2),))
 
 
+@pytest.mark.slow
 def test_measure_keeps_only_the_swaps_that_make_the_step_faster(train_gpt):
     # on the CPU the kernels run interpreted, far slower than torch's: every swap must go back
     model, batch = _gpt(train_gpt)
@@ -285,6 +286,7 @@ def test_a_written_gelu_that_autocast_makes_fp32_is_replaced_by_one_that_writes_
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.slow
 def test_measure_compiled_times_each_step_compiled_and_keeps_only_what_pays_there(train_gpt, monkeypatch):
     """Issue 39 item 6: on the H200 (run30, call2) the Llama-style model patched then compiled ran 0.949x
     compiled. `compiled=True` times every candidate compiled, so a swap kept for eager but slower

@@ -29,6 +29,7 @@ def _aten_ops(fn) -> set:
     return {e.key for e in prof.key_averages()}
 
 
+@pytest.mark.slow
 def test_mingpt_attention_is_replaced_by_causal_sdpa_with_its_dropout(mingpt):
     model, idx, tgt = _tiny(mingpt)
     before = copy.deepcopy(model).eval()
@@ -210,6 +211,7 @@ def test_plan_says_patch_reaches_written_attention(mingpt):
     assert "mingpt_model.py:55" in said and "pl.patch rewrites it" in said, said
 
 
+@pytest.mark.slow
 def test_a_compiled_model_given_to_patch_is_told_what_compile_does_to_the_swaps(mingpt):
     model, idx, tgt = _tiny(mingpt)
     torch._dynamo.reset()
@@ -220,6 +222,7 @@ def test_a_compiled_model_given_to_patch_is_told_what_compile_does_to_the_swaps(
     assert not pl.patch(model, (idx, tgt), loss_fn=lambda m, b: m(*b)[1]).compiled
 
 
+@pytest.mark.slow
 def test_a_patched_model_compiles_whole_with_no_graph_break(mingpt):
     from torch._dynamo.utils import counters
 
@@ -261,6 +264,7 @@ def test_on_the_gpu_in_bf16_the_written_attention_runs_as_one_fused_kernel(mingp
     assert (got - want).abs().max() < 0.05 * want.abs().max()
 
 
+@pytest.mark.slow
 def test_a_rewritten_model_copies_and_falls_back_to_its_code_where_a_capture_fails(mingpt, monkeypatch):
     """deepcopy gives a model whose rewritten modules run their own parameters; where Dynamo
     cannot capture a forward (here: the backend raising), the module runs its code as written,
@@ -405,6 +409,7 @@ def test_measure_times_the_rewritten_attention_as_its_own_kind(mingpt, monkeypat
     assert type(model.transformer.h[0].ln_1) is nn.LayerNorm  # put back: it did not pay
 
 
+@pytest.mark.slow
 def test_a_patched_models_rewritten_forwards_are_not_taken_for_compiled_code(mingpt):
     """pl.patch runs a rewritten forward through Dynamo's capture (a Torch-Compiled Region in the
     profile), eager all the same: its profile is an eager model's, told eager advice (run31: the

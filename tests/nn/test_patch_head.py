@@ -144,6 +144,7 @@ def test_logits_read_beyond_the_loss_keep_the_head_as_written():
     assert model(*batch)[1].item() >= 0  # runs as written
 
 
+@pytest.mark.slow
 def test_under_torch_compile_the_patched_head_is_perfloops_op_and_a_copy_keeps_torchs(nanogpt):
     model, batch = _gpt(nanogpt)
     plain = copy.deepcopy(model)

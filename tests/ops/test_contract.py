@@ -17,7 +17,14 @@ def case_seed(op_name: str, variant: str) -> int:
     return zlib.crc32(f"{op_name}/{variant}".encode())
 
 
-@pytest.mark.parametrize("op_name, variant", CASES, ids=[f"{o}-{v}" for o, v in CASES])
+SLOW = {("attention", "triton")}  # interpreted on the CPU: over 5 s
+
+
+@pytest.mark.parametrize(
+    "op_name, variant",
+    [pytest.param(o, v, marks=pytest.mark.slow) if (o, v) in SLOW else (o, v) for o, v in CASES],
+    ids=[f"{o}-{v}" for o, v in CASES],
+)
 def test_every_variant_matches_the_reference(op_name, variant):
     op = pl.ops.get(op_name)
     v = op.variant(variant)
@@ -216,6 +223,7 @@ def test_inputs_are_seeded_random_and_never_zero():
     assert (a != 0).all()
 
 
+@pytest.mark.slow
 def test_loading_an_op_does_not_set_up_torch_compile():
     """A `compiled` variant sets torch.compile up on its first call: importing its module
     (every command that loads the op, every rank of a distributed sweep) must not pay the

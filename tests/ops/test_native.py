@@ -131,6 +131,7 @@ def test_the_other_ops_cpp_functions_compile():
         ce.cross_entropy(logits, torch.tensor([1, 2, 3, 4], dtype=torch.int32), ok, -100, True, plan, 0)
 
 
+@pytest.mark.slow
 def test_arguments_are_packed_as_cuLaunchKernel_reads_them(ext):
     # a 32-bit integer in the low bytes of its slot, a 64-bit one whole, a float's bits, a
     # constexpr skipped, Triton's scratch pointers null

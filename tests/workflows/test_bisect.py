@@ -77,6 +77,7 @@ def test_the_commit_that_slowed_a_function_is_named_in_at_most_6_timed_commits(t
     assert _state(repo) == before  # the checkout, its files and its worktrees as they were
 
 
+@pytest.mark.slow
 def test_without_the_steps_size_the_slow_end_is_timed_first_and_its_wall_time_used(tmp_path, git_env):
     repo = tmp_path / "r"
     commits = _repo(repo, n=5, slow_at=3, delay=0.06, ratio=1.5)
@@ -226,6 +227,7 @@ def test_with_expect_the_bad_end_is_timed_and_a_range_without_the_step_is_refuse
     assert "ratio 1.000" in str(e.value)
 
 
+@pytest.mark.slow
 def test_a_command_too_noisy_to_tell_is_said_so_not_called_stepless(tmp_path, git_env):
     repo = tmp_path / "r"
     commits = _repo(repo, n=3, slow_at=99, delay=0.005)

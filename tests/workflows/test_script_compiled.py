@@ -130,6 +130,7 @@ def _line_of(tmp_path, text: str) -> str:
     return f"train.py:{next(i for i, x in enumerate(lines, 1) if text in x)}"
 
 
+@pytest.mark.slow
 def test_a_model_recompiling_every_step_on_a_new_length_is_told_which_dim_and_how_to_fix_it(tmp_path):
     p, d = _planted(tmp_path, "shape")
     top = d.findings[0]
@@ -147,6 +148,7 @@ def test_a_model_recompiling_every_step_on_a_new_length_is_told_which_dim_and_ho
     )
 
 
+@pytest.mark.slow
 def test_a_python_int_that_changes_every_step_is_named_as_the_recompiles_cause(tmp_path):
     p, d = _planted(tmp_path, "scalar")
     top = d.findings[0]
@@ -154,6 +156,7 @@ def test_a_python_int_that_changes_every_step_is_named_as_the_recompiles_cause(t
     assert "as a tensor" in top.advice
 
 
+@pytest.mark.slow
 def test_a_data_dependent_branch_in_a_compiled_forward_is_a_named_graph_break(tmp_path):
     p, d = _planted(tmp_path, "branch")
     breaks = p.graph_breaks()
@@ -163,12 +166,14 @@ def test_a_data_dependent_branch_in_a_compiled_forward_is_a_named_graph_break(tm
     assert found and found[0].site.line == breaks[0].where and "torch.where" in found[0].advice, str(d)
 
 
+@pytest.mark.slow
 def test_an_item_in_a_compiled_forward_is_a_named_graph_break(tmp_path):
     p, _ = _planted(tmp_path, "item")
     kinds = {(b.where, b.kind) for b in p.graph_breaks()}
     assert (_line_of(tmp_path, ".item()"), "item") in kinds, kinds
 
 
+@pytest.mark.slow
 def test_a_warm_compiled_step_has_no_compile_cause_and_no_advice_to_compile(tmp_path):
     p, d = _planted(tmp_path, "none", skip=None)  # the default steps: past the ones that compiled
     assert not p.compiles(), p.compiles()

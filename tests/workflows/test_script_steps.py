@@ -358,6 +358,7 @@ def test_the_unprofiled_pace_is_the_steps_after_the_profile_where_the_script_run
     assert short.wall_ms_per_call > 50
 
 
+@pytest.mark.slow
 def test_on_a_compiled_script_the_patch_named_is_the_one_that_keeps_what_pays_compiled(tmp_path, capsys):
     """A compiled model's swaps pay only if they beat Inductor's own kernels: the call to make is
     pl.patch(..., measure=True, compiled=True), which times each compiled and keeps what pays."""

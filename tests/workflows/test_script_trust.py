@@ -45,6 +45,7 @@ def _run_cli(tmp_path, *args, timeout=120):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("daemon", [False, True])
 def test_a_worker_thread_calling_modules_neither_breaks_the_ranges_nor_hangs(tmp_path, daemon):
     script = _write(
@@ -145,6 +146,7 @@ class _chdir:
         os.chdir(self.old)
 
 
+@pytest.mark.slow
 def test_report_and_trace_land_where_perfloop_ran_though_the_script_changes_directory(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     script = _write(tmp_path, STEPS + "import os\nos.chdir('elsewhere')\nfor _ in range(5):\n    step()\n")
@@ -207,6 +209,7 @@ for _ in range(4):
     assert main(["profile", "--db", db, "--skip", "1", "--steps", "1", f"--script={script}", "--lr=1"]) == 0
 
 
+@pytest.mark.slow
 def test_os_exit_zero_in_the_script_still_gives_the_analysis_and_stores_it(tmp_path):
     script = _write(tmp_path, STEPS + "import os\nfor _ in range(4):\n    step()\nos._exit(0)\n")
     r = _run_cli(tmp_path, "--skip", "1", "--steps", "1", "--json", "--script", str(script))
@@ -288,6 +291,7 @@ def test_report_and_exports_show_a_profile_run_and_compare_says_what_each_run_ho
     assert f"{script_run} holds a step profile and no measurements" in err and "different devices" not in err
 
 
+@pytest.mark.slow
 def test_a_dataloader_with_forked_workers_runs_as_under_plain_python(tmp_path):
     # the workers are forked from inside the script: each ends with os._exit, which must end the
     # worker there, not run perfloop's own exit path in it ("no step found", exit 2)
@@ -329,6 +333,7 @@ while time.perf_counter() < end:
 """
 
 
+@pytest.mark.slow
 def test_a_time_window_records_its_whole_duration_from_when_recording_began(tmp_path):
     script = _write(tmp_path, LOOP.replace("SECONDS", "2.5"))
     r = _run_cli(tmp_path, "--window", "1:0.5", "--no-count", "--json", "--script", str(script))
@@ -339,6 +344,7 @@ def test_a_time_window_records_its_whole_duration_from_when_recording_began(tmp_
     assert linear["calls"] > 10  # hundreds on an idle machine; one when the window closed at once
 
 
+@pytest.mark.slow
 def test_a_window_the_script_cuts_short_says_how_long_it_recorded(tmp_path):
     script = _write(tmp_path, LOOP.replace("SECONDS", "0.6"))
     r = _run_cli(tmp_path, "--window", "0.2:5", "--no-count", "--json", "--script", str(script))
@@ -352,6 +358,7 @@ def test_a_window_the_script_cuts_short_says_how_long_it_recorded(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_folder_with_main_runs_as_python_runs_it_and_a_scripts_help_is_not_an_error(tmp_path):
     pkg = tmp_path / "app"
     pkg.mkdir()
