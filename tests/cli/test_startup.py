@@ -73,3 +73,21 @@ def test_compare_imports_no_torch(history, tmp_path):
     db, (a, b) = history
     code = f"from perfloop.cli import main\nmain(['compare', {a!r}, {b!r}])"
     assert _imported(code, tmp_path, db)["torch"] is False
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`perfloop runs --json | head -c 1`: the pipe closes under perfloop's output (here 800
+    runs); it stops quietly, as cat does, with nothing on stderr (issue 52)."""
+    from perfloop.harness.measurement import Measurement
+    from perfloop.results.store import Store
+
+    s, m = Store(tmp_path / "many.db"), Measurement(samples_ms=(1.0, 1.1, 0.9))
+    for _ in range(800):
+        run = s.new_run("a command line long enough to make the listing far larger than a pipe's buffer")
+        s.add(run, m, op="gelu", variant="naive", shape=(4,), dtype="fp32")
+    env = dict(os.environ, PYTHONPATH=str(SRC), PERFLOOP_DB=str(tmp_path / "many.db"))
+    cmd = f"{sys.executable} -m perfloop runs --json --last 800 | head -c 1 >/dev/null"
+    r = subprocess.run(
+        ["bash", "-c", cmd + "; exit ${PIPESTATUS[0]}"], capture_output=True, text=True, env=env
+    )
+    assert r.stderr == "" and r.returncode == 0, r.stderr[-2000:]

@@ -156,3 +156,29 @@ def test_the_report_lists_the_steps_first_and_every_keys_line_and_opens_fast_in_
     img = Image.open(shot).convert("RGB").resize((120, 180))
     colors = {img.getpixel((x, y)) for x in range(120) for y in range(180)}
     assert len(colors) > 20  # drawn, not a blank page
+
+
+def test_the_reference_workloads_rows_are_no_trend_of_their_own(tmp_path, capsys):
+    """A run keeps the reference workload beside its benchmarks (the gate divides the machine's
+    drift out with it): history said it as a benchmark named '_reference' (issue 52)."""
+    from perfloop.harness.gate import REFERENCE_OP
+
+    s = Store(tmp_path / "h.db")
+    for k in range(3):
+        run = s.new_run("test")
+        s.add(
+            run,
+            Measurement(samples_ms=(1.0 + k / 100, 1.01, 0.99)),
+            op="gelu",
+            variant="v",
+            shape=(4,),
+            dtype="fp32",
+        )
+        s.add(
+            run, Measurement(samples_ms=(2.0, 2.01, 1.99)), op=REFERENCE_OP, variant="ref", shape=(), dtype=""
+        )
+    [t] = trends(s)
+    assert t.key[0] == "gelu" and all(p.reference_ms == pytest.approx(2.0) for p in t.points)
+    assert main(["history", "--db", str(tmp_path / "h.db"), "--json"]) == 0
+    ops = [tr["key"]["op"] for tr in json.loads(capsys.readouterr().out)["trends"]]
+    assert ops == ["gelu"]

@@ -180,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: results already stored are kept", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `perfloop runs --json | head`: the reader left; quiet, as cat is
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not raise again
+        return 0
 
 
 if __name__ == "__main__":

@@ -315,8 +315,8 @@ def trends(store, key_filter: str = "", repo: str | None = None) -> list[Trend]:
     by_key: dict = {}
     for row in rows:
         k = key_of(row)
-        if key_filter and key_filter not in "/".join(k):
-            continue
+        if row["op"] == REFERENCE_OP or (key_filter and key_filter not in "/".join(k)):
+            continue  # the reference workload divides the others' drift out; it is no benchmark
         if not (isinstance(row["median_ms"], (int, float)) and row["median_ms"] > 0):
             store.skipped.append(
                 f"row {row.get('id')} ({key_text(k)}): median {row['median_ms']!r} ms, not a time"
