@@ -25,3 +25,15 @@ def test_statistics_come_from_the_samples():
     assert m.median_ms == 6 and m.min_ms == 1
     assert m.p20_ms < m.median_ms < m.p80_ms
     assert any("noisy" in w for w in m.warnings)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0])
+def test_a_sample_that_is_no_time_is_refused_before_anything_is_stored(bad, tmp_path):
+    """Issue 52: NaN samples reached the store as a raw IntegrityError with an orphan run row; inf
+    medians compared "same"; a 0 ms row broke compare with a math domain error."""
+    from perfloop.results.store import Store
+
+    with pytest.raises(ValueError, match=r"samples_ms: times must be finite and > 0 ms, got .* at index 1"):
+        Measurement(samples_ms=(1.0, bad, 1.2))
+    s = Store(tmp_path / "h.db")
+    assert s.rows() == []

@@ -72,6 +72,14 @@ class Measurement:
         object.__setattr__(self, "samples_ms", tuple(float(s) for s in self.samples_ms))
         if not self.samples_ms:
             raise ValueError("samples_ms: a Measurement needs at least one sample")
+        bad = next(((i, s) for i, s in enumerate(self.samples_ms) if not (math.isfinite(s) and s > 0)), None)
+        if (
+            bad is not None
+        ):  # stored, a NaN broke the store's row, an inf read "same", a 0 broke compare's log
+            raise ValueError(
+                f"samples_ms: times must be finite and > 0 ms, got {bad[1]!r} at index {bad[0]}: "
+                "drop the failed samples (or time more calls per sample) before making a Measurement"
+            )
 
     # --- statistics, all from the raw samples
     @property
