@@ -37,7 +37,9 @@ def test_mlp_time_is_linear_in_steps_and_layers(store):
     r = run("mlp-scaling", store, quick=False)
     assert r["fits"]["steps"]["r2"] > 0.9 and r["fits"]["layers"]["r2"] > 0.8
     steps = r["fits"]["steps"]
-    assert 0.5 < steps["growth"] / steps["range"] < 1.5  # time in proportion to the steps
+    # time in proportion to the steps: with both cores busy one point can read ~2x slow (a loaded
+    # run read 17.9x the time over 8x the steps), while constant time reads 0.125 and quadratic 8
+    assert 0.33 < steps["growth"] / steps["range"] < 3.0
     assert "R^2" in r["conclusion"]
 
 
