@@ -135,7 +135,7 @@ def test_memory_snapshot_without_a_gpu_is_a_clear_error(tmp_path):
     ],
 )
 def test_kernel_names_are_shortened_readably(name, short):
-    from perfloop.analysis.profiling import short_name
+    from perfloop.analysis.kernels import short_name
 
     assert short_name(name) == short
 

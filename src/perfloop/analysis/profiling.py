@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops,
 from perfloop.analysis.compilation import live_break_reasons, live_metrics
 from perfloop.analysis.counting import counted_call
 from perfloop.analysis.inductor import module_trees, placed, tracking_sources, unplaced_note
+from perfloop.analysis.kernels import KernelStat, kernel_table, union_ms
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.recording import peak_memory, plain_wall_ms, timed_calls
 from perfloop.analysis.spans import Spans
@@ -42,51 +42,7 @@ if TYPE_CHECKING:
 COVERED = 0.9  # a range's occurrences fill its window when they cover this share of it
 
 
-_WRAPPERS = {"AUnary", "BUnary", "Binary", "CUDA", "Unary", "Compare", "Opmath"}
-
-
-def short_name(name: str) -> str:
-    """A readable kernel name. ATen's templated elementwise kernels become
-    'elementwise[mul]' / 'elementwise[add, scalar]' / 'elementwise[tanh]' (from the
-    functor or lambda inside); Triton, cuBLAS and other kernels keep their stem."""
-    m = re.search(r"at::native::(?:\w+::)*?(\w*?(elementwise|reduce|softmax|gemm)\w*?_kernel)\b", name)
-    if m:
-        kind = {"elementwise": "elementwise", "reduce": "reduce", "softmax": "softmax"}.get(
-            m.group(2), m.group(1)
-        )
-        ops = [f for f in re.findall(r"(\w+?)Functor\b", name) if f not in _WRAPPERS]
-        ops += re.findall(r"CUDAFunctor(?:OnSelf|OnOther)?_(\w+?)\b", name)
-        ops += re.findall(r"(\w+?)_kernel_(?:cuda|impl)\b", name)
-        ops += re.findall(r"::(\w+?)_kernel_cuda\b", name)
-        scalar = bool(re.search(r"AUnaryFunctor|BUnaryFunctor|FunctorOnSelf|FunctorOnOther", name))
-        if ops:
-            op = ops[0].split("::")[-1].lower()
-            return f"{kind}[{op}{', scalar' if scalar else ''}]"
-        return kind
-    m = re.search(r"at::native::(?:\w+::)*(\w+)", name.replace("(anonymous namespace)::", ""))
-    if m:
-        return m.group(1)
-    if not re.search(r"[<(]|^void ", name):
-        return name[:60]  # already plain: aten::mul, triton_poi_..., nvjet_...
-    name = re.sub(r"^void\s+", "", name.replace("(anonymous namespace)::", ""))
-    name = name.split("<", 1)[0].split("(", 1)[0]
-    return name.rsplit("::", 1)[-1][:60]
-
-
 # --------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class KernelStat:
-    name: str
-    short: str
-    calls: int
-    total_ms: float
-    share: float
-
-    @property
-    def mean_us(self) -> float:
-        return self.total_ms * 1e3 / self.calls if self.calls else 0.0
 
 
 @dataclass(frozen=True)
@@ -420,18 +376,6 @@ class Profile:
         }
 
 
-def _union_ms(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -float("inf")
-    for s, e in sorted(intervals):
-        if s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total / 1e3  # us -> ms
-
-
 def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[str, list[tuple], int]:
     """(kind, [(name, start us, end us)], launches) of the recorded work: on a GPU its device
     activity (kernels, memcpy, memset -- not the GPU-side mirrors of record_function ranges,
@@ -460,21 +404,6 @@ def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[s
     top = cpu_ops(events)
     items = [(e.name, e.time_range.start, e.time_range.end) for e in top]
     return "cpu", items, len(items)
-
-
-def _kernel_table(items: list[tuple]) -> list[KernelStat]:
-    """Per name: calls, total ms and share of the total, largest first."""
-    agg: dict[str, list] = {}
-    for name, s, e in items:
-        a = agg.setdefault(name, [0, 0.0])
-        a[0] += 1
-        a[1] += (e - s) / 1e3
-    total = sum(v[1] for v in agg.values()) or 1e-12
-    stats = (
-        KernelStat(name=n, short=short_name(n), calls=c, total_ms=t, share=t / total)
-        for n, (c, t) in agg.items()
-    )
-    return sorted(stats, key=lambda k: -k.total_ms)
 
 
 def profile(
@@ -606,13 +535,13 @@ def build_profile(r: Recording) -> Profile:
             plain_wall_ms = None
         if kind != "cuda" and len(spans) > 1:  # a CPU: each occurrence at the fastest one's pace
             wall_ms = host_ms = min(e - s for s, e in spans) * len(spans) / 1e3
-    kernels = _kernel_table(items)
+    kernels = kernel_table(items)
     total = sum(k.total_ms for k in kernels) or 1e-12
     return Profile(
         kernels=kernels,
         calls=r.calls,
         device_ms_per_call=total / r.calls,
-        busy_ms_per_call=_union_ms([(s, e) for _, s, e in items]) / r.calls,
+        busy_ms_per_call=union_ms([(s, e) for _, s, e in items]) / r.calls,
         wall_ms_per_call=(plain_wall_ms if plain_wall_ms else wall_ms) / r.calls,
         profiled_wall_ms_per_call=wall_ms / r.calls if plain_wall_ms else None,
         host_ms_per_call=host_ms / r.calls,
