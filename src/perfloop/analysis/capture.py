@@ -24,7 +24,7 @@ from pathlib import Path
 from perfloop.analysis.attribution import Item
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.compilation import Compile, CompiledCode, GraphBreak
-from perfloop.analysis.timeline import Cause, Idle
+from perfloop.analysis.idle_record import Cause, Idle
 from perfloop.analysis.work import OpWork
 
 FORMAT = 1  # the saved capture's layout; a newer file is refused with the version it needs

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from perfloop.analysis.capture import Capture
     from perfloop.analysis.compilation import CompiledCode
     from perfloop.analysis.findings import Diagnosis
-    from perfloop.analysis.timeline import Idle
+    from perfloop.analysis.idle_record import Idle
 
 # --------------------------------------------------------------------- names
 
@@ -313,7 +313,7 @@ class Profile:
     @functools.cached_property
     def _capture(self) -> Capture:
         from perfloop.analysis.capture import Capture, CompileFacts
-        from perfloop.analysis.timeline import Cause
+        from perfloop.analysis.idle_record import Cause
 
         records, counted_items, _ = self._counted or (None, None, 1)
         idle = self.idle()

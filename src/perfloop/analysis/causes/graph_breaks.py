@@ -9,7 +9,7 @@ from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes.base import Findings
 from perfloop.analysis.compilation import BREAK_FIX, RESUME
 from perfloop.analysis.findings import Finding, Kind, Site
-from perfloop.analysis.timeline import Cause
+from perfloop.analysis.idle_record import Cause
 from perfloop.harness.measurement import fmt_ms
 
 

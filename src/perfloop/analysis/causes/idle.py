@@ -10,7 +10,7 @@ from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes import optimizer, pageable
 from perfloop.analysis.causes.base import Findings
 from perfloop.analysis.findings import Finding, Kind, Site
-from perfloop.analysis.timeline import Cause
+from perfloop.analysis.idle_record import Cause
 from perfloop.harness.measurement import fmt_ms
 
 HOST = {  # the idle's cause -> (what the host was doing, what removes it)

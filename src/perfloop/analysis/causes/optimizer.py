@@ -7,8 +7,8 @@ from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes.base import Findings
 from perfloop.analysis.findings import Finding, Kind, Site
+from perfloop.analysis.idle_record import Cause
 from perfloop.analysis.patterns import ADVICE
-from perfloop.analysis.timeline import Cause
 from perfloop.harness.measurement import fmt_ms
 
 

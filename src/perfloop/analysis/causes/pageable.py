@@ -7,7 +7,7 @@ from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes.base import Findings
 from perfloop.analysis.findings import Finding, Kind
-from perfloop.analysis.timeline import Cause
+from perfloop.analysis.idle_record import Cause
 from perfloop.harness.measurement import fmt_ms
 
 ADVICE = (
