@@ -34,6 +34,7 @@ VERBS = (
     "comm",
     "demo",
     "experiment",
+    "tune",
 )
 
 
@@ -131,7 +132,7 @@ def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
     the options before `--` are perfloop's."""
     if argv[:1] == ["bisect"]:  # `bisect GOOD BAD [OPTIONS] -- COMMAND ...`
         return (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    if argv[:1] != ["profile"]:
+    if argv[:1] not in (["profile"], ["tune"]):
         return argv, []
     for i, a in enumerate(argv):
         if a == "--script" or a.startswith("--script="):

@@ -1,0 +1,138 @@
+"""`perfloop tune --script train.py [its arguments]`: every fix the diagnosis advises tried on
+the unchanged script, each checked on the loss against the script's own spread, timed
+interleaved with the baseline; the winners combined, the lines to add printed."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from perfloop.cli.args import UsageError, open_store, start_run
+from perfloop.cli.output import console, emit_json
+
+
+def register(verb) -> None:
+    p = verb(
+        "tune",
+        "try every advised fix on your unchanged script (TF32, fused optimizer, pl.patch, "
+        "torch.compile modes, channels_last, ...), check the loss, keep what is faster",
+        run,
+        db=True,
+    )
+    p.add_argument(
+        "--script",
+        required=True,
+        help="the training script, run unchanged (in child processes); everything after its path goes to it",
+    )
+    p.add_argument(
+        "--budget",
+        dest="tune_budget",
+        default="10m",
+        help="wall time for the whole tune: 600, 90s, 10m, 1h (default 10m); "
+        "runs that do not fit are not started",
+    )
+    p.add_argument(
+        "--steps", type=int, default=20, help="optimizer steps timed per run, after the warm-up (default 20)"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="steps run first and not timed (compiling happens there; default 5)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="runs of each candidate, interleaved with the baseline (default 2)",
+    )
+    p.add_argument(
+        "--try",
+        dest="tried",
+        action="append",
+        metavar="NAME",
+        help="try this candidate (repeatable), advised or not: tf32, fused-optimizer, patch, channels-last, "
+        "cudnn-benchmark, compile, compile-reduce-overhead, compile-max-autotune, autocast-bf16, or "
+        "package.module:NAME for your own; default: what the diagnosis advises, and compile",
+    )
+    p.add_argument(
+        "--allow-numerics",
+        action="store_true",
+        help="also try what changes the model's numerics beyond low bits (autocast to bf16)",
+    )
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
+
+
+def parse_budget(text: str) -> float:
+    m = _DURATION.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"--budget: cannot read {text!r}; give seconds or a duration > 0: 600, 90s, 10m, 1h")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+def run(args) -> int:
+    from perfloop.workflows.tune.tuner import Options, tune
+
+    if not os.path.isfile(args.script):
+        raise UsageError(f"--script: {args.script} is not a file; give the path of the training script")
+    for name in ("steps", "rounds"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name}: must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup: must be >= 0, got {args.warmup}")
+    opts = Options(
+        script=args.script,
+        argv=list(args.script_args or []),
+        budget_s=parse_budget(args.tune_budget),
+        steps=args.steps,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        tried=args.tried,
+        allow_numerics=args.allow_numerics,
+    )
+    if opts.tried:
+        from perfloop.workflows.tune.candidates import get
+
+        for name in opts.tried:
+            try:
+                get(name)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+    store = open_store(args)
+    err = console(True)
+    say = (lambda line: None) if args.json else (lambda line: err.print(f"tune: {line}", markup=False))
+    try:
+        result = tune(opts, say)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    from perfloop.workflows.tune.report import payload, text
+
+    data = payload(result)
+    run_id = _store(store, result, data)
+    if args.json:
+        emit_json(data | {"run_id": run_id})
+    else:
+        out = console()
+        for line in text(result):
+            out.print(line, markup=False, highlight=False)
+        out.print(f"stored as run {run_id}")
+    return 0
+
+
+def _store(store, result, data: dict) -> str:
+    """Each timed trial as a row (its steady step times), the whole tune as an artifact."""
+    from perfloop.device import env_fingerprint
+    from perfloop.harness.measurement import Measurement
+
+    run_id = start_run(store)
+    name = f"tune:{os.path.basename(result.script)}"
+    store.add_artifact(run_id, "tune", data, op=name, variant="tune")
+    env = env_fingerprint()
+    for t in result.trials:
+        samples = [s for s in t.samples(data["warmup"]) if s > 0]
+        if len(samples) >= 2:
+            m = Measurement(samples_ms=tuple(samples), label=t.label, env=env)
+            store.add(run_id, m, op=name, variant=t.label, shape=(), dtype="")
+    return run_id

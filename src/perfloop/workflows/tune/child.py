@@ -1,0 +1,274 @@
+"""The process perfloop tune runs a script in: `python -m perfloop.workflows.tune.child SPEC`.
+
+One run of the user's unchanged script with some candidates applied (`mode: run`), or its
+profile and diagnosis (`mode: profile`), written as JSON to the spec's `out` whatever happens.
+A run times each step of the script's first optimizer to step (device events on a GPU, the
+clock on the CPU, read once at the end: no sync between steps), records the loss each step
+backpropagates (kept on the device, read at the end), overrides the script's seeds by the
+spec's offset (torch, CUDA, random, NumPy), and ends the script once `warmup + steps` steps are
+taken. A process per run: no candidate's settings, compiled graphs or patches reach another's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+
+class _Done(BaseException):
+    """The steps are taken: the script ends here (its except Exception blocks do not catch it)."""
+
+
+class _CandidateFailed(BaseException):
+    def __init__(self, name: str, exc: BaseException):
+        super().__init__(f"{name}: {type(exc).__name__}: {exc}")
+        self.name = name
+
+
+class Child:
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.notes: list[str] = []
+        self.on_first_model: list[tuple[int, str, object]] = []
+        self.marks: list = []  # per step of the first optimizer: a CUDA event or a clock reading
+        self.host_marks: list[float] = []
+        self.losses: list = []  # (step index, the loss tensor)
+        self.optimizer = None
+        self.current = ""  # the candidate whose apply() runs now
+        self.dropout_seen = False
+        self.t0 = time.perf_counter()
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def on_model(self, fn, order: int = 50) -> None:
+        """Call fn(model, args, kwargs) at the first call of the script's first module with
+        parameters (its model), before that call runs; lower `order` first."""
+        self.on_first_model.append((order, self.current, fn))
+
+    # ---- what every run does around the script
+    def _override_seeds(self) -> None:
+        import random
+
+        import torch
+
+        offset = int(self.spec.get("seed_offset", 0))
+        if not offset:
+            return
+
+        def shifted(fn):
+            return lambda seed, *a, **k: fn(int(seed) + offset, *a, **k)
+
+        torch.manual_seed = shifted(torch.manual_seed)
+        torch.cuda.manual_seed = shifted(torch.cuda.manual_seed)
+        torch.cuda.manual_seed_all = shifted(torch.cuda.manual_seed_all)
+        random.seed = shifted(random.seed)
+        try:
+            import numpy as np
+
+            np.random.seed = shifted(np.random.seed)
+        except ImportError:
+            pass
+        torch.manual_seed(0)  # a script that never seeds still runs under this offset
+
+    def _record_losses(self) -> None:
+        import torch
+
+        backward = torch.Tensor.backward
+        child = self
+
+        def recorded(self, *args, **kwargs):
+            if self.numel() == 1 and self.is_floating_point():
+                child.losses.append((len(child.marks), self.detach().float().reshape(()).clone()))
+            return backward(self, *args, **kwargs)
+
+        torch.Tensor.backward = recorded
+
+    def _time_steps(self) -> None:
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        cuda = torch.cuda.is_available()
+        total = int(self.spec["warmup"]) + int(self.spec["steps"])
+
+        def after_step(optimizer, args, kwargs) -> None:
+            if self.optimizer is None:
+                self.optimizer = optimizer
+            if optimizer is not self.optimizer:
+                return
+            if cuda:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                self.marks.append(event)
+            else:
+                self.marks.append(time.perf_counter())
+            self.host_marks.append(time.perf_counter())
+            if len(self.marks) >= total:
+                raise _Done
+
+        register_optimizer_step_post_hook(after_step)
+
+    def _dropout(self) -> None:
+        """Say whether the model drops out in training (its loss then differs run to run by
+        design where a candidate draws its masks otherwise, as compiled code does); with the
+        spec's `dropout: off`, turn it off, for a loss check that compares the same function."""
+        import torch
+
+        off = self.spec.get("dropout") == "off"
+
+        def read(model, args, kwargs) -> None:
+            for m in model.modules():
+                for name, value in vars(m).items():
+                    if "dropout" in name.lower() and isinstance(value, float) and value > 0:
+                        self.dropout_seen = True
+                        if off:
+                            setattr(m, name, 0.0)  # nanoGPT's `dropout_p=self.dropout`
+                if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+                    self.dropout_seen = True
+                    if off:
+                        m.p = 0.0
+
+        self.on_first_model.append((0, "", read))
+        if off:
+            torch.nn.functional.dropout = lambda input, p=0.5, training=True, inplace=False: input
+
+    def _hook_model(self) -> None:
+        if not self.on_first_model:
+            return
+        import torch
+
+        def first_call(module, args):
+            if next(module.parameters(), None) is None:
+                return None
+            handle.remove()
+            for _, name, fn in sorted(self.on_first_model, key=lambda t: t[0]):
+                try:
+                    fn(module, args, {})
+                except Exception as exc:
+                    raise _CandidateFailed(name, exc) from exc
+            return None
+
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(first_call)
+
+    # ---- the run
+    def run(self) -> dict:
+        from perfloop.workflows.tune.candidates import get
+
+        out: dict = {"ok": False, "error": None, "failed_candidate": None, "ended": None}
+        self._override_seeds()
+        self._record_losses()
+        self._time_steps()
+        for name in self.spec.get("candidates", []):
+            self.current = name
+            try:
+                get(name).apply(self)
+            except Exception as exc:
+                out.update(error=f"{name}: {type(exc).__name__}: {exc}", failed_candidate=name)
+                return out | self._readings()
+        self.current = ""
+        self._dropout()
+        self._hook_model()
+        try:
+            _run_script(self.spec["script"], self.spec.get("argv", []))
+            out["ended"] = "script ended"
+        except _Done:
+            out["ended"] = "steps taken"
+        except _CandidateFailed as exc:
+            out.update(error=str(exc), failed_candidate=exc.name)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                out["error"] = f"the script exited with sys.exit({exc.code!r})"
+            else:
+                out["ended"] = "script ended"
+        except BaseException as exc:  # the script's own error: reported, the others go on
+            out["error"] = f"the script raised {type(exc).__name__}: {exc}"
+            out["traceback"] = traceback.format_exc(limit=-8)
+        out["ok"] = out["error"] is None
+        return out | self._readings()
+
+    def _readings(self) -> dict:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+            step_ms = [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:], strict=False)]
+            peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            import resource
+
+            step_ms = [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        per_step: dict[int, list[float]] = {}
+        for step, loss in self.losses:
+            per_step.setdefault(step, []).append(float(loss))
+        losses = [sum(v) / len(v) for _, v in sorted(per_step.items())]
+        warm = int(self.spec["warmup"])
+        return {
+            "step_ms": step_ms,  # step i -> i+1; the first `warmup` of them include compiling
+            "losses": losses,  # the mean loss backpropagated in each step, from the first
+            "peak_mb": peak_mb,
+            "first_step_s": (self.host_marks[0] - self.t0) if self.host_marks else None,
+            "warm_s": (self.host_marks[min(warm, len(self.host_marks)) - 1] - self.t0)
+            if self.host_marks
+            else None,
+            "steps_seen": len(self.marks),
+            "dropout_seen": self.dropout_seen,
+            "dropout": self.spec.get("dropout", "on"),
+            "device": "cuda" if cuda else "cpu",
+            "notes": self.notes,
+        }
+
+
+def _run_script(path: str, argv: list[str]) -> None:
+    sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    runpy.run_path(path, run_name="__main__")
+
+
+def profile(spec: dict) -> dict:
+    """The script's profile (perfloop profile --script's window) and its diagnosis."""
+    from perfloop.workflows.script import ScriptError, profile_script
+
+    try:
+        p = profile_script(
+            spec["script"], spec.get("argv", []), skip=None, steps=spec.get("steps", 3), exit_after=True
+        )
+    except ScriptError as exc:
+        return {"ok": False, "error": str(exc)}
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "error": str(exc)}
+    d = p.diagnose()
+    return {
+        "ok": True,
+        "error": None,
+        "findings": [f.to_dict() for f in d.findings],
+        "diagnosis": str(d),
+        "wall_ms": d.wall_ms,
+        "device_ms": d.device_ms,
+        "busy_share": d.busy_share,
+        "sites": bool(p.sites),
+        "warnings": list(p.warnings),
+    }
+
+
+def main(spec_path: str) -> int:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    try:
+        out = profile(spec) if spec.get("mode") == "profile" else Child(spec).run()
+    except BaseException as exc:  # perfloop's own failure: said, never a silent empty result
+        out = {"ok": False, "error": f"perfloop tune's runner failed: {type(exc).__name__}: {exc}"}
+        out["traceback"] = traceback.format_exc()
+    with open(spec["out"], "w") as f:
+        json.dump(out, f, default=str)
+    sys.stdout.flush()
+    os._exit(0)  # the script's threads and atexit handlers are not waited for
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,123 @@
+"""What tune says: the table of candidates (predicted beside realized, the loss check, memory,
+warm-up), where a prediction missed, the best kept beside torch.compile alone, the lines to add."""
+
+from __future__ import annotations
+
+from perfloop.workflows.tune.tuner import Result, Trial, lines_to_add, missed
+
+
+def _row(t: Trial, base: Trial) -> dict:
+    s = t.stats or {}
+    runs = [r for r in t.runs if r.get("ok")]
+    peak = max((r["peak_mb"] for r in runs), default=None)
+    warm = sorted(r["warm_s"] for r in runs if r.get("warm_s") is not None)
+    base_warm = sorted(r["warm_s"] for r in base.runs if r.get("warm_s") is not None)
+    return {
+        "candidate": t.label,
+        "names": list(t.names),
+        "runs": len(runs),
+        "median_ms": s.get("median_ms"),
+        "speedup": s.get("speedup"),
+        "ci": list(s["ci"]) if s else None,
+        "p_value": s.get("p_value"),
+        "predicted_ms": t.predicted_ms,
+        "realized_ms": (s["base_ms"] - s["median_ms"]) if s else None,
+        "verified": t.verdict.ok if t.verdict else None,
+        "loss_check": t.verdict.to_dict() if t.verdict else None,
+        "peak_mb": peak,
+        "warmup_s": warm[0] if warm else None,
+        "warmup_extra_s": (warm[0] - base_warm[0]) if warm and base_warm else None,
+        "kept": t.kept,
+        "error": t.error,
+        "missed": missed(t) or None,
+    }
+
+
+def payload(r: Result) -> dict:
+    base = r.trials[0]
+    speed = {t.label: t.stats["speedup"] for t in r.trials[1:] if t.stats}
+    best = r.best.stats["speedup"] if r.best else None
+    comp = r.compile_alone.stats["speedup"] if r.compile_alone and r.compile_alone.stats else None
+    return {
+        "script": r.script,
+        "device": r.device,
+        "warmup": r.warmup,
+        "baseline_ms": _base_median(r),
+        "findings": [{k: f.get(k) for k in ("kind", "title", "saves_ms", "share")} for f in r.findings],
+        "candidates": [_row(t, base) for t in r.trials[1:]],
+        "speedups": speed,
+        "best": r.best.label if r.best else None,
+        "best_speedup": best,
+        "compile_speedup": comp,
+        "best_over_compile": (best / comp) if best and comp else None,
+        "lines": lines_to_add(r.best),
+        "elapsed_s": r.elapsed_s,
+        "budget_s": r.budget_s,
+        "stopped": r.stopped or None,
+        "notes": r.notes,
+    }
+
+
+def _base_median(r: Result) -> float | None:
+    s = r.trials[0].samples(r.warmup)
+    return sorted(s)[len(s) // 2] if s else None
+
+
+_DASH = "-"
+
+
+def _fmt(x, spec: str, none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def text(r: Result) -> list[str]:
+    data = payload(r)
+    out = [f"perfloop tune {r.script} on {r.device}: baseline {_fmt(data['baseline_ms'], '.3f')} ms/step"]
+    head = (
+        f"{'candidate':34} {'ms/step':>9} {'speed-up [95% CI]':>22} {'predicted':>9} {'realized':>9} "
+        f"{'loss':>5} {'peak MB':>8} {'warm-up':>8}  kept"
+    )
+    out.append(head)
+    for row in data["candidates"]:
+        ci = row["ci"]
+        sp = f"{row['speedup']:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}]" if row["speedup"] else "-"
+        loss = {True: "ok", False: "NO", None: "-"}[row["verified"]]
+        out.append(
+            f"{row['candidate'][:34]:34} {_fmt(row['median_ms'], '9.3f', _DASH)} {sp:>22} "
+            f"{_fmt(row['predicted_ms'], '9.3f', _DASH)} {_fmt(row['realized_ms'], '9.3f', _DASH)} "
+            f"{loss:>5} {_fmt(row['peak_mb'], '8.0f', _DASH)} {_fmt(row['warmup_s'], '7.1f', _DASH)}s  "
+            f"{'yes' if row['kept'] else 'no'}"
+        )
+    out.append("loss checks (tolerance from the script's own spread):")
+    for row in data["candidates"]:
+        if row["error"]:
+            out.append(f"  {row['candidate']}: failed: {row['error']}")
+        elif row["loss_check"]:
+            out.append(f"  {row['candidate']}: {row['loss_check']['reason']}")
+    misses = [row["missed"] for row in data["candidates"] if row["missed"]]
+    if misses:
+        out.append("predictions that missed by more than 30%:")
+        out.extend(f"  {m}" for m in misses)
+    out.extend(_verdict_lines(data))
+    return out
+
+
+def _verdict_lines(data: dict) -> list[str]:
+    out = []
+    if data["best"]:
+        vs = (
+            f"; torch.compile alone {data['compile_speedup']:.3f}x, "
+            f"so {data['best_over_compile']:.2f}x compile's"
+            if data["compile_speedup"]
+            else ""
+        )
+        out.append(f"best kept: {data['best']}: {data['best_speedup']:.3f}x the unchanged script{vs}")
+        out.append("to keep it, add to the script:")
+        out.extend(f"    {line}" for line in data["lines"])
+    else:
+        out.append("nothing kept: no candidate was both verified on the loss and faster at 95% confidence")
+    if data["stopped"]:
+        out.append(f"stopped early ({data['stopped']}): what was measured is above")
+    out.append(f"tune took {data['elapsed_s']:.0f} s of a {data['budget_s']:.0f} s budget")
+    out.extend(f"note: {n}" for n in data["notes"])
+    return out

@@ -1,0 +1,145 @@
+"""perfloop tune on a small training script, end to end on the CPU: the unchanged script
+profiled, compile and the fused optimizer tried in child processes, each checked on the loss,
+a planted wrong kernel refused, a crashing candidate reported while the rest go on, nothing
+in the user's folder changed."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from perfloop.results.store import Store
+
+MLP = textwrap.dedent(
+    """
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(1337)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(512, 64)
+    y = (x[:, :10] * 3).argmax(1)
+    for step in range(STEPS):
+        idx = torch.randint(0, 512, (64,))
+        loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    print("done", loss.item())
+    """
+)
+
+PLANT = textwrap.dedent(
+    """
+    import torch
+    from perfloop.workflows.tune.candidates import Candidate, Numerics
+
+    def _bias(child):
+        gelu = torch.nn.functional.gelu
+        torch.nn.functional.gelu = lambda x, *a, **k: gelu(x, *a, **k) + 0.01
+
+    BIASED = Candidate(name="biased-gelu", what="GELU 0.01 off", lines=(), apply=_bias,
+                       numerics=Numerics.REORDERED)
+
+    def _crash(child):
+        def boom(model, args, kwargs):
+            raise RuntimeError("planted crash")
+        child.on_model(boom)
+
+    CRASH = Candidate(name="crash", what="fails at the first call", lines=(), apply=_crash)
+    """
+)
+
+
+def _folder(tmp_path, steps=200):
+    tmp_path.mkdir()
+    (tmp_path / "train.py").write_text(MLP.replace("STEPS", str(steps)))
+    (tmp_path / "plant.py").write_text(PLANT)
+    return tmp_path
+
+
+def _snapshot(path):
+    return {p: os.stat(os.path.join(path, p)).st_mtime_ns for p in sorted(os.listdir(path))}
+
+
+def tune(folder, *args):
+    db = os.path.join(os.path.dirname(folder), "tune.sqlite")
+    p = subprocess.run(
+        [sys.executable, "-m", "perfloop", "tune", "--db", db, *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=folder,
+    )
+    return p.returncode, p.stdout, p.stderr, db
+
+
+@pytest.mark.slow
+def test_compile_and_the_fused_optimizer_are_tried_verified_and_stored(tmp_path):
+    folder = _folder(tmp_path / "user")  # nothing but the script and the plant in it
+    before = _snapshot(folder)
+    rc, out, err, db = tune(
+        folder, "--json", "--budget", "5m", "--steps", "8", "--warmup", "3", "--script", "train.py"
+    )
+    assert rc == 0, err
+    data = json.loads(out)
+    rows = {r["candidate"]: r for r in data["candidates"]}
+    assert {"compile", "fused-optimizer"} <= set(rows), rows.keys()
+    for name in ("compile", "fused-optimizer"):
+        r = rows[name]
+        assert r["error"] is None and r["runs"] == 2, r
+        assert r["verified"] is True, r["loss_check"]
+        assert r["loss_check"]["early_tol"] >= 2e-4 and "another seed" in r["loss_check"]["reason"]
+        assert r["median_ms"] > 0 and r["ci"][0] <= r["speedup"] <= r["ci"][1]
+    assert rows["compile"]["warmup_extra_s"] > 0.5  # compiling is paid in the warm-up, and said
+    assert rows["fused-optimizer"]["predicted_ms"] is not None  # the diagnosis named the loop
+    if data["best"]:  # kept: verified and faster at 95%; never below compile's when compile is kept
+        assert data["best_speedup"] >= (data["compile_speedup"] if rows["compile"]["kept"] else 0)
+        assert data["lines"]
+    assert data["elapsed_s"] <= data["budget_s"] * 1.2
+    assert _snapshot(folder) == before  # the user's folder untouched
+    store = Store(db)
+    [run] = store.runs()
+    assert run["artifacts"] == 1 and run["rows"] >= 3  # the baseline and each candidate timed
+
+
+@pytest.mark.slow
+def test_a_planted_wrong_kernel_is_refused_and_a_crash_reported_while_the_rest_go_on(tmp_path):
+    folder = _folder(tmp_path / "user")
+    rc, out, err, _ = tune(
+        folder,
+        *("--budget", "4m", "--steps", "6", "--warmup", "2", "--rounds", "1"),
+        *("--try", "plant:BIASED", "--try", "plant:CRASH", "--try", "fused-optimizer"),
+        *("--script", "train.py"),
+    )
+    assert rc == 0, err
+    lines = out.splitlines()
+    biased = next(x for x in lines if x.strip().startswith("biased-gelu:"))
+    assert "over the tolerance" in biased, biased
+    assert any("crash: failed: plant:CRASH: RuntimeError: planted crash" in x for x in lines), out
+    assert "crash: failed" in err  # said while it ran, the others went on
+    fused = next(x for x in lines if x.strip().startswith("fused-optimizer:"))
+    assert "over the tolerance" not in fused and "refused" not in fused
+    assert "kept in" in out  # the failed run's output is where the user can read it
+
+
+def test_bad_input_is_named(tmp_path):
+    folder = _folder(tmp_path / "user", steps=2)
+    rc, _, err, _ = tune(folder, "--budget", "soon", "--script", "train.py")
+    assert rc == 2 and "--budget: cannot read 'soon'" in err
+    rc, _, err, _ = tune(folder, "--try", "tf23", "--script", "train.py")
+    assert rc == 2 and "--try tf23: no such candidate" in err
+    rc, _, err, _ = tune(folder, "--script", "nothere.py")
+    assert rc == 2 and "--script: nothere.py is not a file" in err
+
+
+@pytest.mark.slow
+def test_a_script_that_ends_before_its_steps_says_so(tmp_path):
+    folder = _folder(tmp_path / "user", steps=2)
+    rc, _, err, _ = tune(folder, "--budget", "2m", "--script", "train.py")
+    assert rc == 2 and "--script:" in err and "step" in err, err
+    assert "Traceback" not in err
