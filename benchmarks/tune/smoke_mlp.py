@@ -11,7 +11,7 @@ model = nn.Sequential(
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x = torch.randn(4096, 512, device=device)
 y = (x[:, :10] * 3).argmax(1)
-for step in range(300):
+for _ in range(300):
     idx = torch.randint(0, 4096, (256,), device=device)
     loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
     opt.zero_grad(set_to_none=True)
