@@ -118,7 +118,7 @@ def run(args) -> int:
         for line in text(result):
             out.print(line, markup=False, highlight=False)
         out.print(f"stored as run {run_id}")
-    return 0
+    return 130 if result.stopped == "interrupted" else 0  # what was measured is printed and stored
 
 
 def _store(store, result, data: dict) -> str:

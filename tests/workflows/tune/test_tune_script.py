@@ -143,3 +143,48 @@ def test_a_script_that_ends_before_its_steps_says_so(tmp_path):
     rc, _, err, _ = tune(folder, "--budget", "2m", "--script", "train.py")
     assert rc == 2 and "--script:" in err and "step" in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_what_was_measured(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group: perfloop and the run it waits on) once a
+    candidate has been timed: what was measured is printed and stored, the exit status is 130."""
+    import signal
+    import time
+
+    folder = _folder(tmp_path / "user", steps=100000)
+    db = str(tmp_path / "tune.sqlite")
+    cmd = [sys.executable, "-m", "perfloop", "tune", "--db", db, "--budget", "5m", "--steps", "6"]
+    cmd += ["--warmup", "2", "--rounds", "3", "--try", "fused-optimizer", "--script", "train.py"]
+    proc = subprocess.Popen(
+        cmd, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    seen, deadline = [], time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        seen.append(line)
+        if line.startswith("tune: fused-optimizer:"):
+            break
+    else:
+        proc.kill()
+        pytest.fail("no candidate timed in 300 s: " + "".join(seen))
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "stopped early (interrupted)" in out
+    assert any(x.startswith("fused-optimizer") and " ok " in x for x in out.splitlines()), out
+    [run] = Store(db).runs()
+    assert run["artifacts"] == 1 and run["rows"] >= 2
+
+
+@pytest.mark.slow
+def test_a_script_without_an_optimizer_is_told_what_tune_times(tmp_path):
+    folder = tmp_path / "user"
+    folder.mkdir()
+    (folder / "infer.py").write_text(
+        "import torch\nm = torch.nn.Linear(8, 8)\n"
+        "for _ in range(50):\n    m(torch.randn(4, 8)).sum().item()\n"
+    )
+    rc, _, err, _ = tune(folder, "--budget", "2m", "--script", "infer.py")
+    assert rc == 2 and "--script:" in err and "optimizer" in err, err
+    assert "Traceback" not in err

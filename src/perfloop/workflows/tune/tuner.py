@@ -223,9 +223,13 @@ def _baselines(baseline, spec, clock, logs, say) -> Checks:
 
 def _trial_run(t: Trial, spec: dict, checks: Checks, clock, logs, say) -> None:
     """One timed run of t; the first also gives the losses its verdict reads."""
-    first = not t.runs
-    if _run(t, spec, clock, logs, say) and first and t.names:
-        t.check = _check_run(t, spec, 0, clock, logs) if checks.dropout_off else t.runs[0].get("losses")
+    first = bool(t.names) and not t.runs
+    if (
+        _run(t, spec, clock, logs, say, keep_losses=first and not checks.dropout_off)
+        and first
+        and checks.dropout_off
+    ):
+        t.check = _check_run(t, spec, 0, clock, logs)
 
 
 def _check_run(t: Trial, spec: dict, offset: int, clock, logs) -> list | None:
@@ -241,7 +245,9 @@ def _check_run(t: Trial, spec: dict, offset: int, clock, logs) -> list | None:
     return got.get("losses", [])
 
 
-def _run(t: Trial, spec: dict, clock: _Clock, logs: str, say) -> bool:
+def _run(t: Trial, spec: dict, clock: _Clock, logs: str, say, keep_losses: bool = False) -> bool:
+    """One timed run of t, kept in t.runs (its losses as t's check with `keep_losses`, before
+    it is said: a Ctrl-C after the line still finds them); False where it failed."""
     if clock.left <= 0:
         return False
     started = time.perf_counter()
@@ -259,6 +265,8 @@ def _run(t: Trial, spec: dict, clock: _Clock, logs: str, say) -> bool:
         say(f"{t.label}: failed ({got.get('error')}); the others go on")
         return False
     t.runs.append(got)
+    if keep_losses:
+        t.check = got.get("losses")
     steady = sorted(got["step_ms"][spec["warmup"] :])
     say(f"{t.label}: {steady[len(steady) // 2]:.3f} ms/step, run took {took:.0f} s ({clock.left:.0f} s left)")
     return True
