@@ -216,3 +216,31 @@ def test_on_the_gpu_the_fused_loss_gives_nan_with_every_target_ignored_and_patch
     report = pl.patch(model, (x,))
     assert set(report.replaced) == {"1", "2"}
     assert all(torch.equal(p.grad, grads[n]) for n, p in model.named_parameters())
+
+
+# issue 52's fault probe: each of these was an internal error (AttributeError, RuntimeError from
+# deep inside, or "'int' object is not callable") before patch checked its arguments
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU())
+
+
+def test_a_torchscript_model_is_refused_with_what_to_patch_instead():
+    with pytest.raises(TypeError, match=r"model: a TorchScript module .* patch the nn.Module before"):
+        pl.patch(torch.jit.script(_model()), (torch.randn(4, 8),))
+
+
+def test_an_empty_batch_is_refused_naming_the_tensor_and_its_shape():
+    with pytest.raises(ValueError, match=r"example_batch: tensor 0 has no elements \(shape \(0, 8\)\)"):
+        pl.patch(_model(), (torch.randn(0, 8),))
+
+
+def test_a_model_on_the_meta_device_is_refused_with_how_to_materialize_it():
+    with torch.device("meta"):
+        m = _model()
+    with pytest.raises(ValueError, match=r"model: .*meta device.*to_empty"):
+        pl.patch(m, (torch.randn(4, 8, device="meta"),))
+
+
+def test_a_loss_fn_that_is_not_callable_is_named():
+    with pytest.raises(TypeError, match=r"loss_fn: expected a callable \(model, batch\) -> loss, got int"):
+        pl.patch(_model(), (torch.randn(4, 8),), loss_fn=3)

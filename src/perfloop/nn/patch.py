@@ -250,6 +250,37 @@ def _set(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
+def _check_arguments(model, example_batch, loss_fn) -> None:
+    """Refuse, naming the argument, what patch cannot check swaps on: a model that is not a
+    Module (or is TorchScript), parameters without values (meta), a batch without rows, a
+    loss_fn that cannot be called."""
+    from perfloop.errors import ArgumentError
+
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError(
+            "model: a TorchScript module (torch.jit.script / trace) cannot be patched: its forward "
+            "is TorchScript, not Python; patch the nn.Module before scripting it"
+        )
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn: expected a callable (model, batch) -> loss, got {type(loss_fn).__name__}")
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        raise ArgumentError(
+            "model",
+            "its parameters are on the meta device (shapes without values), so no swap can be "
+            "checked: materialize it first (model.to_empty(device=...) and load its weights)",
+        )
+    batch = example_batch if isinstance(example_batch, (tuple, list)) else (example_batch,)
+    for i, t in enumerate(batch):
+        if isinstance(t, torch.Tensor) and t.numel() == 0:
+            raise ArgumentError(
+                "example_batch",
+                f"tensor {i} has no elements (shape {tuple(t.shape)}); patch checks each swap on "
+                "the model's activations: give a batch with at least one row",
+            )
+
+
 def patch(
     model: nn.Module,
     example_batch: tuple | list | torch.Tensor,
@@ -281,8 +312,7 @@ def patch(
         )
     if compiled and not measure:
         raise ValueError("compiled: True times the step compiled, which needs measure=True as well")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    _check_arguments(model, example_batch, loss_fn)
     cands = _candidates(model)
     taken = {id(m) for _, m, _ in cands}
     sites = [(n, m) for n, m in _functional.site_modules(model) if id(m) not in taken]
