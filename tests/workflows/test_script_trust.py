@@ -372,3 +372,46 @@ def test_a_folder_with_main_runs_as_python_runs_it_and_a_scripts_help_is_not_an_
     r = _run_cli(tmp_path, "--script", str(helpful), "--help")
     assert r.returncode == 0, r.stderr
     assert "trains" in r.stdout and "printed its own help" in r.stderr and "no step found" not in r.stderr
+
+
+# issue 52's fault probe: the script's exit status, and a profile taken before the script fails
+TRAIN_THEN = """
+import sys
+import torch
+net = torch.nn.Linear(32, 32)
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+for _ in range(8):
+    net(torch.randn(16, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+{end}
+"""
+
+
+def test_the_scripts_exit_status_is_passed_through_as_python_would(tmp_path):
+    _write(tmp_path, "import sys\nsys.exit(-1)\n")
+    p = _run_cli(tmp_path, "--script", "s.py")
+    assert p.returncode == 255, p.stderr  # python s.py exits 255 for sys.exit(-1)
+    assert "sys.exit(-1)" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "end, status, said",
+    [("sys.exit(3)", 3, "exited with sys.exit(3)"), ("raise KeyboardInterrupt", 130, "interrupted")],
+)
+def test_a_profile_taken_before_the_script_fails_is_kept_and_said_so(tmp_path, end, status, said):
+    _write(tmp_path, TRAIN_THEN.format(end=end))
+    p = _run_cli(tmp_path, "--script", "s.py")
+    assert p.returncode == status, p.stderr
+    assert said in p.stderr and "the profile taken before it is kept" in p.stderr, p.stderr
+    assert "nothing was stored" not in p.stderr
+    assert "stored as run" in p.stdout
+    [run] = Store(str(tmp_path / "r.db")).runs()
+    assert run["artifacts"] == 1
+
+
+def test_a_script_that_closes_stdout_still_gets_its_analysis_printed(tmp_path):
+    _write(tmp_path, TRAIN_THEN.format(end="sys.stdout.close()"))
+    p = _run_cli(tmp_path, "--script", "s.py")
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr and "stored as run" in p.stdout

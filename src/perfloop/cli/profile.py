@@ -232,10 +232,13 @@ def run_step_profile(args) -> int:
 
     window, range_name = _step_args(args)
     store = open_store(args)
+    failed = None
     try:
         p = _take_profile(args, window, range_name)
     except ScriptError as exc:
-        return _script_failed(args, exc)
+        if exc.profile is None:
+            return _script_failed(args, exc)
+        p, failed = exc.profile, exc
     except (OSError, ValueError) as exc:
         text = str(exc)
         if (
@@ -268,8 +271,13 @@ def run_step_profile(args) -> int:
         page = render_html(store, args.report, run_id)
     if args.json:
         emit_json(payload)
-        return 0
-    _print_step(args, p, what, tables, d, idle, run_id, name, page)
+    else:
+        _print_step(args, p, what, tables, d, idle, run_id, name, page)
+    if failed is not None:
+        console(True).print(
+            f"--script: {failed}; the profile taken before it is kept (run {run_id})", style="yellow"
+        )
+        return failed.status
     return 0
 
 
@@ -335,7 +343,7 @@ def _script_failed(args, exc) -> int:
             "or end them with -- (--script PATH OPTIONS -- SCRIPT-ARGS)",
             style="yellow",
         )
-    return exc.code if isinstance(exc.code, int) and exc.code > 0 else FAILED
+    return exc.status or FAILED
 
 
 def _what_was_profiled(args, p, range_name) -> str:

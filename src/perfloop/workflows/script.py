@@ -52,14 +52,29 @@ class _Taken(BaseException):
     pass
 
 
-class ScriptError(Exception):
-    """The script raised or exited with a non-zero code: `.original` is its exception, `.code`
-    the exit code (None when it raised)."""
+def exit_status(code) -> int:
+    """The process status Python gives `sys.exit(code)`: None 0, an int modulo 256 (-1 is 255),
+    anything else (a message) 1."""
+    if code is None:
+        return 0
+    return code & 0xFF if isinstance(code, int) else 1
 
-    def __init__(self, original: BaseException):
-        self.original = original
+
+class ScriptError(Exception):
+    """The script raised, was interrupted or exited with a non-zero code: `.original` is its
+    exception, `.code` the exit code (None when it raised), `.status` the process status python
+    would end with, `.profile` the profile taken before it failed (None if none was)."""
+
+    def __init__(self, original: BaseException, profile=None):
+        self.original, self.profile = original, profile
         self.code = original.code if isinstance(original, (SystemExit, _Exit)) else None
-        if self.code is not None:
+        if isinstance(original, KeyboardInterrupt):
+            self.status = 130
+        else:
+            self.status = exit_status(self.code) if self.code is not None else 1
+        if isinstance(original, KeyboardInterrupt):
+            super().__init__("the script was interrupted (Ctrl-C)")
+        elif self.code is not None:
             how = "os._exit" if isinstance(original, _Exit) else "sys.exit"
             super().__init__(f"the script exited with {how}({self.code!r})")
         elif _perfloops_import(original):
@@ -481,6 +496,7 @@ def profile_script(
     annotate.RANGE_WATCHERS.append(w)
     compilation.eager_hooks_skipped()
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
+    failed: BaseException | None = None
     try:
         with (
             tracking_sources(),  # the script's compiled kernels placed in its modules
@@ -498,16 +514,16 @@ def profile_script(
             except _Taken:
                 pass
             except (SystemExit, _Exit) as exc:
-                if exc.code not in (None, 0):
-                    raise ScriptError(exc) from exc
-                if isinstance(exc, _Exit):
+                if exit_status(exc.code) != 0:
+                    failed = exc
+                elif isinstance(exc, _Exit):
                     w.warnings.append(
                         "the script called os._exit(0): its process would end there without "
                         "running finally blocks or atexit handlers; perfloop made its "
                         "analysis first"
                     )
-            except Exception as exc:
-                raise ScriptError(exc) from exc
+            except (Exception, KeyboardInterrupt) as exc:
+                failed = exc
             finally:
                 w.abandon()
     finally:
@@ -515,9 +531,24 @@ def profile_script(
         annotate.RANGE_WATCHERS.remove(w)
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
+        _usable_stdio()
     if w.sites is None:
         w.sites, w.trees = models_seen(tracker.roots, w.warnings)
+    if failed is not None:  # the profile, where it was taken before, is kept with the error
+        raise ScriptError(failed, _result(w, w.sites) if w.state == "done" else None) from failed
     return _result(w, w.sites)
+
+
+def _usable_stdio() -> None:
+    """A script that closed sys.stdout or sys.stderr (fd 1 and 2 stay open: Python's own stdio
+    objects do not close them) leaves perfloop a stream to say its analysis on."""
+    import io
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is None or getattr(stream, "closed", False):
+            raw = open(fd, "wb", closefd=False)  # noqa: SIM115 (the stream outlives this call)
+            setattr(sys, name, io.TextIOWrapper(raw, line_buffering=True))
 
 
 @contextlib.contextmanager

@@ -238,8 +238,10 @@ def profile(spec: dict) -> dict:
         p = profile_script(
             spec["script"], spec.get("argv", []), skip=None, steps=spec.get("steps", 3), exit_after=True
         )
-    except ScriptError as exc:
-        return {"ok": False, "error": str(exc)}
+    except ScriptError as exc:  # a profile taken before the script failed still serves
+        if exc.profile is None:
+            return {"ok": False, "error": str(exc)}
+        p = exc.profile
     except (OSError, ValueError) as exc:
         return {"ok": False, "error": str(exc)}
     d = p.diagnose()
