@@ -153,3 +153,39 @@ def _one_row(path) -> None:
         dtype="fp32",
     )
     s.close()
+
+
+def test_a_result_finished_while_another_process_holds_the_database_is_written_aside_not_lost(
+    tmp_path, capsys
+):
+    """issue 52's probe: a database locked longer than the busy wait discarded the finished
+    measurement with a traceback. Now the rows go to a file beside it, said once, and
+    `perfloop runs --import-aside` adds them once the lock is gone."""
+    db = tmp_path / "h.db"
+    _db_with_a_row(db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process, mid-transaction
+    store = Store(db, busy_s=0.3)
+    m = pl.Measurement(samples_ms=(1.0, 1.1, 1.2), label="late")
+    with pytest.warns(UserWarning, match=r"stayed locked .* written aside to (\S+\.jsonl)") as said:
+        store.add("r-late", m, op="gelu", variant="late", shape=(8,), dtype="fp32")
+        store.add("r-late", m, op="gelu", variant="later", shape=(8,), dtype="fp32")
+    assert len(said) == 1  # said once, both rows in the one file
+    aside = store.aside
+    assert os.path.exists(aside) and len(open(aside).read().splitlines()) == 3  # the run's row + 2
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert main(["runs", "--db", str(db), "--import-aside", aside]) == 0
+    assert "added 3 row(s)" in capsys.readouterr().out
+    got = sqlite3.connect(db).execute("SELECT variant FROM measurements WHERE run_id = 'r-late'").fetchall()
+    assert sorted(v for (v,) in got) == ["late", "later"]
+
+
+def test_a_file_that_is_not_rows_written_aside_is_refused(tmp_path, capsys):
+    db = tmp_path / "h.db"
+    _db_with_a_row(db)
+    bad = tmp_path / "x.jsonl"
+    bad.write_text('{"sql": "DROP TABLE runs", "args": []}\n')
+    assert main(["runs", "--db", str(db), "--import-aside", str(bad)]) == 2
+    assert "not a file of rows written aside" in capsys.readouterr().err
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM runs").fetchone()[0] >= 1

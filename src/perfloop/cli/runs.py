@@ -10,11 +10,24 @@ from perfloop.cli.output import emit_json, table
 def register(verb) -> None:
     p = verb("runs", "the stored runs: id, time, commit, device, command, rows", run, db=True)
     p.add_argument("--last", type=int, default=20, help="newest runs shown (default 20)")
+    p.add_argument(
+        "--import-aside",
+        metavar="FILE",
+        help="add the rows a run wrote aside while the database was locked (the file it named)",
+    )
 
 
 def run(args) -> int:
     if args.last < 1:
         raise UsageError(f"--last: must be >= 1, got {args.last}")
+    if args.import_aside:
+        from perfloop.results.store import StoreError
+
+        try:
+            n = open_store(args).import_aside(args.import_aside)
+        except StoreError as exc:
+            raise UsageError(f"--import-aside: {exc}") from None
+        print(f"added {n} row(s) from {args.import_aside}")
     runs = open_store(args, writing=False).runs()
     rows = [
         {

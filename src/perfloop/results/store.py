@@ -168,8 +168,10 @@ class Store:
     True
     """
 
-    def __init__(self, path: str | os.PathLike | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, busy_s: float = 30.0):
         self.path = str(path) if path is not None else str(default_path())
+        self.busy_s = busy_s  # how long a write waits for another process's lock
+        self.aside: str | None = None  # where rows went that waited longer (import_aside reads it)
         self._pending: dict[str, tuple[str, str, str]] = {}  # run_id -> (created, command, env)
         self._written: set[str] = set()  # runs whose row this store wrote or found
         self.skipped: list[str] = []  # stored rows that could not be read, and why
@@ -193,9 +195,9 @@ class Store:
         )
         target = f"{Path(self.path).resolve().as_uri()}?immutable=1" if frozen else self.path
         try:
-            self.conn = sqlite3.connect(target, timeout=30.0, isolation_level=None, uri=frozen)
+            self.conn = sqlite3.connect(target, timeout=busy_s, isolation_level=None, uri=frozen)
             self.conn.row_factory = sqlite3.Row
-            self.conn.execute("PRAGMA busy_timeout = 30000")
+            self.conn.execute(f"PRAGMA busy_timeout = {int(busy_s * 1000)}")
             self._fresh = self._check_schema()
         except sqlite3.DatabaseError as exc:
             raise StoreError(
@@ -235,17 +237,59 @@ class Store:
         # SQLite answers "database is locked" at once, without its busy wait, where two
         # connections would deadlock (both switching a fresh file to WAL, or making its tables):
         # those are tried again, for up to the busy timeout
-        deadline = time.monotonic() + 30.0
+        if self.aside is not None:  # once aside, the run's later rows follow: one file holds them
+            return self._write_aside(sql, args)
+        deadline = time.monotonic() + self.busy_s
         while True:
             try:
                 return self._write_once(sql, args)
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
+                if "locked" in str(exc) and time.monotonic() > deadline:
+                    return self._write_aside(sql, args)
+                if "locked" not in str(exc):
                     raise StoreError(
                         f"database {self.path}: write failed ({exc}); is it read-only? Pass a writable "
                         "path (--db, PERFLOOP_DB)."
                     ) from None
                 time.sleep(0.05)
+
+    def _write_aside(self, sql: str, args: tuple) -> int:
+        """Another process held the database longer than busy_s: the row goes to a file beside
+        it (one JSON line per row), said once, so a finished result is never lost to a lock;
+        `perfloop runs --import-aside FILE` (import_aside) adds the rows later."""
+        import warnings
+
+        if self.aside is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self.aside = f"{self.path}.aside-{stamp}-{os.getpid()}.jsonl"
+            warnings.warn(
+                f"database {self.path} stayed locked by another process for {self.busy_s:g} s: "
+                f"this run's results are written aside to {self.aside}; add them later with "
+                f"`perfloop runs --db {self.path} --import-aside {self.aside}`",
+                stacklevel=3,
+            )
+        with open(self.aside, "a") as f:
+            f.write(json.dumps({"sql": sql, "args": list(args)}) + "\n")
+        return -1
+
+    def import_aside(self, path: str | os.PathLike) -> int:
+        """Add the rows a busy database made this store write aside (`_write_aside`); the number
+        added. Rows already there (a run's row) are kept as they are."""
+        try:
+            lines = Path(path).read_text().splitlines()
+            rows = [json.loads(line) for line in lines if line.strip()]
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{path}: not a file of rows written aside by perfloop ({exc})") from None
+        for row in rows:
+            if not (
+                isinstance(row, dict) and str(row.get("sql", "")).lstrip().startswith(("INSERT", "UPDATE"))
+            ):
+                raise StoreError(
+                    f"{path}: not a file of rows written aside by perfloop (a line holds {row!r:.80})"
+                )
+        for row in rows:
+            self._write(row["sql"], tuple(row["args"]))
+        return len(rows)
 
     def _write_once(self, sql: str, args: tuple) -> int:
         try:
