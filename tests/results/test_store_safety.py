@@ -4,6 +4,7 @@ failed command leaves no empty run, a corrupt row is skipped with a word (issue 
 import hashlib
 import os
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -172,7 +173,7 @@ def test_a_result_finished_while_another_process_holds_the_database_is_written_a
         store.add("r-late", m, op="gelu", variant="later", shape=(8,), dtype="fp32")
     assert len(said) == 1  # said once, both rows in the one file
     aside = store.aside
-    assert os.path.exists(aside) and len(open(aside).read().splitlines()) == 3  # the run's row + 2
+    assert len(Path(aside).read_text().splitlines()) == 3  # the run's row + its 2 measurements
     holder.execute("ROLLBACK")
     holder.close()
     assert main(["runs", "--db", str(db), "--import-aside", aside]) == 0
