@@ -59,3 +59,32 @@ def test_env_records_the_users_commit_and_perfloops_version_apart(tmp_path, monk
     info = json.loads(capsys.readouterr().out)
     assert info["git"] is None  # the code measured here is in no repository
     assert info["perfloop"]["version"]
+
+
+def test_compare_shows_the_ratio_of_the_medians_it_shows_and_short_verdicts(tmp_path, capsys):
+    """issue 52: compare showed medians 60.1 -> 58.0 ms beside a ratio "1.000" (its verdict's
+    figure, from the runs' fast tails) and ~60-word verdicts in a table cell."""
+    import numpy as np
+
+    import perfloop as pl
+    from perfloop.cli import main
+    from perfloop.results.store import Store
+
+    db = tmp_path / "h.db"
+    s = Store(db)
+    rng = np.random.default_rng(0)
+    a = tuple(float(x) for x in 60.1 + rng.gamma(2.0, 1.0, 40) - 2.0)
+    b = tuple(float(x) for x in 58.0 + rng.gamma(2.0, 1.0, 40) - 2.0)
+    ids = []
+    for samples in (a, b):
+        run = s.new_run("bench")
+        s.add(run, pl.Measurement(samples_ms=samples), op="gelu", variant="v", shape=(8,), dtype="fp32")
+        ids.append(run)
+    s.close()
+    assert main(["compare", ids[0], ids[1], "--db", str(db)]) in (0, 1)
+    out = capsys.readouterr().out
+    ma, mb = float(np.median(a)), float(np.median(b))
+    row = next(line for line in out.splitlines() if "gelu" in line and "v" in line)
+    assert f"{mb / ma:.3f}" in row  # the ratio of the figures shown
+    cell_words = row.split("│")[-2].split() if "│" in row else row.split()[-3:]
+    assert len(cell_words) <= 4, row  # a short verdict in the cell; the whole one below

@@ -136,20 +136,31 @@ def _judged(store, a: str, b: str, rows_a: list, rows_b: list, limit) -> list[di
     return out
 
 
+def short(verdict: str, regression: bool) -> str:
+    """A verdict for a table cell: its first words ("slower", "same", "cannot judge"); the whole
+    of it is printed below the table."""
+    head = verdict.split(":")[0].split(" (")[0].strip()
+    return head + (" REGRESSION" if regression else "")
+
+
 def _print(a: str, b: str, out: list[dict], limit, regressed: bool) -> None:
     from perfloop.harness.measurement import fmt_ms
 
-    columns = ["op", "variant", "shape", "dtype", "a (median)", "b (median)", "ratio", "noise floor", "p"]
+    columns = ["#", "op", "variant", "shape", "dtype", "a (median)", "b (median)", "b/a", "judged b/a"]
     table(
-        f"{b} against {a} (time ratio b/a of the fast tails; >1 is slower)",
-        [*columns, "verdict"],
+        f"{b} against {a} (b/a of the medians shown; judged b/a: the fast tails, divided by the "
+        "machine's own pace where both runs timed it; >1 is slower)",
+        [*columns, "noise floor", "p", "verdict"],
         [
-            [r["op"], r["variant"], r["shape"], r["dtype"], fmt_ms(r["a_ms"]), fmt_ms(r["b_ms"])]
-            + [f"{r['adjusted']:.3f}", f"{r['noise_floor']:.1%}", f"{r['p_value']:.2g}"]
-            + [r["verdict"] + (" REGRESSION" if r["regression"] else "")]
-            for r in out
+            [str(i), r["op"], r["variant"], r["shape"], r["dtype"], fmt_ms(r["a_ms"]), fmt_ms(r["b_ms"])]
+            + [f"{r['b_ms'] / r['a_ms']:.3f}" if r["a_ms"] else "-", f"{r['adjusted']:.3f}"]
+            + [f"{r['noise_floor']:.1%}", f"{r['p_value']:.2g}", short(r["verdict"], r["regression"])]
+            for i, r in enumerate(out, 1)
         ],
     )
+    for i, r in enumerate(out, 1):
+        if r["verdict"] != short(r["verdict"], False):
+            console().print(f"{i}. {r['op']}/{r['variant']} {r['shape']}: {r['verdict']}")
     how = out[0]["method"].split("; noise floor")[0]
     sources = ", ".join(sorted({r["floor_source"] for r in out}))
     console().print(f"judged on {how}; noise floor: {sources}")
