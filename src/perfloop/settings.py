@@ -57,11 +57,8 @@ def find_pyproject(start: str | Path | None = None) -> Path | None:
 def _read_toml(path: Path) -> dict:
     try:
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib
-        except ModuleNotFoundError:
-            return {}
+    except ModuleNotFoundError:  # Python 3.10: tomli, a dependency there
+        import tomli as tomllib
     try:
         return tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
