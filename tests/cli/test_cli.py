@@ -171,3 +171,14 @@ def test_perfloop_runs_without_triton_and_says_why():
     here = json.loads(p.stdout.strip().splitlines()[-1])
     assert here["gelu/triton"].startswith("no: needs Triton")
     assert here["gelu/naive"] == "yes"
+
+
+def test_help_lists_the_exit_codes_and_every_environment_variable_perfloop_reads():
+    import pathlib
+    import re
+
+    src = pathlib.Path(pl.__file__).parent
+    names = {m for f in src.rglob("*.py") for m in re.findall(r"PERFLOOP_[A-Z_]+", f.read_text())}
+    rc, out, _ = run("--help")
+    assert rc == 0 and "exit status:" in out and "130" in out
+    assert names and all(n in out for n in names), names - {n for n in names if n in out}

@@ -38,6 +38,26 @@ VERBS = (
 )
 
 
+EPILOG = """exit status:
+  0    success
+  1    a check failed, a regression was found (compare --fail-above), or the script failed
+  2    a usage error: a bad argument, named, with how to fix it
+  3    compare --strict: a row could not be judged (the reason is said)
+  130  interrupted (Ctrl-C); what was measured before is kept
+  profile --script passes the script's own exit status through, as python would
+
+environment:
+  PERFLOOP_DB       the results database: --db wins over it, it wins over
+                    [tool.perfloop] db; default: the user data dir
+  PERFLOOP_CACHE    where measured ceilings and built kernels are cached
+  PERFLOOP_NATIVE   0 turns off the fused ops' C++ autograd path
+  PERFLOOP_VERBOSE  1 also shows torch's and Triton's own deprecation notices
+  TRITON_INTERPRET  1 runs Triton kernels on the CPU (set by perfloop where no GPU is)
+
+settings: [tool.perfloop] in the nearest pyproject.toml (db, threshold, budget, strict)
+"""
+
+
 def _prepare_triton() -> None:
     # Without a GPU, Triton kernels can only run in its interpreter, and the switch
     # must be set before Triton is imported. Say so rather than fail.
@@ -83,6 +103,8 @@ def build_parser(settings=None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="perfloop",
         description="GPU performance engineering in PyTorch: measure, locate, fix, measure again.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("-V", "--version", action="version", version=f"perfloop {__version__}")
     sub = ap.add_subparsers(dest="verb", metavar="VERB", required=True)
