@@ -182,3 +182,18 @@ def test_help_lists_the_exit_codes_and_every_environment_variable_perfloop_reads
     rc, out, _ = run("--help")
     assert rc == 0 and "exit status:" in out and "130" in out
     assert names and all(n in out for n in names), names - {n for n in names if n in out}
+
+
+def test_every_argument_of_every_verb_has_help_text():
+    import argparse
+
+    from perfloop.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{verb} {a.option_strings or a.dest}"
+        for verb, p in sub.choices.items()
+        for a in p._actions
+        if a.help is None and a.dest != "help"
+    ]
+    assert missing == []

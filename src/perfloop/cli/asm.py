@@ -8,9 +8,9 @@ from perfloop.cli.output import console, emit_json, table
 
 def register(verb) -> None:
     p = verb("asm", "PTX/SASS, registers, shared memory, spills, occupancy", run)
-    p.add_argument("op")
-    p.add_argument("--variant", required=True)
-    p.add_argument("--dtype", default="fp32")
+    p.add_argument("op", help="an op of the library (perfloop list shows them)")
+    p.add_argument("--variant", required=True, help="the variant whose code is shown (triton, cuda)")
+    p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16 or bf16")
     p.add_argument("--arch", default="sm_90", help="target GPU (default sm_90: H100/H200)")
     p.add_argument("--show", choices=["ptx", "sass"], help="also print the PTX or SASS")
 

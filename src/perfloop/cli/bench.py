@@ -23,7 +23,7 @@ def timing_flags(p) -> None:
 
 def register(verb) -> None:
     p = verb("bench", "time an op's variants, interleaved, with speed-ups and CIs", run, db=True)
-    p.add_argument("op")
+    p.add_argument("op", help="an op of the library (perfloop list shows them)")
     p.add_argument("--variant", action="append", help="variant (repeatable; default: all that run here)")
     p.add_argument("--shape", help="e.g. 4096x4096 (default: the op's benchmark shape)")
     p.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")

@@ -19,11 +19,11 @@ from perfloop.cli.output import console, emit_json, progress, table
 
 def register(verb) -> None:
     p = verb("sweep", "time against size, with a fit of floor + c*size^k", run, db=True)
-    p.add_argument("op")
+    p.add_argument("op", help="an op of the library (perfloop list shows them)")
     p.add_argument("--shapes", nargs="+", required=True, help="e.g. 1024x1024 2048x2048 4096x4096")
-    p.add_argument("--variant", action="append")
+    p.add_argument("--variant", action="append", help="variant (repeatable; default: all that run here)")
     p.add_argument("--plot", help="write a log-log plot (PNG)")
-    p.add_argument("--dtype", default="fp32")
+    p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16 or bf16")
     p.add_argument("--budget", type=float, default=1.0, help="seconds per point (default 1)")
     p.add_argument("--distributed", action="store_true", help="shard the points across --nproc ranks")
     p.add_argument("--nproc", type=int, help="ranks for --distributed (one GPU each)")
