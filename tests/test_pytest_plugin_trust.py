@@ -196,3 +196,27 @@ def test_the_projects_tool_perfloop_table_names_the_baseline_the_plugin_compares
     pytester.runpytest_subprocess("--perfloop-save", "perf/base.json").assert_outcomes(passed=1)
     r = pytester.runpytest_subprocess()  # no flag: the table's baseline is compared against
     r.stdout.fnmatch_lines(["*perfloop comparison*", "k: *x, *"])
+
+
+def test_a_failing_tests_timing_is_not_saved_as_a_baseline(pytester):
+    """issue 52: a test that measured, then failed its own assert, had its timing saved as the
+    baseline the next run compares against."""
+    pytester.makepyfile(
+        test_user="""
+import time
+def _work():
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.0005:
+        pass
+def test_good(perfloop):
+    perfloop.bench(_work, name="good", budget_s=0.2)
+def test_bad(perfloop):
+    perfloop.bench(_work, name="bad", budget_s=0.2)
+    assert False, "the result was wrong"
+"""
+    )
+    r = pytester.runpytest_subprocess("--perfloop-save", "base.json")
+    r.assert_outcomes(passed=1, failed=1)
+    saved = json.loads((pytester.path / "base.json").read_text())
+    assert "good" in saved and "bad" not in saved
+    r.stdout.fnmatch_lines(["*perfloop: not saved: bad (its test failed*"])

@@ -109,6 +109,8 @@ class _State:
     notes: list = field(default_factory=list)
     taken: dict = field(default_factory=dict)  # key -> Measurement
     owner: dict = field(default_factory=dict)  # a measurement's name -> the test that took it
+    test_of: dict = field(default_factory=dict)  # key -> the test that took it
+    failed: set = field(default_factory=set)  # the tests that failed: their timings are not kept
     verdicts: dict = field(default_factory=dict)
     baseline: dict = field(default_factory=dict)
     matched: set = field(default_factory=set)
@@ -164,6 +166,7 @@ class Recorder:
         else:
             m = bench(fn, *args, label=key, **kwargs)
         state(self.config).taken[key] = m
+        state(self.config).test_of[key] = self.nodeid
         base = state(self.config).baseline.get(key)
         if base is not None:
             self._judge(key, base, m)
@@ -408,6 +411,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         )
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed:
+        state(item.config).failed.add(item.nodeid)
+
+
+def _kept(config) -> dict:
+    """The measurements of the tests that passed: a failed test's timing (a wrong result, an
+    error half-way) is no baseline and no history."""
+    s = state(config)
+    return {k: m for k, m in s.taken.items() if s.test_of.get(k) not in s.failed}
+
+
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     base = state(config).baseline
@@ -431,7 +448,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def _keep(config) -> None:
     path = config.getoption("--perfloop-db", default=None)
-    taken = state(config).taken
+    taken = _kept(config)
     if not path or not taken:
         return
     from perfloop.results.store import Store
@@ -451,7 +468,14 @@ def _write(path: str, payload: Any) -> None:
 
 def _save(config) -> None:
     path = config.getoption("--perfloop-save", default=None)
-    taken = state(config).taken
+    taken = _kept(config)
+    dropped = sorted(set(state(config).taken) - set(taken))
+    if path and dropped:
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if tr:
+            tr.write_line(
+                f"perfloop: not saved: {', '.join(dropped)} (its test failed; a failed test's timing is no baseline)"
+            )
     if not path or not taken:
         return
     merged = json.loads(Path(path).read_text()) if Path(path).exists() else {}
@@ -465,7 +489,7 @@ def _save_benchmark_json(config) -> None:
     import statistics
 
     path = config.getoption("--perfloop-benchmark-json", default=None)
-    taken = state(config).taken
+    taken = _kept(config)
     if not path or not taken:
         return
     from perfloop.device import env_fingerprint
