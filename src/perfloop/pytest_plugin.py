@@ -473,9 +473,8 @@ def _save(config) -> None:
     if path and dropped:
         tr = config.pluginmanager.get_plugin("terminalreporter")
         if tr:
-            tr.write_line(
-                f"perfloop: not saved: {', '.join(dropped)} (its test failed; a failed test's timing is no baseline)"
-            )
+            why = "its test failed; a failed test's timing is no baseline"
+            tr.write_line(f"perfloop: not saved: {', '.join(dropped)} ({why})")
     if not path or not taken:
         return
     merged = json.loads(Path(path).read_text()) if Path(path).exists() else {}
