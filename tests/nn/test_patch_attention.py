@@ -208,7 +208,8 @@ def test_forms_one_sdpa_call_cannot_say_are_kept_with_the_reason():
 def test_plan_says_patch_reaches_written_attention(mingpt):
     model, _, _ = _tiny(mingpt)
     said = plan(model)["transformer.h.0.attn"]["attention"]
-    assert "mingpt_model.py:55" in said and "pl.patch rewrites it" in said, said
+    assert "mingpt_model.py:55" in said and "pl.patch checks it as one F.scaled_dot_product_attention" in said
+    assert "only where it matches" in said and "rewrites it" not in said  # no promise before the check
 
 
 @pytest.mark.slow

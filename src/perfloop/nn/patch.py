@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from perfloop.nn import functional as _functional
+from perfloop.nn import heads as _heads
 from perfloop.nn import registry
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn import verify as _verify
@@ -243,6 +244,7 @@ def _named(model: nn.Module, name: str) -> nn.Module:
 def _restore_forward(module: nn.Module) -> None:
     _functional.restore(module)
     _rewrite.restore(module)
+    _heads.unmerge(module)
 
 
 def _set(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -350,7 +352,8 @@ def _patch(
 ) -> PatchReport:
     cands, sites, rewrites = found
     before = _verify.copy_module(model) if measure else None
-    watched = {n: m for n, m, _ in cands} | dict(rewrites)
+    groups = [(n or type(m).__name__, m) for n, m in _heads.find(model)]
+    watched = {n: m for n, m, _ in cands} | dict(rewrites) | dict(groups)
     seen, calls, out = _capture(model, example_batch, loss_fn, watched, sites)
     if measure and not (isinstance(out, torch.Tensor) and out.is_floating_point()):
         raise ValueError(
@@ -384,8 +387,10 @@ def _patch(
             swap = Swap(name, swap.kind, False, "it is the model itself: use perfloop.nn's module directly")
         swaps.append(swap)
     heads = _fuse_heads(model, rewrites, seen, names, swapped, logits)
-    swaps += heads
+    merged = _merge_heads(groups, seen, swapped)
+    swaps += heads + merged
     fused = {id(_named(model, s.name)) for s in heads if s.replaced}
+    fused |= {id(h) for s in merged if s.replaced for h in _heads.heads_of(_named(model, s.name))}
     for (mname, fname, line), (args, kwargs, autocast_dtype) in sorted(calls.items()):
         m = model.get_submodule(mname)
         if id(m) in fused:
@@ -397,7 +402,7 @@ def _patch(
     swapped.extend((None, m) for m in rerouted)
     for name, m in rewrites:
         if _rewrite.writes(m) == {_rewrite.LOSS} or id(m) in fused:
-            continue
+            continue  # a head merged with its neighbours is not rewritten alone
         swap = _verify.check_written(name, m, seen.get(id(m)), rerouted)
         swap.aliases = [n for n in names[id(m)] if n != name and n]
         if swap.replaced:
@@ -408,6 +413,40 @@ def _patch(
     if measure and report.replaced:
         report.timing = _keep_what_pays(report, originals, before, model, example_batch, loss_fn, **measure)
     return report
+
+
+def _merge_heads(groups, seen, swapped) -> list[Swap]:
+    """Check and make the merge of one-module-per-head attention (nn.heads): each form (scale,
+    causal) tried on a copy of the parent against its own output and gradients, in eval mode
+    (dropout off: SDPA draws its masks otherwise); the first that matches is made."""
+    out = []
+    for name, parent in groups:
+        if id(parent) not in seen:
+            out.append(Swap(name, _heads.KIND, False, "not called by the example batch"))
+            continue
+        args, kwargs, autocast_dtype = seen[id(parent)]
+        first = None
+        for scale, causal in _heads.FORMS:
+            fused = _verify.copy_module(parent)
+            _heads.merge(fused, scale, causal)
+            fused.eval()
+            try:
+                with _verify.eval_mode(parent):
+                    swap = _verify.check(
+                        name, parent, fused, args, kwargs, autocast_dtype, "attention", _heads.KIND
+                    )
+            except Exception as exc:
+                swap = Swap(
+                    name, _heads.KIND, False, f"the check could not run it: {type(exc).__name__}: {exc}"
+                )
+            first = first or swap
+            if swap.replaced:
+                swap.via = _heads.merge(parent, scale, causal).said()
+                swap.options = {"scale": scale, "causal": causal}
+                swapped.append((None, parent))
+                break
+        out.append(swap if swap.replaced else first)
+    return out
 
 
 def _fuse_heads(model, rewrites, seen, names, swapped, logits: bool) -> list[Swap]:
@@ -462,6 +501,8 @@ def _keep_what_pays(
         if s.replaced and s.kind not in keep:
             if s.site is not None:
                 _functional.restore(model.get_submodule(s.site[0]))
+            elif s.kind == _heads.KIND:
+                _heads.unmerge(_named(model, s.name))
             elif s.rewritten:
                 _rewrite.restore(_named(model, s.name))
             else:
@@ -503,7 +544,9 @@ def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
     """A copy of the unpatched model with the checked swaps of these kinds made."""
     m = _verify.copy_module(before)
     for s in report.swaps:
-        if s.replaced and s.kind in kinds and s.rewritten:
+        if s.replaced and s.kind in kinds and s.kind == _heads.KIND:
+            _heads.merge(_named(m, s.name), **s.options)
+        elif s.replaced and s.kind in kinds and s.rewritten:
             _rewrite.rewrite(_named(m, s.name), logits=s.options.get("logits"))
         elif s.replaced and s.kind in kinds and s.site is None:
             fused = fused_like(m.get_submodule(s.name))
@@ -617,9 +660,18 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
         if _rewrite.ATTENTION in _rewrite.writes(m):
             lines = ", ".join(_rewrite.softmax_lines(_functional.forward_function(m)))
             out.setdefault(prefix(name), {})["attention"] = (
-                f"attention written out at {lines} ({type(m).__name__}.forward): pl.patch rewrites it to "
-                "F.scaled_dot_product_attention where it takes one call"
+                f"attention written out at {lines} ({type(m).__name__}.forward): pl.patch checks it as "
+                "one F.scaled_dot_product_attention call on your batch, and swaps it only where it "
+                "matches (with measure=True, only where the step is faster)"
             )
+    for name, parent in _heads.find(model):
+        hs = _heads.heads_of(parent)
+        out.setdefault(prefix(name), {})["attention"] = (
+            f"{len(hs)} attention heads in their own modules ({type(hs[0]).__name__}): one SDPA per head "
+            "saves little (each head's matmuls stay small); the win is the heads merged: pl.patch checks "
+            "their key/query/value Linears as one projection and their attentions as one SDPA call, "
+            "and merges them where that matches"
+        )
     for name, m in _functional.site_modules(model):
         fn = _functional.forward_function(m)
         where = fn.__code__.co_filename.rsplit("/", 1)[-1]
