@@ -38,6 +38,7 @@ _WHERE = {
     "env_fingerprint": "perfloop.device",
     "patch": "perfloop.nn",
     "sweep": "perfloop.harness.timing",
+    "tune": "perfloop.workflows.tune",
 }
 _SUBPACKAGES = ("ops", "nn", "analysis", "harness", "results", "workflows", "experiments")
 
@@ -62,6 +63,7 @@ __all__ = [
     "patch",
     "profile",
     "sweep",
+    "tune",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
@@ -75,6 +77,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from perfloop.harness.measurement import Comparison, Measurement, Sweep, Work
     from perfloop.harness.timing import BenchError, bench, compare, sweep
     from perfloop.nn import patch
+    from perfloop.workflows.tune import tune
 
 
 def __getattr__(name: str) -> Any:

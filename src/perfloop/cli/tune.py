@@ -5,7 +5,6 @@ interleaved with the baseline; the winners combined, the lines to add printed.""
 from __future__ import annotations
 
 import os
-import re
 
 from perfloop.cli.args import UsageError, open_store, start_run
 from perfloop.cli.output import console, emit_json
@@ -62,14 +61,14 @@ def register(verb) -> None:
     )
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
-
-
 def parse_budget(text: str) -> float:
-    m = _DURATION.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise UsageError(f"--budget: cannot read {text!r}; give seconds or a duration > 0: 600, 90s, 10m, 1h")
-    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    from perfloop.errors import ArgumentError
+    from perfloop.workflows.tune import budget_seconds
+
+    try:
+        return budget_seconds(text)
+    except ArgumentError as exc:
+        raise UsageError(f"--budget: {exc.detail}") from None
 
 
 def run(args) -> int:

@@ -45,3 +45,16 @@ def test_names_are_unique_and_unknown_ones_are_refused_with_the_list():
         get("no_such_module_here:X")
     with pytest.raises(ValueError, match="is not a perfloop tune Candidate"):
         get("os:sep")
+
+
+def test_pl_tune_names_its_bad_arguments():
+    import perfloop as pl
+
+    with pytest.raises(ValueError, match="script: nothere.py is not a file"):
+        pl.tune("nothere.py")
+    with pytest.raises(ValueError, match="budget: cannot read 'soon'"):
+        pl.tune(__file__, budget="soon")
+    with pytest.raises(ValueError, match="steps: must be an integer >= 1, got 0"):
+        pl.tune(__file__, steps=0)
+    with pytest.raises(ValueError, match="--try tf23: no such candidate"):
+        pl.tune(__file__, tried=["tf23"])
