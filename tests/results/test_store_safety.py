@@ -190,3 +190,43 @@ def test_a_file_that_is_not_rows_written_aside_is_refused(tmp_path, capsys):
     assert main(["runs", "--db", str(db), "--import-aside", str(bad)]) == 2
     assert "not a file of rows written aside" in capsys.readouterr().err
     assert sqlite3.connect(db).execute("SELECT count(*) FROM runs").fetchone()[0] >= 1
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_a_history_of_every_earlier_schema_is_read_as_it_is_and_climbs_the_ladder_at_its_first_write(
+    tmp_path, version
+):
+    """issue 52: a new schema version would have refused every existing history."""
+    from perfloop.results import store as st
+
+    db = tmp_path / "old.db"
+    run = _db_with_a_row(db)
+    con = sqlite3.connect(db)
+    for v in range(st.SCHEMA_VERSION - 1, version - 1, -1):  # back down the ladder: as version wrote it
+        for stmt in filter(str.strip, st.MIGRATIONS[v].split(";")):
+            name = stmt.split("EXISTS")[1].split()[0] if "INDEX" in stmt else None
+            if name:
+                con.execute(f"DROP INDEX {name}")
+    con.execute(f"PRAGMA user_version = {version}")
+    con.commit()
+    con.close()
+    before = _digest(db)
+    s = Store(db)
+    assert [r["variant"] for r in s.rows(run)] == ["naive"]  # read as it is ...
+    s.close()
+    assert _digest(db) == before  # ... and reading changed nothing
+    s = Store(db)
+    s.add(
+        s.new_run("later"),
+        pl.Measurement(samples_ms=(2.0, 2.1)),
+        op="gelu",
+        variant="b",
+        shape=(8,),
+        dtype="fp32",
+    )
+    s.close()
+    con = sqlite3.connect(db)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == st.SCHEMA_VERSION
+    indexes = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"m_run", "a_run", "m_key"} <= indexes
+    assert con.execute("SELECT count(*) FROM measurements").fetchone()[0] == 2  # the old row kept

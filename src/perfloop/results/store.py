@@ -62,9 +62,20 @@ CREATE TABLE IF NOT EXISTS artifacts (
     op TEXT, variant TEXT,
     payload TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS m_run ON measurements(run_id);
+CREATE INDEX IF NOT EXISTS a_run ON artifacts(run_id, kind);
 """
 
-SCHEMA_VERSION = 1  # PRAGMA user_version of a database this code wrote
+SCHEMA_VERSION = 2  # PRAGMA user_version of a database this code wrote
+# The ladder: MIGRATIONS[v] takes a database of version v to v + 1 (0: written before versions
+# were recorded, the tables of 1). A database of an earlier version is read as it is and
+# climbs the ladder at its first write, in one transaction with the new version: a failure
+# leaves it as it was. A new schema adds its step here and a test from every earlier version.
+MIGRATIONS = {
+    0: "",
+    1: """CREATE INDEX IF NOT EXISTS m_run ON measurements(run_id);
+          CREATE INDEX IF NOT EXISTS a_run ON artifacts(run_id, kind);""",  # compare and report read by run
+}
 TABLES = {  # our tables and their columns, as SCHEMA makes them
     "runs": {"run_id", "created", "command", "env"},
     "measurements": {
@@ -176,6 +187,7 @@ class Store:
         self._written: set[str] = set()  # runs whose row this store wrote or found
         self.skipped: list[str] = []  # stored rows that could not be read, and why
         self._wal = False
+        self._version = SCHEMA_VERSION  # the file's, once read (_check_schema)
         if self.path != ":memory:":
             p = Path(self.path)
             if p.is_dir():
@@ -214,8 +226,9 @@ class Store:
             return True
         version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         problems = []
-        if version not in (0, SCHEMA_VERSION):  # 0: written before versions were recorded
-            problems.append(f"schema version {version}, this perfloop reads {SCHEMA_VERSION}")
+        if not 0 <= version <= SCHEMA_VERSION:  # earlier ones climb the ladder at the first write
+            problems.append(f"schema version {version}, this perfloop reads up to {SCHEMA_VERSION}")
+        self._version = version
         for name, cols in TABLES.items():
             if name not in tables:
                 problems.append(f"no {name} table")
@@ -301,6 +314,8 @@ class Store:
                         f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
                     )
                     self._fresh = False
+                elif self._version < SCHEMA_VERSION:
+                    self._migrate()
                 self._wal = True
             cur = self.conn.execute(sql, args)  # autocommit: each row lands at once
             return cur.lastrowid
@@ -313,6 +328,22 @@ class Store:
                 f"database {self.path}: write failed ({exc}); is it read-only? Pass a writable path "
                 "(--db, PERFLOOP_DB)."
             ) from exc
+
+    def _migrate(self) -> None:
+        """Climb the ladder from this database's version to ours, in one transaction (re-read
+        under the lock: another process may have climbed it first)."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            for v in range(version, SCHEMA_VERSION):
+                for stmt in filter(str.strip, MIGRATIONS[v].split(";")):
+                    self.conn.execute(stmt)
+            self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self._version = SCHEMA_VERSION
 
     def check_writable(self) -> None:
         """Raise StoreError now if the file cannot take a row (read-only file or folder), so a
