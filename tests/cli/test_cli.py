@@ -197,3 +197,13 @@ def test_every_argument_of_every_verb_has_help_text():
         if a.help is None and a.dest != "help"
     ]
     assert missing == []
+
+
+def test_shell_completion_knows_every_verb_and_its_flags():
+    pytest.importorskip("shtab")
+    rc, out, _ = run("completion", "bash")
+    assert rc == 0
+    for word in ("tune", "profile", "compare", "--budget", "--import-aside", "--allow-numerics"):
+        assert word in out, word
+    rc, _, err = run("completion", "fish")
+    assert rc == 2 and "invalid choice" in err

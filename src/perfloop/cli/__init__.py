@@ -35,6 +35,7 @@ VERBS = (
     "demo",
     "experiment",
     "tune",
+    "completion",
 )
 
 
