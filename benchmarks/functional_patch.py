@@ -182,7 +182,7 @@ def four_ways(name: str, small: bool, dev: str, budget_s: float) -> dict:
     import copy
 
     from perfloop.harness.timing import compare
-    from perfloop.nn.patch import step_peak
+    from perfloop.nn.keep import step_peak
 
     loss_fn = make_loss_fn(dev)
     torch._dynamo.reset()
@@ -270,7 +270,7 @@ def head_under_compile(name: str, small: bool, dev: str, budget_s: float) -> dic
     import copy
 
     from perfloop.harness.timing import compare
-    from perfloop.nn.patch import step_peak
+    from perfloop.nn.keep import step_peak
 
     loss_fn = make_loss_fn(dev)
     torch._dynamo.reset()

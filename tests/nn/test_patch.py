@@ -99,7 +99,7 @@ def test_a_patched_gpt_trains_along_the_same_loss_curve(train_gpt):
 def test_peak_memory_of_each_model_does_not_count_the_others(train_gpt):
     """Peaks were read as the GPU's absolute high-water mark while every compared model (and the
     gradients earlier runs left) lay on the GPU: the later a model was measured, the larger."""
-    from perfloop.nn.patch import _measure
+    from perfloop.nn.keep import measure as _measure
 
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
@@ -138,7 +138,7 @@ def test_measure_tries_the_kinds_that_paid_alone_together(train_gpt, monkeypatch
     the H200): the kinds that made the step faster alone are timed together and kept together."""
     import importlib
 
-    P = importlib.import_module("perfloop.nn.patch")  # the module (perfloop.nn.patch is also the function)
+    P = importlib.import_module("perfloop.nn.keep")  # where patch(measure=True) times the step
     alone = {"after": 0.95, "only CrossEntropyLoss": 1.12, "only LayerNorm": 1.03, "only GELU": 0.96}
     calls = []
 
@@ -164,7 +164,7 @@ def test_measure_tries_the_kinds_that_paid_alone_together(train_gpt, monkeypatch
             "peak_after": None,
         }
 
-    monkeypatch.setattr(P, "_measure", fake_measure)
+    monkeypatch.setattr(P, "measure", fake_measure)
     model, batch = _gpt(train_gpt)
     report = pl.patch(model, batch, measure=True)
     assert calls[1] == ["before", "only CrossEntropyLoss+LayerNorm"]
@@ -181,7 +181,7 @@ def test_measure_keeps_a_swap_that_makes_the_step_smaller_and_not_slower(train_g
     put back, with why."""
     import importlib
 
-    P = importlib.import_module("perfloop.nn.patch")
+    P = importlib.import_module("perfloop.nn.keep")
     alone = {"after": 0.95, "only CrossEntropyLoss": 1.0, "only LayerNorm": 0.96, "only GELU": 0.97}
     peaks = {"only CrossEntropyLoss": 600}
 
@@ -206,7 +206,7 @@ def test_measure_keeps_a_swap_that_makes_the_step_smaller_and_not_slower(train_g
             "peak_after": 1000,
         }
 
-    monkeypatch.setattr(P, "_measure", fake_measure)
+    monkeypatch.setattr(P, "measure", fake_measure)
     model, batch = _gpt(train_gpt)
     report = pl.patch(model, batch, measure=True)
     assert report.timing["kept"] == ["CrossEntropyLoss"]
@@ -242,7 +242,7 @@ class _MLP(nn.Module):
 def test_a_gelu_written_out_in_the_models_own_module_is_checked_then_replaced():
     """Issue 40: the GELU chain minGPT writes in its own module is the fused GELU's tanh form;
     a module named GELU that computes another curve is left alone."""
-    from perfloop.nn.patch import plan
+    from perfloop.nn.plan import plan
 
     torch.manual_seed(0)
     model, x = _MLP(NewGELU()), torch.randn(4, 7, 32)
@@ -295,8 +295,8 @@ def test_measure_compiled_times_each_step_compiled_and_keeps_only_what_pays_ther
 
     from torch._dynamo.utils import counters
 
-    P = importlib.import_module("perfloop.nn.patch")
-    real = P._measure
+    P = importlib.import_module("perfloop.nn.keep")
+    real = P.measure
     seen = []
 
     def recording(models, batch, loss_fn, budget_s, compiled=False):
@@ -305,7 +305,7 @@ def test_measure_compiled_times_each_step_compiled_and_keeps_only_what_pays_ther
         seen.append((sorted(models), compiled, counters["stats"]["unique_graphs"] - before))
         return t
 
-    monkeypatch.setattr(P, "_measure", recording)
+    monkeypatch.setattr(P, "measure", recording)
     model, batch = _gpt(train_gpt)
     torch._dynamo.reset()
     report = pl.patch(model, batch, measure=True, compiled=True, budget_s=0.2)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import perfloop as pl
 from perfloop.nn import rewrite
-from perfloop.nn.patch import plan
+from perfloop.nn.plan import plan
 
 
 def _tiny(mingpt, seed=0):
@@ -375,7 +375,7 @@ def test_measure_times_the_rewritten_attention_as_its_own_kind(mingpt, monkeypat
     (the timings faked, as the H200 gave them in run30: attention alone 2.01x)."""
     import importlib
 
-    P = importlib.import_module("perfloop.nn.patch")
+    P = importlib.import_module("perfloop.nn.keep")
     seen = {}
 
     def fake_measure(models, batch, loss_fn, budget_s, compiled=False):
@@ -401,7 +401,7 @@ def test_measure_times_the_rewritten_attention_as_its_own_kind(mingpt, monkeypat
             "peak_after": None,
         }
 
-    monkeypatch.setattr(P, "_measure", fake_measure)
+    monkeypatch.setattr(P, "measure", fake_measure)
     model, idx, tgt = _tiny(mingpt)
     report = pl.patch(model, (idx, tgt), loss_fn=lambda m, b: m(*b)[1], measure=True)
     assert seen[f"only {rewrite.ATTENTION}"] and not seen["only LayerNorm"] and not seen["before"], seen

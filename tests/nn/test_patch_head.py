@@ -206,7 +206,7 @@ def test_on_the_gpu_the_compiled_patched_head_holds_less_and_gives_compiles_loss
     """A GPT-2 vocabulary (50304) on 2 layers, 8 x 512 tokens, bf16 autocast: compiled with the
     head fused, the step's peak is below compile's own by at least half the fp32 logits
     (8 x 512 x 50304 x 4 bytes = 0.77 GiB), at compile's loss."""
-    from perfloop.nn.patch import step_peak
+    from perfloop.nn.keep import step_peak
 
     torch.manual_seed(0)
     cfg = nanogpt.GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=4, n_embd=256)

@@ -104,7 +104,7 @@ def test_heads_that_compute_something_else_are_kept_with_the_reason():
 
 
 def test_plan_says_the_win_is_the_heads_merged():
-    from perfloop.nn.patch import plan
+    from perfloop.nn.plan import plan
 
     said = plan(Model())["sa.0"]["attention"]
     assert "4 attention heads in their own modules (Head)" in said and "merged" in said, said

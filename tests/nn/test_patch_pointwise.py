@@ -83,7 +83,7 @@ def test_gelu_written_inline_in_either_form_is_replaced_by_the_fused_gelu():
 
 
 def test_plan_says_patch_reaches_an_inline_gelu():
-    from perfloop.nn.patch import plan
+    from perfloop.nn.plan import plan
 
     assert "pl.patch rewrites it to the fused GELU" in plan(MLP())["MLP"]["gelu"]
     assert "pl.patch rewrites it to the fused norm" in plan(Block())["Block"]["normalization"]
@@ -92,7 +92,7 @@ def test_plan_says_patch_reaches_an_inline_gelu():
 def test_a_tanh_that_is_not_gelu_is_left_alone_with_the_reason():
     """A plain tanh is no candidate (nothing captured, nothing said); one with the tanh form's
     constants is captured, probed, and left alone with the reason."""
-    from perfloop.nn.patch import plan
+    from perfloop.nn.plan import plan
 
     plain = TanhMLP()
     assert pl.patch(plain, (torch.randn(2, 3, 32),), loss_fn=lambda m, b: m(*b).sum()).swaps == []

@@ -183,7 +183,7 @@ def test_a_chain_whose_code_pl_patch_cannot_see_is_said_so():
     import torch.nn as nn
 
     from perfloop.analysis.patterns import where_called as _where
-    from perfloop.nn.patch import plan
+    from perfloop.nn.plan import plan
 
     class Head(nn.Module):  # the loss is computed by the caller, outside forward
         def __init__(self):
@@ -317,7 +317,7 @@ def test_a_gelu_or_rope_chain_says_where_pl_patch_reaches_it():
     chain (the Llama example's rotation written out), from pl.patch's plan of the models."""
     from helpers import example
     from perfloop.analysis.patterns import chain_kind, where_called
-    from perfloop.nn.patch import plan
+    from perfloop.nn.plan import plan
 
     mingpt, llama = example("mingpt_model"), example("llama_model")
     gpt = mingpt.GPT(mingpt.GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))

@@ -49,7 +49,7 @@ class Capture:
     (work.OpWork: FLOPs, bytes, the storages read and written) and its kernels tied to them;
     work: (module, phase, op) -> (FLOPs, bytes, dtype) over all calls; idle: when and why the
     device waited on the host (timeline.Idle, from the host's intervals and stack samples);
-    sites: pl.patch's call sites by module (nn.patch.plan)."""
+    sites: pl.patch's call sites by module (nn.plan.plan)."""
 
     device: str  # "cuda", or "cpu" where the host's ops are the work
     calls: int

@@ -1,6 +1,6 @@
 """The patterns a step's ranking looks for, on the profile's items and the counted call's
 records: runs of memory-bound ops in one module (fusable chains), attention written out op by
-op, and where in the user's code each is called (nn.patch.plan's sites); with the advice each
+op, and where in the user's code each is called (nn.plan.plan's sites); with the advice each
 pattern's fix gets."""
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def chain_kinds(found: list[dict]) -> list[str | None]:
 
 
 def where_called(pattern: str, kind: str | None, sites: dict | None) -> str:
-    """The call sites of this kind in the modules a chain's pattern names (from nn.patch.plan,
+    """The call sites of this kind in the modules a chain's pattern names (from nn.plan.plan,
     run where the model was at hand), or why pl.patch does not reach the chain."""
     if sites is None or kind is None:
         return ""

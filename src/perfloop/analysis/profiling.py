@@ -68,7 +68,7 @@ class Profile:
     _windows: Any = field(default=None, repr=False)  # host intervals the profile is limited to
     step: str | None = None  # what one call is, in a script's profile: a range's name or optimizer.step
     _given_work: Any = field(default=None, repr=False)  # (module, phase, op) -> work, from a trace
-    sites: dict | None = None  # module name -> {kind: call site and pl.patch's reach} (nn.patch.plan)
+    sites: dict | None = None  # module name -> {kind: call site and pl.patch's reach} (nn.plan.plan)
     _samples: Any = field(default=None, repr=False)  # the launching thread's stack (stacks.Sample)
     _call_spans: Any = field(default=None, repr=False)  # pl.profile's calls on the profiler's timeline
     window_cut_s: float | None = None  # a script's time window: the seconds recorded, where it ended early

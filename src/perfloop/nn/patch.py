@@ -20,7 +20,6 @@ shared module goes by pointing at the one fused module; a call that fails swaps 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,9 @@ from perfloop.nn import heads as _heads
 from perfloop.nn import registry
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn import verify as _verify
-from perfloop.nn.modules import fused_like, why_not
+from perfloop.nn.keep import keep_what_pays as _keep_what_pays
+from perfloop.nn.modules import why_not
+from perfloop.nn.swapping import candidates, named, restore_forward, route_sites, run_step, set_module
 from perfloop.nn.verify import Swap
 
 
@@ -90,15 +91,6 @@ class PatchReport:
                 "compiled=True keeps only what does"
             )
         return "\n".join(lines)
-
-
-def _candidates(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
-    out = []
-    for name, m in model.named_modules():
-        fused = fused_like(m)
-        if fused is not None:
-            out.append((name or type(m).__name__, m, fused))
-    return out
 
 
 def _names(model: nn.Module) -> dict[int, list[str]]:
@@ -165,19 +157,13 @@ def _capture(model, batch, loss_fn, modules: dict, sites: list) -> tuple[dict, d
         routed.append(m)
     try:
         with torch.no_grad():
-            out = _run(model, batch, loss_fn)
+            out = run_step(model, batch, loss_fn)
     finally:
         for h in handles:
             h.remove()
         for m in routed:
             _functional.restore(m)
     return seen, calls, out
-
-
-def _run(model, batch, loss_fn):
-    if loss_fn is not None:
-        return loss_fn(model, batch)
-    return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
 
 
 def _adopt(original: nn.Module, fused: nn.Module) -> nn.Module:
@@ -220,36 +206,6 @@ def _check_call(label: str, fname: str, args, kwargs, autocast_dtype) -> Swap:
     torch_fn, fused = _Call(_functional.torch_function(fname)), _Call(_functional.FUSED[fname])
     kind = _CALL_SHOWN.get(fname, f"F.{fname}")
     return _verify.check(label, torch_fn, fused, args, kwargs, autocast_dtype, registry.get(fname).op, kind)
-
-
-def _route_sites(model: nn.Module, swaps) -> list:
-    """Reroute the modules of these (replaced) functional swaps; the modules rerouted."""
-    by_module: dict = {}
-    for s in swaps:
-        if s.site is not None and s.replaced:
-            by_module.setdefault(s.site[0], {}).setdefault(s.site[1], set()).add(s.site[2])
-    out = []
-    for name, sites in by_module.items():
-        m = model.get_submodule(name)
-        _functional.reroute(m, sites)
-        out.append(m)
-    return out
-
-
-def _named(model: nn.Module, name: str) -> nn.Module:
-    """The submodule of that name; the model itself under its class's name (as the report names it)."""
-    return model if name == type(model).__name__ and not hasattr(model, name) else model.get_submodule(name)
-
-
-def _restore_forward(module: nn.Module) -> None:
-    _functional.restore(module)
-    _rewrite.restore(module)
-    _heads.unmerge(module)
-
-
-def _set(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, leaf = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
 def _check_arguments(model, example_batch, loss_fn) -> None:
@@ -315,7 +271,7 @@ def patch(
     if compiled and not measure:
         raise ValueError("compiled: True times the step compiled, which needs measure=True as well")
     _check_arguments(model, example_batch, loss_fn)
-    cands = _candidates(model)
+    cands = candidates(model)
     taken = {id(m) for _, m, _ in cands}
     sites = [(n, m) for n, m in _functional.site_modules(model) if id(m) not in taken]
     unreachable = [
@@ -340,9 +296,9 @@ def patch(
     except BaseException:
         for name, original in reversed(swapped):
             if name is None:
-                _restore_forward(original)
+                restore_forward(original)
             else:
-                _set(model, name, original)
+                set_module(model, name, original)
         raise
     return report
 
@@ -380,7 +336,7 @@ def _patch(
         if swap.replaced and original is not model:
             _adopt(original, fused)
             for n in (name, *aliases):
-                _set(model, n, fused)
+                set_module(model, n, fused)
                 swapped.append((n, original))
             originals[name] = original
         elif swap.replaced:
@@ -389,8 +345,8 @@ def _patch(
     heads = _fuse_heads(model, rewrites, seen, names, swapped, logits)
     merged = _merge_heads(groups, seen, swapped)
     swaps += heads + merged
-    fused = {id(_named(model, s.name)) for s in heads if s.replaced}
-    fused |= {id(h) for s in merged if s.replaced for h in _heads.heads_of(_named(model, s.name))}
+    fused = {id(named(model, s.name)) for s in heads if s.replaced}
+    fused |= {id(h) for s in merged if s.replaced for h in _heads.heads_of(named(model, s.name))}
     for (mname, fname, line), (args, kwargs, autocast_dtype) in sorted(calls.items()):
         m = model.get_submodule(mname)
         if id(m) in fused:
@@ -398,7 +354,7 @@ def _patch(
         swap = _check_call(_site_label(mname, m, fname, line), fname, args, kwargs, autocast_dtype)
         swap.site = (mname, fname, line)
         swaps.append(swap)
-    rerouted = _route_sites(model, swaps)
+    rerouted = route_sites(model, swaps)
     swapped.extend((None, m) for m in rerouted)
     for name, m in rewrites:
         if _rewrite.writes(m) == {_rewrite.LOSS} or id(m) in fused:
@@ -472,214 +428,4 @@ def _fuse_heads(model, rewrites, seen, names, swapped, logits: bool) -> list[Swa
         elif swap.replaced:
             swap.replaced, swap.reason = False, "its head is not one fused call; checked without it below"
         out.append(swap)
-    return out
-
-
-def _keep_what_pays(
-    report, originals: dict, before, model, batch, loss_fn, budget_s: float, compiled: bool = False
-) -> dict:
-    """Time the step unpatched, patched, and (with several kinds swapped) patched with each kind
-    alone, interleaved (each compiled, with `compiled`); keep the fastest that beats the
-    unpatched step, put the rest back."""
-    kinds = sorted({s.kind for s in report.swaps if s.replaced})
-    models = {"before": before, "after": model}
-    if len(kinds) > 1:
-        for kind in kinds:
-            models[f"only {kind}"] = _with(before, report, {kind})
-    t = _measure(models, batch, loss_fn, budget_s, compiled)
-    pays = functools.partial(_pays, peak_before=t["peak_before"])
-    winners = [k for k in kinds if pays(t["candidates"].get(f"only {k}", {"significant": False}))]
-    if 1 < len(winners) < len(kinds):  # the kinds that paid alone, together
-        label = "only " + "+".join(winners)
-        pair = {"before": before, label: _with(before, report, set(winners))}
-        t2 = _measure(pair, batch, loss_fn, budget_s, compiled)
-        t["candidates"][label] = t2["candidates"][label] | {"before_ms": t2["before_ms"]}
-    faster = {k: v for k, v in t["candidates"].items() if pays(v)}
-    best = max(faster, key=lambda k: faster[k]["speedup"]) if faster else None
-    keep = set(kinds) if best == "after" else (set(best.removeprefix("only ").split("+")) if best else set())
-    for s in report.swaps:
-        if s.replaced and s.kind not in keep:
-            if s.site is not None:
-                _functional.restore(model.get_submodule(s.site[0]))
-            elif s.kind == _heads.KIND:
-                _heads.unmerge(_named(model, s.name))
-            elif s.rewritten:
-                _rewrite.restore(_named(model, s.name))
-            else:
-                for n in (s.name, *s.aliases):
-                    _set(model, n, originals[s.name])
-            s.replaced = False
-            s.reason = (
-                f"equal, but the step{' compiled' if compiled else ''} was neither faster nor smaller "
-                "with it (measured)"
-            )
-    chosen = best or "before"
-    _route_sites(model, report.swaps)  # the kept functional sites, per module (a put-back cleared all)
-    after_ms = t["candidates"].get(chosen, {"ms": t["before_ms"]})["ms"]
-    t.update({"after_ms": after_ms, "kept": sorted(keep), "compiled": compiled})
-    c = t["candidates"].get(chosen)
-    t.update(
-        {
-            "speedup": c["speedup"] if c else 1.0,
-            "ci": c["ci"] if c else (1.0, 1.0),
-            "verdict": "significant" if c else "no swap made the step faster: none kept",
-        }
-    )
-    return t
-
-
-SMALLER = 0.9  # a step whose peak memory is at most this share of the unpatched one's is smaller
-
-
-def _pays(c: dict, peak_before: int | None) -> bool:
-    """Whether a timed candidate pays: significantly faster, or smaller at its peak and not
-    significantly slower."""
-    if c["significant"] and c["speedup"] > 1:
-        return True
-    smaller = bool(c.get("peak") and peak_before and c["peak"] <= SMALLER * peak_before)
-    return smaller and not (c["significant"] and c["speedup"] < 1)
-
-
-def _with(before: nn.Module, report: PatchReport, kinds: set) -> nn.Module:
-    """A copy of the unpatched model with the checked swaps of these kinds made."""
-    m = _verify.copy_module(before)
-    for s in report.swaps:
-        if s.replaced and s.kind in kinds and s.kind == _heads.KIND:
-            _heads.merge(_named(m, s.name), **s.options)
-        elif s.replaced and s.kind in kinds and s.rewritten:
-            _rewrite.rewrite(_named(m, s.name), logits=s.options.get("logits"))
-        elif s.replaced and s.kind in kinds and s.site is None:
-            fused = fused_like(m.get_submodule(s.name))
-            for k, v in s.options.items():
-                setattr(fused, k, v)
-            for n in (s.name, *s.aliases):
-                _set(m, n, fused)
-    _route_sites(m, [s for s in report.swaps if s.kind in kinds])
-    return m
-
-
-def _measure(models: dict, batch, loss_fn, budget_s: float, compiled: bool = False) -> dict:
-    from perfloop.harness.timing import compare
-
-    def step(m):
-        def run():
-            out = _run(m, batch, loss_fn)
-            (out if out.ndim == 0 else out.float().mean()).backward()
-
-        return run
-
-    if compiled:  # compiled (two steps each: a first and a recompile) before the timing
-        models = {k: torch.compile(m) for k, m in models.items()}
-        for m in models.values():
-            for _ in range(2):
-                step(m)()
-
-    dev = next(models["before"].parameters()).device
-    peaks = {label: step_peak(m, step(m)) for label, m in models.items()} if dev.type == "cuda" else {}
-    c = compare({k: step(m) for k, m in models.items()}, baseline="before", budget_s=budget_s)
-    cands = {
-        k: {
-            "ms": c.measurements[k].median_ms,
-            "speedup": s.speedup,
-            "ci": s.ci,
-            "p_value": s.p_value,
-            "significant": s.significant,
-            "peak": peaks.get(k),
-        }
-        for k, s in c.speedups.items()
-        if k != "before"
-    }
-    return {
-        "before_ms": c.measurements["before"].median_ms,
-        "candidates": cands,
-        "device": dev.type,
-        "peak_before": peaks.get("before"),
-        "peak_after": peaks.get("after"),
-    }
-
-
-def step_peak(model: nn.Module, run) -> int:
-    """Bytes the step needs at its peak: the model's parameters, plus the most the step allocated
-    on top of what was there before it (activations, gradients: set to None first, as a training
-    step does). Other models on the same GPU do not count."""
-    model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    run()
-    torch.cuda.synchronize()
-    params = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
-    peak = torch.cuda.max_memory_allocated() - base + params
-    model.zero_grad(set_to_none=True)
-    return peak
-
-
-def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
-    """What pl.patch would check in this model, read from its modules and code (nothing run):
-    {module name (as module ranges name them, the root by `root` or its class): {kind
-    ("cross_entropy", "normalization", "gelu", "attention"): where, and whether pl.patch reaches
-    it}}: a module of a kind pl.patch swaps, a functional call in a module's own forward
-    (file:line), or attention written out there.
-    Code pl.patch cannot see (a loss computed outside forward) is absent."""
-    out: dict = {}
-    root = root or type(model).__name__
-    prefix = lambda n: root if n in ("", root) else n
-    for name, m, fused in _candidates(model):
-        row = registry.by_module(type(m).__name__)  # a model's own class: its fused one's
-        kind = (row if row is not None and row.kind else registry.by_module(type(fused).__name__)).kind
-        why = why_not(m)
-        label = f"{type(m).__name__} module" + (f": not reached ({why})" if why else ": pl.patch swaps it")
-        out.setdefault(prefix(name), {})[kind] = label
-    for name, m in model.named_modules():
-        if _rewrite.ROPE in _rewrite.writes(m):
-            out.setdefault(prefix(name), {})["rope"] = (
-                f"rotary embedding written out ({type(m).__name__}.forward): pl.patch rewrites it to "
-                "perfloop's fused RoPE where it takes one call"
-            )
-        if _rewrite.GELU in _rewrite.writes(m) and fused_like(m) is None:
-            out.setdefault(prefix(name), {}).setdefault(
-                "gelu",
-                f"tanh or erf written out ({type(m).__name__}.forward): pl.patch rewrites it to the "
-                "fused GELU where it computes GELU",
-            )
-        if _rewrite.NORM in _rewrite.writes(m) and fused_like(m) is None:
-            out.setdefault(prefix(name), {}).setdefault(
-                "normalization",
-                f"a norm written out ({type(m).__name__}.forward): pl.patch rewrites it to the "
-                "fused norm where it computes one",
-            )
-        if _rewrite.LOSS in _rewrite.writes(m):
-            fn = _functional.forward_function(m)
-            lines = _functional.call_lines(fn, ("cross_entropy",)).get("cross_entropy")
-            file = fn.__code__.co_filename.rsplit("/", 1)[-1]
-            call = f"F.cross_entropy at {file}:{lines[0]}" if lines else "a cross entropy"
-            out.setdefault(prefix(name), {})["cross_entropy"] = (
-                f"{call} ({type(m).__name__}.forward): pl.patch reaches it; with logits=False (the step does "
-                "not read the logits) it fuses the Linear before it in, the logits never held whole"
-            )
-        if _rewrite.ATTENTION in _rewrite.writes(m):
-            lines = ", ".join(_rewrite.softmax_lines(_functional.forward_function(m)))
-            out.setdefault(prefix(name), {})["attention"] = (
-                f"attention written out at {lines} ({type(m).__name__}.forward): pl.patch checks it as "
-                "one F.scaled_dot_product_attention call on your batch, and swaps it only where it "
-                "matches (with measure=True, only where the step is faster)"
-            )
-    for name, parent in _heads.find(model):
-        hs = _heads.heads_of(parent)
-        out.setdefault(prefix(name), {})["attention"] = (
-            f"{len(hs)} attention heads in their own modules ({type(hs[0]).__name__}): one SDPA per head "
-            "saves little (each head's matmuls stay small); the win is the heads merged: pl.patch checks "
-            "their key/query/value Linears as one projection and their attentions as one SDPA call, "
-            "and merges them where that matches"
-        )
-    for name, m in _functional.site_modules(model):
-        fn = _functional.forward_function(m)
-        where = fn.__code__.co_filename.rsplit("/", 1)[-1]
-        for kind, names in registry.kinds().items():
-            lines = _functional.call_lines(fn, names)
-            if lines:
-                calls = ", ".join(f"F.{n} at {where}:{','.join(map(str, ls))}" for n, ls in lines.items())
-                out.setdefault(prefix(name), {}).setdefault(
-                    kind, f"{calls} ({type(m).__name__}.forward): pl.patch reaches it"
-                )
     return out

@@ -14,8 +14,8 @@ def models_seen(roots: dict, warnings: list) -> tuple[dict, list[ModuleTree]]:
 
 
 def _sites(roots: dict, warnings: list) -> dict:
-    """What pl.patch would check in the script's models (nn.patch.plan), by module name."""
-    from perfloop.nn.patch import plan
+    """What pl.patch would check in the script's models (nn.plan.plan), by module name."""
+    from perfloop.nn.plan import plan
 
     out: dict = {}
     for root, ref in roots.items():

@@ -496,7 +496,6 @@ def profile_script(
     annotate.RANGE_WATCHERS.append(w)
     compilation.eager_hooks_skipped()
     hook = torch.nn.modules.module.register_module_forward_pre_hook(w.tick)
-    failed: BaseException | None = None
     try:
         with (
             tracking_sources(),  # the script's compiled kernels placed in its modules
@@ -508,24 +507,7 @@ def profile_script(
             nvtx_sources(w),
         ):
             w.read_sites = lambda: models_seen(tracker.roots, w.warnings)
-            w.t0 = time.perf_counter()
-            try:
-                runpy.run_path(path, run_name="__main__")
-            except _Taken:
-                pass
-            except (SystemExit, _Exit) as exc:
-                if exit_status(exc.code) != 0:
-                    failed = exc
-                elif isinstance(exc, _Exit):
-                    w.warnings.append(
-                        "the script called os._exit(0): its process would end there without "
-                        "running finally blocks or atexit handlers; perfloop made its "
-                        "analysis first"
-                    )
-            except (Exception, KeyboardInterrupt) as exc:
-                failed = exc
-            finally:
-                w.abandon()
+            failed = _run(path, w)
     finally:
         hook.remove()
         annotate.RANGE_WATCHERS.remove(w)
@@ -537,6 +519,29 @@ def profile_script(
     if failed is not None:  # the profile, where it was taken before, is kept with the error
         raise ScriptError(failed, _result(w, w.sites) if w.state == "done" else None) from failed
     return _result(w, w.sites)
+
+
+def _run(path: str, w: _Window) -> BaseException | None:
+    """Run the script as __main__; its failure (an exception, Ctrl-C, a non-zero exit), or None
+    where it ended well or was ended once its profile was taken."""
+    w.t0 = time.perf_counter()
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except _Taken:
+        pass
+    except (SystemExit, _Exit) as exc:
+        if exit_status(exc.code) != 0:
+            return exc
+        if isinstance(exc, _Exit):
+            w.warnings.append(
+                "the script called os._exit(0): its process would end there without running "
+                "finally blocks or atexit handlers; perfloop made its analysis first"
+            )
+    except (Exception, KeyboardInterrupt) as exc:
+        return exc
+    finally:
+        w.abandon()
+    return None
 
 
 def _usable_stdio() -> None:
