@@ -1,4 +1,4 @@
-"""Where a script's steps come from, told to its profiling window (workflows.script's _Window:
+"""Where a script's steps come from, told to its profiling window (workflows.window's Window:
 `enter`, `exit`, `boundary`, `settle`): each optimizer's step(), torch.profiler's
 record_function ranges, NVTX push/pop -- patched in for the script's run, put back after."""
 
