@@ -96,3 +96,18 @@ def test_the_page_says_what_the_terminal_says_in_columns_with_warnings_runs_and_
     assert "1 result(s), the newest of each op, variant, shape and dtype, from 1 run(s)" in page
     assert "perfloop bench gelu" in page and run in page  # the runs list
     assert "None" not in page and "no commit recorded" in page
+
+
+def test_slow_rates_and_a_diagnosis_evidence_read_as_people_read_them(tmp_path):
+    """issue 52: a CPU's rate printed as "0 GB/s"; the diagnosis' evidence as a raw dict of
+    16-digit floats."""
+    s = Store(tmp_path / "x.db")
+    run = s.new_run("x")
+    m = pl.Measurement(samples_ms=(2.0, 2.2, 2.1), work=pl.Work(bytes=900_000, flops=0))
+    s.add(run, m, op="gelu", variant="naive", shape=(4,), dtype="fp32")
+    d = {"bound": "memory", "advice": "fuse it", "evidence": {"gbps": 0.428571428571428571, "launches": 3}}
+    s.add_artifact(run, "profile", {"kernels": [], "diagnosis": d}, op="gelu", variant="naive")
+    page = render_html(s, tmp_path / "rep").read_text()
+    assert f"{m.gbps:.2g}" in page and m.gbps < 1  # 0.43, not 0
+    assert "0.4286" in page and "0.428571428" not in page
+    assert "<td>launches</td>" in page.replace(" ", "")

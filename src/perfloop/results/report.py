@@ -7,7 +7,6 @@ variant, kernel names, environment strings) is HTML-escaped.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -32,10 +31,18 @@ def numel(shape: str) -> int:
     return math.prod(int(s) for s in shape.split("x")) if shape else 0
 
 
+def rate(v: float | None) -> str:
+    """A rate as people read it: whole numbers from 10 up, two significant digits below (a CPU's
+    0.43 GB/s is not "0")."""
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}"
+
+
 def fmt_rate(r: dict) -> str:
     parts = []
     if r.get("gbps"):
-        parts.append(f"{r['gbps']:.0f} GB/s")
+        parts.append(f"{rate(r['gbps'])} GB/s")
     if r.get("tflops") and r["tflops"] >= 0.1:
         parts.append(f"{r['tflops']:.1f} TFLOP/s")
     return ", ".join(parts)
@@ -149,10 +156,6 @@ def _table(headers: list[str], rows: list[list], cls: str = "") -> dict:
     return {"table": {"headers": headers, "rows": rows, "cls": cls}}
 
 
-def _num(v, digits: int) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
 def _op_section(op: str, rs: list[dict], arts: list[dict], out: Path) -> list[dict]:
     """One row per variant, dtype and shape, a column per number (rounded as the CLI rounds
     them), the warnings stored with each measurement beside its time."""
@@ -170,8 +173,8 @@ def _op_section(op: str, rs: list[dict], arts: list[dict], out: Path) -> list[di
                 r["shape"],
                 {"text": fmt_ms(r["median_ms"]), "warn": list(r.get("warnings") or [])},
                 ci,
-                _num(r.get("gbps"), 0),
-                _num(r.get("tflops"), 2),
+                rate(r.get("gbps")),
+                rate(r.get("tflops")),
                 sol,
                 speedup,
                 sp_ci,
@@ -218,8 +221,15 @@ def _profile_section(op: str, a: dict) -> list[dict]:
     if d:  # one op's Diagnosis (bound, evidence, advice) or a step's (bound, advice, opportunities)
         blocks.append({"p": f"diagnosis ({d.get('bound', '?')}): {d.get('advice', '')}"})
         if d.get("evidence"):
-            blocks.append({"pre": json.dumps(d["evidence"], indent=1, default=str)})
+            blocks.append(_table(["evidence", "value"], _evidence_rows(d["evidence"])))
     return blocks
+
+
+def _evidence_rows(evidence) -> list[list[str]]:
+    """A diagnosis' evidence as rows (name, value), numbers to 4 significant digits."""
+    if not isinstance(evidence, dict):
+        return [["", str(evidence)]]
+    return [[str(k), f"{v:.4g}" if isinstance(v, float) else str(v)] for k, v in evidence.items()]
 
 
 def _step_section(a: dict, out: Path, i: int) -> list[dict]:
