@@ -11,10 +11,21 @@ from perfloop.cli.output import console, emit_json, table
 
 def register(verb) -> None:
     p = verb("compare", "what got faster or slower between two runs, and whether it is noise", run, db=True)
-    p.add_argument("run_a", help="run id (or 'previous')")
-    p.add_argument("run_b", help="run id (or 'latest')")
+    p.add_argument(
+        "run_a",
+        help="run id (or 'previous'), or a JSON file: a perfloop export (report --export-json) "
+        "or pytest-benchmark's (--benchmark-json; its samples with --benchmark-save-data)",
+    )
+    p.add_argument("run_b", help="run id (or 'latest'), or a JSON file as for run_a")
     p.add_argument("--fail-above", metavar="PCT", help="exit 1 on a slowdown beyond PCT and beyond the noise")
     p.add_argument("--strict", action="store_true", help="exit 3 when a row cannot be judged (say why)")
+    p.add_argument("--only-changed", action="store_true", help="show only the rows judged faster or slower")
+    p.add_argument(
+        "--sort",
+        choices=("order", "name", "ratio"),
+        default="order",
+        help="row order: as run a holds them (default), by name, or by b/a, largest slowdown first",
+    )
 
 
 def _key(r: dict) -> tuple:
@@ -36,7 +47,7 @@ def _histories(store, keys: list[tuple], commit: str | None, exclude: str) -> di
     from perfloop.harness import gate
 
     out: dict[tuple, list[float]] = {k: [] for k in keys}
-    if commit is None or commit.endswith("-dirty"):
+    if store is None or commit is None or commit.endswith("-dirty"):
         return out
     refs = {r["run_id"]: r["samples"] for r in store.rows(op=gate.REFERENCE_OP)}
     for op in {k[0] for k in keys}:
@@ -46,16 +57,30 @@ def _histories(store, keys: list[tuple], commit: str | None, exclude: str) -> di
     return out
 
 
-def run(args) -> int:
+def _side(store, spec: str) -> tuple[str, list[dict]]:
+    """A run's id and rows: from the store, or read from a JSON file."""
+    from perfloop.results.imports import RowsFileError, looks_like_file, read_rows
     from perfloop.results.store import StoreError
 
-    store = open_store(args, writing=False)
+    if looks_like_file(spec):
+        try:
+            return read_rows(spec)
+        except RowsFileError as exc:
+            raise UsageError(str(exc)) from None
     try:
-        a, b = store.resolve_run(args.run_a), store.resolve_run(args.run_b)
+        run = store.resolve_run(spec)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
+    return run, store.rows(run)
+
+
+def run(args) -> int:
+    from perfloop.results.imports import looks_like_file
+
+    files = all(looks_like_file(s) for s in (args.run_a, args.run_b))
+    store = None if files else open_store(args, writing=False)
+    (a, rows_a), (b, rows_b) = _side(store, args.run_a), _side(store, args.run_b)
     limit = parse_percent(args.fail_above) if args.fail_above is not None else None
-    rows_a, rows_b = store.rows(a), store.rows(b)
     if not rows_a or not rows_b:
         if _profiles(store, a, b):
             return _compare_profiles(args, *_profiles(store, a, b), a, b)
@@ -75,12 +100,14 @@ def run(args) -> int:
     regressed = any(r["regression"] for r in out)
     unjudged = [r for r in out if r["verdict"].startswith("cannot judge")]
     code = FAILED if regressed else (CANNOT_JUDGE if args.strict and unjudged else 0)
+    shown = _ordered(out, args.sort, args.only_changed)
     if args.json:
         emit_json(
-            {"run_a": a, "run_b": b, "rows": out, "regressed": regressed, "cannot_judge": len(unjudged)}
+            {"run_a": a, "run_b": b, "rows": shown, "regressed": regressed, "cannot_judge": len(unjudged)}
+            | {"not_shown": len(out) - len(shown)}
         )
         return code
-    _print(a, b, out, limit, regressed)
+    _print(a, b, shown, limit, regressed, hidden=len(out) - len(shown))
     for r in unjudged if args.strict else []:
         print(
             f"perfloop compare: --strict: {r['op']}/{r['variant']} {r['shape']}: {r['verdict']}",
@@ -89,9 +116,19 @@ def run(args) -> int:
     return code
 
 
+def _ordered(out: list[dict], sort: str, only_changed: bool) -> list[dict]:
+    """The rows to show, in the order asked: --only-changed keeps those judged faster or slower."""
+    rows = [r for r in out if short(r["verdict"], False) in ("faster", "slower")] if only_changed else out
+    if sort == "name":
+        return sorted(rows, key=lambda r: (r["op"], r["variant"], r["shape"], r["dtype"]))
+    if sort == "ratio":
+        return sorted(rows, key=lambda r: -(r["b_ms"] / r["a_ms"]) if r["a_ms"] else 0.0)
+    return list(rows)
+
+
 def _holds(store, run: str, rows: list) -> str:
     """What a run holds, in words, where compare cannot take it."""
-    if rows:
+    if rows or store is None:
         return f"{run} holds measurements"
     profiled = _profiles(store, run, run)
     return f"{run} holds {'a step profile and ' if profiled else ''}no measurements"
@@ -115,6 +152,9 @@ def _judged(store, a: str, b: str, rows_a: list, rows_b: list, limit) -> list[di
     histories = _histories(store, common, _commit(rows_a), b)
     out = []
     for k in common:
+        if not ra[k]["samples"] or not rb[k]["samples"]:
+            out.append(_no_samples(k, ra[k], rb[k]))
+            continue
         v = gate.judge(
             ra[k]["samples"],
             rb[k]["samples"],
@@ -136,6 +176,29 @@ def _judged(store, a: str, b: str, rows_a: list, rows_b: list, limit) -> list[di
     return out
 
 
+def _no_samples(k: tuple, ra: dict, rb: dict) -> dict:
+    """A row whose file kept only its statistics: its medians shown, nothing judged."""
+    ratio = rb["median_ms"] / ra["median_ms"]
+    why = (
+        "cannot judge: the file keeps no samples, only statistics; save them "
+        "(pytest --benchmark-save-data) to judge the change against the noise"
+    )
+    return dict(zip(("op", "variant", "shape", "dtype"), k[:4], strict=True)) | {
+        "graph": bool(k[4]),
+        "a_ms": ra["median_ms"],
+        "b_ms": rb["median_ms"],
+        "ratio": ratio,
+        "drift": None,
+        "adjusted": ratio,
+        "noise_floor": 0.0,
+        "floor_source": "none (no samples)",
+        "p_value": 1.0,
+        "verdict": why,
+        "regression": False,
+        "method": "medians only",
+    }
+
+
 def short(verdict: str, regression: bool) -> str:
     """A verdict for a table cell: its first words ("slower", "same", "cannot judge"); the whole
     of it is printed below the table."""
@@ -143,7 +206,7 @@ def short(verdict: str, regression: bool) -> str:
     return head + (" REGRESSION" if regression else "")
 
 
-def _print(a: str, b: str, out: list[dict], limit, regressed: bool) -> None:
+def _print(a: str, b: str, out: list[dict], limit, regressed: bool, hidden: int = 0) -> None:
     from perfloop.harness.measurement import fmt_ms
 
     columns = ["#", "op", "variant", "shape", "dtype", "a (median)", "b (median)", "b/a", "judged b/a"]
@@ -161,6 +224,10 @@ def _print(a: str, b: str, out: list[dict], limit, regressed: bool) -> None:
     for i, r in enumerate(out, 1):
         if r["verdict"] != short(r["verdict"], False):
             console().print(f"{i}. {r['op']}/{r['variant']} {r['shape']}: {r['verdict']}")
+    if hidden:
+        console().print(f"{hidden} row(s) judged the same or not judged, not shown (--only-changed)")
+    if not out:
+        return
     how = out[0]["method"].split("; noise floor")[0]
     sources = ", ".join(sorted({r["floor_source"] for r in out}))
     console().print(f"judged on {how}; noise floor: {sources}")
@@ -176,6 +243,8 @@ def _print(a: str, b: str, out: list[dict], limit, regressed: bool) -> None:
 
 def _profiles(store, a: str, b: str):
     """The two runs' stored step profiles (`profile --script`), if both have one."""
+    if store is None:
+        return None
     pa = [x["payload"] for x in store.artifacts(a, kind="profile") if x["payload"].get("ops")]
     pb = [x["payload"] for x in store.artifacts(b, kind="profile") if x["payload"].get("ops")]
     return (pa[0], pb[0]) if pa and pb else None

@@ -1,5 +1,6 @@
-"""What tune says: the table of candidates (predicted beside realized, the loss check, memory,
-warm-up), where a prediction missed, the best kept beside torch.compile alone, the lines to add."""
+"""What tune says: the table of trials (each candidate alone, then the stacks, predicted beside
+realized, the loss check, memory, warm-up), where a prediction missed, the confirmation (the best
+kept beside torch.compile alone, interleaved with the unchanged script), the lines to add."""
 
 from __future__ import annotations
 
@@ -30,14 +31,29 @@ def _row(t: Trial, base: Trial) -> dict:
         "kept": t.kept,
         "error": t.error,
         "missed": missed(t) or None,
+        "stacked_on": t.step["over"] if t.step else None,
+        "over_stacked_on": t.step.get("speedup") if t.step else None,
+        "taken": t.step["taken"] if t.step else None,
+        "confirmed": _final(t),
+    }
+
+
+def _final(t: Trial) -> dict | None:
+    if not t.final:
+        return None
+    return {
+        "runs": len(t.final_runs),
+        "median_ms": t.final["median_ms"],
+        "speedup": t.final["speedup"],
+        "ci": list(t.final["ci"]),
+        "p_value": t.final["p_value"],
     }
 
 
 def payload(r: Result) -> dict:
     base = r.trials[0]
     speed = {t.label: t.stats["speedup"] for t in r.trials[1:] if t.stats}
-    best = r.best.stats["speedup"] if r.best else None
-    comp = r.compile_alone.stats["speedup"] if r.compile_alone and r.compile_alone.stats else None
+    best, comp = r.speedup(r.best), r.speedup(r.compile_alone)
     return {
         "script": r.script,
         "device": r.device,
@@ -50,6 +66,8 @@ def payload(r: Result) -> dict:
         "best_speedup": best,
         "compile_speedup": comp,
         "best_over_compile": (best / comp) if best and comp else None,
+        "confirmed": bool(r.best and r.best.final),
+        "confirmation_baseline_ms": _base_median(r, final=True),
         "lines": lines_to_add(r.best),
         "elapsed_s": r.elapsed_s,
         "budget_s": r.budget_s,
@@ -58,8 +76,8 @@ def payload(r: Result) -> dict:
     }
 
 
-def _base_median(r: Result) -> float | None:
-    s = r.trials[0].samples(r.warmup)
+def _base_median(r: Result, final: bool = False) -> float | None:
+    s = r.trials[0].samples(r.warmup, final=final)
     return sorted(s)[len(s) // 2] if s else None
 
 
@@ -73,6 +91,8 @@ def _fmt(x, spec: str, none: str = "-") -> str:
 def text(r: Result) -> list[str]:
     data = payload(r)
     out = [f"perfloop tune {r.script} on {r.device}: baseline {_fmt(data['baseline_ms'], '.3f')} ms/step"]
+    if any(t.step for t in r.trials):
+        out.append("search: each candidate alone, then stacked on the best (+: taken over what it adds to)")
     head = (
         f"{'candidate':34} {'ms/step':>9} {'speed-up [95% CI]':>22} {'predicted':>9} {'realized':>9} "
         f"{'loss':>5} {'peak MB':>8} {'warm-up':>8}  kept"
@@ -82,8 +102,9 @@ def text(r: Result) -> list[str]:
         ci = row["ci"]
         sp = f"{row['speedup']:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}]" if row["speedup"] else "-"
         loss = {True: "ok", False: "NO", None: "-"}[row["verified"]]
+        mark = {True: "+ ", False: "  ", None: ""}[row["taken"]]
         out.append(
-            f"{row['candidate'][:34]:34} {_fmt(row['median_ms'], '9.3f', _DASH)} {sp:>22} "
+            f"{(mark + row['candidate'])[:34]:34} {_fmt(row['median_ms'], '9.3f', _DASH)} {sp:>22} "
             f"{_fmt(row['predicted_ms'], '9.3f', _DASH)} {_fmt(row['realized_ms'], '9.3f', _DASH)} "
             f"{loss:>5} {_fmt(row['peak_mb'], '8.0f', _DASH)} {_fmt(row['warmup_s'], '7.1f', _DASH)}s  "
             f"{'yes' if row['kept'] else 'no'}"
@@ -104,6 +125,19 @@ def text(r: Result) -> list[str]:
 
 def _verdict_lines(data: dict) -> list[str]:
     out = []
+    rows = {row["candidate"]: row for row in data["candidates"]}
+    if data["confirmed"]:
+        out.append(
+            f"confirmed, interleaved with the unchanged script as written "
+            f"({_fmt(data['confirmation_baseline_ms'], '.3f')} ms/step):"
+        )
+        for name in dict.fromkeys(n for n in ("compile", data["best"]) if n in rows):
+            c = rows[name]["confirmed"]
+            if c:
+                out.append(
+                    f"  {name}: {c['median_ms']:.3f} ms/step, {c['speedup']:.3f}x "
+                    f"[{c['ci'][0]:.3f}, {c['ci'][1]:.3f}] over {c['runs']} run(s)"
+                )
     if data["best"]:
         vs = (
             f"; torch.compile alone {data['compile_speedup']:.3f}x, "

@@ -1,0 +1,151 @@
+"""A trial (the unchanged script, one candidate or a stack of them), its runs in child
+processes, and how its runs are judged: on the loss (verify.judge) and on step time against the
+unchanged script's (independent_ratio: median ratio, bootstrap CI, Mann-Whitney)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from perfloop.workflows.tune.candidates import Numerics, get
+from perfloop.workflows.tune.runner import run_child
+from perfloop.workflows.tune.verify import Verdict, judge
+
+now = time.perf_counter  # the clock runs and budgets are read on
+
+
+@dataclass
+class Trial:
+    names: tuple[str, ...]  # () is the baseline
+    runs: list[dict] = field(default_factory=list)  # the search's runs (dropout off where it drops out)
+    verdict: Verdict | None = None
+    predicted_share: float | None = None  # of the unchanged step, from the diagnosis
+    error: str | None = None
+    stats: dict | None = None  # against the baseline's search runs: speedup, ci, p_value, median_ms
+    check: list | None = None  # the losses its verdict reads
+    parent: Trial | None = None  # a stack: the trial it adds one candidate to
+    step: dict | None = None  # a stack: its speed-up over its parent, and whether it was taken
+    final_runs: list[dict] = field(default_factory=list)  # the confirmation's runs (the script as it is)
+    final: dict | None = None  # against the baseline's confirmation runs
+
+    @property
+    def label(self) -> str:
+        return " + ".join(get(n).name for n in self.names) or "baseline"
+
+    def samples(self, warmup: int, final: bool = False) -> list[float]:
+        runs = self.final_runs if final else self.runs
+        return [ms for r in runs if r.get("ok") for ms in r["step_ms"][warmup:]]
+
+    @property
+    def predicted_ms(self) -> float | None:
+        """The predicted saving per step: its share of the unchanged script's median step."""
+        if self.predicted_share is None or not self.stats:
+            return None
+        return self.predicted_share * self.stats["base_ms"]
+
+    @property
+    def kept(self) -> bool:
+        """Verified on the loss and faster than the unchanged script at 95% confidence."""
+        s = self.stats
+        return bool(self.verdict and self.verdict.ok and s and s["ci"][0] > 1.0 and s["p_value"] < 0.05)
+
+    @property
+    def took_s(self) -> float:
+        """The longest wall time a run of it took (start-up and compiling included)."""
+        return max((r.get("took_s", 0.0) for r in [*self.runs, *self.final_runs]), default=0.0)
+
+
+@dataclass
+class Checks:
+    """The losses every verdict compares with: the unchanged script's at its seed (`base`),
+    again (`noise`: its own nondeterminism) and at another seed (`seeds`). Where the model drops
+    out, the search runs with dropout off (`dropout_off`): compiled code draws its masks
+    otherwise, so with dropout on a right kernel and a wrong one part alike."""
+
+    dropout_off: bool = False
+    base: list = field(default_factory=list)
+    noise: list = field(default_factory=list)
+    seeds: list = field(default_factory=list)
+
+
+class Clock:
+    def __init__(self, budget_s: float):
+        self.t0, self.budget_s = now(), budget_s
+
+    @property
+    def left(self) -> float:
+        return self.budget_s - (now() - self.t0)
+
+    @property
+    def elapsed(self) -> float:
+        return now() - self.t0
+
+
+def run(t: Trial, spec: dict, clock: Clock, logs: str, say, final: bool = False) -> bool:
+    """One timed run of t, kept in t.runs (t.final_runs with `final`); its losses become t's
+    check on its first search run (before the line is said: a Ctrl-C after it still finds them).
+    False where it failed or the budget is spent."""
+    if clock.left <= 0:
+        return False
+    started = now()
+    got = run_child({**spec, "candidates": list(t.names)}, max(clock.left, 1.0), logs)
+    got["seed_offset"] = spec.get("seed_offset", 0)
+    got["took_s"] = now() - started
+    if got.get("ok") and len(got.get("step_ms", [])) <= spec["warmup"]:
+        got.update(
+            ok=False,
+            error=f"the script ended after {got.get('steps_seen')} steps, "
+            f"fewer than --warmup {spec['warmup']} + 2",
+        )
+    if not got.get("ok"):
+        t.error = t.error or got.get("error")
+        say(f"{t.label}: failed ({got.get('error')}); the others go on")
+        return False
+    if final:
+        t.final_runs.append(got)
+    else:
+        if t.names and not t.runs:
+            t.check = got.get("losses")
+        t.runs.append(got)
+    steady = sorted(got["step_ms"][spec["warmup"] :])
+    what = "confirming, " if final else ""
+    say(
+        f"{t.label}: {what}{steady[len(steady) // 2]:.3f} ms/step, run took {got['took_s']:.0f} s "
+        f"({clock.left:.0f} s left)"
+    )
+    return True
+
+
+def ratio_stats(base: list[float], cand: list[float]) -> dict | None:
+    """cand's speed-up over base (medians), its 95% CI and p, or None with too few samples."""
+    from perfloop.harness.stats import independent_ratio
+
+    if len(base) < 2 or len(cand) < 2:
+        return None
+    r = independent_ratio(base, cand)  # median(cand) / median(base)
+    lo, hi = r["ci"]
+    return {
+        "speedup": 1 / r["ratio"],
+        "ci": (1 / hi, 1 / lo),
+        "p_value": r["p_value"],
+        "median_ms": median(cand),
+        "base_ms": median(base),
+    }
+
+
+def judge_all(trials, baseline: Trial, checks: Checks, floors: dict, warmup: int) -> None:
+    """Each trial's loss verdict and its speed-up over the unchanged script, search and final."""
+    base, base_final = baseline.samples(warmup), baseline.samples(warmup, final=True)
+    for t in trials:
+        if t.runs:
+            floor = max(float(floors.get(n, Numerics.REORDERED)) for n in t.names)
+            if t.check is not None:
+                t.verdict = judge(t.check, checks.base, checks.noise, checks.seeds, floor)
+            t.stats = ratio_stats(base, t.samples(warmup))
+        if t.final_runs:
+            t.final = ratio_stats(base_final, t.samples(warmup, final=True))
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
