@@ -75,6 +75,8 @@ class Profile:
     compile_metrics: list | None = field(default=None, repr=False)  # Dynamo's, in the process that ran it
     break_reasons: list | None = field(default=None, repr=False)  # the graph-break reasons Dynamo counted
     _trees: Any = field(default=None, repr=False)  # inductor.ModuleTree of the models run
+    tokens_seen: int | None = None  # a script's step: its first embedding lookup's size (tokens.read)
+    model_bytes: dict | None = None  # ... its models' weights and KV caches (tokens.model_bytes)
 
     def _spans(self) -> list | None:
         return self._windows or self._call_spans
@@ -305,6 +307,14 @@ class Profile:
         if self.work is not None:
             return diagnose(self, ceilings)
         return rank(self.capture(), ceilings if ceilings is not None else measured_ceilings())
+
+    def tokens(self, given: int | None = None, ceilings: dict | None = None):
+        """The step read per token (analysis.tokens.Tokens), or None where it makes no tokens
+        that can be told: `given` (--tokens), else the embedding's input, else the KV cache."""
+        from perfloop.analysis.tokens import read
+
+        ceilings = ceilings if ceilings is not None else measured_ceilings()
+        return read(self.capture(), ceilings, given, self.tokens_seen, self.model_bytes)
 
     def capture(self) -> Capture:
         """This profile as the analyzers read it (capture.Capture): parsed once, frozen."""

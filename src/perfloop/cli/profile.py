@@ -63,6 +63,14 @@ def register(verb) -> None:
         "one before compiled under torch.compile; their pace is the wall time without the profiler)",
     )
     s.add_argument("--steps", type=int, default=2, help="occurrences to profile (default 2)")
+    s.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="tokens one occurrence makes or takes in (a generation step): read per token -- tokens/s, "
+        "ms and bytes a token, the share of the copy ceiling (default: the embedding's input, else "
+        "the KV cache's batch, one token a sequence)",
+    )
     s.add_argument("--window", help="START:DURATION in seconds, for a script without ranges")
     s.add_argument(
         "--depth", type=int, default=3, help="module names rolled up to this many parts (default 3)"
@@ -258,11 +266,12 @@ def run_step_profile(args) -> int:
     with status(args, "attributing and ranking"):
         tables = {"modules": p.breakdown("module", depth=args.depth), "ops": p.breakdown("op")}
         d, idle = p.diagnose(), p.idle()
+        tokens = p.tokens(args.tokens) if (args.script or args.trace_file) else None
     if args.trace:
         p.export_trace(args.trace)
     range_name = p.step or range_name
     what = _what_was_profiled(args, p, range_name)
-    payload = _step_payload(args, p, what, tables, d, idle)
+    payload = _step_payload(args, p, what, tables, d, idle) | {"tokens": tokens.to_dict() if tokens else None}
     run_id, name = _store_step(store, args, p, payload, range_name)
     page = None
     if args.report:
@@ -272,7 +281,7 @@ def run_step_profile(args) -> int:
     if args.json:
         emit_json(payload)
     else:
-        _print_step(args, p, what, tables, d, idle, run_id, name, page)
+        _print_step(args, p, what, tables, d, idle, run_id, name, page, tokens)
     if failed is not None:
         console(True).print(
             f"--script: {failed}; the profile taken before it is kept (run {run_id})", style="yellow"
@@ -292,6 +301,8 @@ def _step_args(args) -> tuple:
         raise UsageError("--range and --window: give one (a range's occurrences, or a time window)")
     if args.depth < 1:
         raise UsageError(f"--depth: must be >= 1, got {args.depth}")
+    if args.tokens is not None and args.tokens < 1:
+        raise UsageError(f"--tokens: must be >= 1 (the tokens one occurrence makes), got {args.tokens}")
     window = _window(args.window)
     range_name = None if window or args.trace_file else (args.range or AUTO)
     for name in ("report", "trace", "db"):
@@ -388,7 +399,7 @@ def _store_step(store, args, p, payload: dict, range_name) -> tuple[str, str]:
     return run_id, name
 
 
-def _print_step(args, p, what, tables, d, idle, run_id, name, page) -> None:
+def _print_step(args, p, what, tables, d, idle, run_id, name, page, tokens=None) -> None:
     from perfloop.analysis.attribution import table
 
     out = console()
@@ -407,6 +418,8 @@ def _print_step(args, p, what, tables, d, idle, run_id, name, page) -> None:
     for line in gave_up(rows):
         out.print(line, style="yellow")
     out.print(str(d), markup=False, highlight=False)
+    for line in tokens.lines() if tokens else []:
+        out.print(line, markup=False, highlight=False)
     if p.sites:
         from perfloop.workflows.models_seen import patch_summary
 

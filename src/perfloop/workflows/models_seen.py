@@ -7,10 +7,26 @@ from __future__ import annotations
 from perfloop.analysis.inductor import ModuleTree, module_trees
 
 
-def models_seen(roots: dict, warnings: list) -> tuple[dict, list[ModuleTree]]:
-    """(pl.patch's call sites by module name, the models' ModuleTrees) of `roots` (root name ->
-    weakref, as modules.module_ranges keeps them)."""
-    return _sites(roots, warnings), module_trees(roots)
+def models_seen(roots: dict, warnings: list) -> tuple[dict, list[ModuleTree], dict]:
+    """(pl.patch's call sites by module name, the models' ModuleTrees, the bytes a step of theirs
+    must read: tokens.model_bytes summed) of `roots` (root name -> weakref, as
+    modules.module_ranges keeps them)."""
+    return _sites(roots, warnings), module_trees(roots), _bytes(roots)
+
+
+def _bytes(roots: dict) -> dict:
+    from perfloop.analysis.tokens import model_bytes
+
+    out: dict = {"weights": 0, "cache": 0, "batch": None}
+    for ref in roots.values():
+        model = ref()
+        if model is None:
+            continue
+        got = model_bytes(model)
+        out["weights"] += got["weights"]
+        out["cache"] += got["cache"]
+        out["batch"] = out["batch"] or got["batch"]
+    return out
 
 
 def _sites(roots: dict, warnings: list) -> dict:

@@ -18,6 +18,7 @@ its main thread end where they would, with the analysis still made.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import runpy
@@ -185,7 +186,7 @@ def profile_script(
         os.chdir(saved_cwd)
         _usable_stdio()
     if w.sites is None:
-        w.sites, w.trees = models_seen(tracker.roots, w.warnings)
+        w.sites, w.trees, w.model_bytes = models_seen(tracker.roots, w.warnings)
     if failed is not None:  # the profile, where it was taken before, is kept with the error
         raise ScriptError(failed, _result(w, w.sites) if w.state == "done" else None) from failed
     return _result(w, w.sites)
@@ -302,7 +303,10 @@ def _result(w: Window, sites: dict | None = None) -> profiling.Profile:
             f"the profiled {what} ran no torch op ({w.wall_ms:.3g} ms of wall time): nothing to "
             "analyse; choose steps or a window where the script computes"
         )
-    return p
+    seen = sorted(w.tokens.values())
+    return dataclasses.replace(
+        p, tokens_seen=seen[len(seen) // 2] if seen else None, model_bytes=w.model_bytes
+    )
 
 
 def _check_taken(w: Window) -> None:

@@ -80,6 +80,8 @@ class Window:
     read_sites: object = None  # () -> (pl.patch's call sites, inductor.ModuleTree) of the models seen
     trees: object = None
     sites: dict | None = None  # ... read when the window closed, while those models live
+    model_bytes: dict | None = None  # ... and the bytes a step of theirs must read
+    tokens: dict = field(default_factory=dict)  # profiled occurrence -> its first embedding lookup's size
 
     def check_taken(self) -> None:
         """Once the profile is taken, at the next hook in the script's main thread: end the script
@@ -202,7 +204,8 @@ class Window:
 
     # ---- a time window, checked at each module call
     @compilation.eager_hook  # traced into a graph, its state read would be a guard
-    def tick(self, *_args) -> None:
+    def tick(self, module=None, args=()) -> None:
+        self._note_tokens(module, args)
         if self.range_name is not None or self.window is None or self.forked():
             return
         with self.lock:
@@ -218,6 +221,17 @@ class Window:
                 self.calls = 1
                 self._stop_timed()
         self.check_taken()
+
+    def _note_tokens(self, module, args) -> None:
+        """The tokens a profiled occurrence takes in: its first embedding lookup's indices (a
+        decode step's batch, a prefill's prompt). Compiled code runs no module hooks: there
+        tokens.read falls back to --tokens or the KV cache's batch."""
+        if self.state != "timed" or not self.range_name or not args:
+            return
+        n = self.seen[self.range_name]
+        lookup = isinstance(module, torch.nn.Embedding) and isinstance(args[0], torch.Tensor)
+        if lookup and n not in self.tokens:
+            self.tokens[n] = args[0].numel()
 
     # ---- the profilers
     def _sync(self):
@@ -312,7 +326,7 @@ class Window:
         recording.stop_profiler(self.prof)
         self.state = "timed_done" if self.count_work and self.range_name else "done"
         if self.read_sites is not None and self.sites is None:
-            self.sites, self.trees = self.read_sites()
+            self.sites, self.trees, self.model_bytes = self.read_sites()
 
     def _stop_counting(self, force: bool = False):
         if self.state != "counting" or (not force and self._unsafe("counting")):

@@ -1,0 +1,78 @@
+"""A generation step read per token (issue 54): tokens a step from the embedding's input (or
+--tokens, or the KV cache's batch), the bytes a token moves against the weights and KV cache it
+must read, prefill and decode as separate steps, on a gpt-fast-style decode script."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfloop.analysis.tokens import Tokens, model_bytes
+
+ROOT = Path(__file__).resolve().parents[2]
+DECODE = str(ROOT / "examples" / "llama_decode.py")
+
+
+def test_model_bytes_counts_a_tied_head_once_and_an_untied_table_not_at_all():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = torch.nn.Embedding(100, 16)
+            self.mlp = torch.nn.Linear(16, 16)
+            self.head = torch.nn.Linear(16, 100, bias=False)
+            self.head.weight = self.wte.weight  # nanoGPT's weight tying
+            self.register_buffer("k_cache", torch.ones(3, 4, 5))
+
+    got = model_bytes(Tied())
+    assert got["weights"] == (100 * 16 + 16 * 16 + 16) * 4  # the tied table read whole, by the head
+    assert got["cache"] == 3 * 4 * 5 * 4 and got["batch"] == 3
+    untied = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 16))
+    assert model_bytes(untied)["weights"] == (16 * 16 + 16) * 4  # only rows of the table are read
+
+
+def test_the_reading_against_the_ceiling():
+    t = Tokens(4, 8.0, 4e9 * 8e-3, 30e6, 2e6, 5.0, "given")
+    assert t.tokens_per_s == pytest.approx(500) and t.ms_per_token == pytest.approx(2.0)
+    assert t.share == pytest.approx(0.8) and t.floor_ms == pytest.approx(6.4)
+    text = "\n".join(t.lines())
+    assert "80% of the measured copy ceiling" in text and "headroom 1.600 ms" in text
+
+
+def _profile(*args):
+    p = subprocess.run(
+        [sys.executable, "-m", "perfloop", "profile", "--json", "--db", ":memory:", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    return json.loads(out[out.index("\n{") + 1 :])["tokens"]  # the script prints its rates first
+
+
+@pytest.mark.slow
+def test_decode_and_prefill_read_per_token_on_a_gpt_fast_style_script():
+    decode = _profile("--range", "decode", "--steps", "3", "--script", DECODE, "--batch", "2")
+    assert decode["tokens_per_step"] == 2 and decode["tokens_from"] == "embedding input"
+    # a decode step reads each weight once and the whole KV cache (SDPA over it, masked)
+    must = decode["weights_bytes"] + decode["cache_bytes"]
+    assert decode["bytes_per_token"] * 2 == pytest.approx(must, rel=0.10)
+    assert decode["ms_per_token"] * decode["tokens_per_s"] == pytest.approx(1e3)
+    prefill = _profile(
+        "--range", "prefill", "--steps", "1", "--skip", "0", "--script", DECODE, "--prompt_len", "24"
+    )
+    assert prefill["tokens_per_step"] == 24  # the prompt, taken in at once
+    assert prefill["ms_per_token"] < decode["ms_per_token"] * 2  # its weights read once for 24 tokens
+
+
+def test_a_bad_token_count_is_named(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "perfloop", "profile", "--tokens", "0", "--script", DECODE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and "--tokens: must be >= 1" in p.stderr
