@@ -214,9 +214,8 @@ def main():
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         tokens_sec = args.batch * args.max_new_tokens / dt
-        print(
-            f"sample {i}: {dt:.2f} s, {tokens_sec:.1f} tokens/s, {weights * tokens_sec / args.batch / 1e9:.2f} GB/s"
-        )
+        bandwidth = weights * tokens_sec / args.batch / 1e9
+        print(f"sample {i}: {dt:.2f} s, {tokens_sec:.1f} tokens/s, {bandwidth:.2f} GB/s")
     print("last tokens:", y[0, -8:].tolist())
 
 

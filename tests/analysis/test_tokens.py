@@ -76,3 +76,20 @@ def test_a_bad_token_count_is_named(tmp_path):
         timeout=120,
     )
     assert p.returncode == 2 and "--tokens: must be >= 1" in p.stderr
+
+
+def test_a_graph_replay_whose_ops_the_counter_misses_is_read_from_what_it_must_read():
+    """Measured on the H200 (run36): a decode step replayed as CUDA graphs counted 36 B of ops a
+    token against 3.5 GB of weights, and its host returned at 0.64 ms while the device took 1.18
+    ms. The rate is read from the weights and KV cache, over the device's time."""
+    from types import SimpleNamespace
+
+    from perfloop.analysis.tokens import read
+
+    replay = SimpleNamespace(work={("m", "forward", "aten::mm"): (0.0, 36.0, "bf16")}, calls=1, step_ms=1.175)
+    t = read(replay, {"copy_gbps": 4250.0}, None, None, {"weights": 3.5e9, "cache": 10.5e6, "batch": 1})
+    assert t.source == "cache batch" and t.bytes_per_step is None and "CUDA graph" in t.note
+    assert t.gbps == pytest.approx(3.5105e9 / 1.175e6, rel=1e-3) and 0.69 < t.share < 0.71
+    eager = SimpleNamespace(work={("m", "forward", "aten::mm"): (0.0, 3.53e9, "bf16")}, calls=1, step_ms=15.7)
+    assert read(eager, {"copy_gbps": 4250.0}, 1, None, {"weights": 3.5e9}).bytes_per_step == 3.53e9
+    assert read(eager, {}, None, None, {}) is None  # no tokens known: not a generation step

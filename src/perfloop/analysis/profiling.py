@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from perfloop.analysis.compilation import CompiledCode
     from perfloop.analysis.findings import Diagnosis
     from perfloop.analysis.idle_record import Idle
+    from perfloop.analysis.tokens import Tokens
 
 # --------------------------------------------------------------------- names
 
@@ -308,7 +309,7 @@ class Profile:
             return diagnose(self, ceilings)
         return rank(self.capture(), ceilings if ceilings is not None else measured_ceilings())
 
-    def tokens(self, given: int | None = None, ceilings: dict | None = None):
+    def tokens(self, given: int | None = None, ceilings: dict | None = None) -> Tokens | None:
         """The step read per token (analysis.tokens.Tokens), or None where it makes no tokens
         that can be told: `given` (--tokens), else the embedding's input, else the KV cache."""
         from perfloop.analysis.tokens import read

@@ -23,6 +23,7 @@ class Tokens:
     cache_bytes: int | None  # the KV cache buffers
     ceiling_gbps: float | None  # the measured copy ceiling
     source: str  # where per_step came from: "given", "embedding input", "cache batch"
+    note: str = ""  # why the counted bytes were set aside
 
     @property
     def tokens_per_s(self) -> float:
@@ -91,6 +92,8 @@ class Tokens:
             parts.append(f"it must read weights {_size(self.weights_bytes)}{kv} a step{ratio}")
         if parts:
             out.append("  " + "; ".join(parts))
+        if self.note:
+            out.append(f"  ({self.note})")
         if self.share is not None:
             out.append(
                 f"  {self.gbps:,.1f} GB/s: {self.share:.0%} of the measured copy ceiling "
@@ -146,15 +149,25 @@ def read(capture, ceilings: dict, given: int | None, seen: int | None, models: d
         per_step, source = int(models["batch"]), "cache batch"
     if not per_step:
         return None
-    moved = None
+    moved, note = None, ""
     if capture.work:
         moved = sum(w[1] for w in capture.work.values()) / max(capture.calls, 1)
+    must = (models.get("weights") or 0) + (models.get("cache") or 0)
+    if moved is not None and must and moved < 0.5 * must:
+        note = (
+            f"the ops counted moved {_size(moved)} a step, under half of the weights: a CUDA graph's "
+            "replay runs ops the counter does not see; the rate is read from what it must read"
+        )
+        moved = None
     return Tokens(
         per_step=int(per_step),
-        step_ms=capture.wall_ms,
+        # the step's wall time, or its device time where that is longer: a host that runs
+        # ahead (a graph replay returns at once) does not make the device faster
+        step_ms=capture.step_ms,
         bytes_per_step=moved or None,
         weights_bytes=models.get("weights"),
         cache_bytes=models.get("cache"),
         ceiling_gbps=(ceilings or {}).get("copy_gbps"),
         source=source,
+        note=note,
     )

@@ -31,7 +31,8 @@ def _fake_child(clock: list, step_ms: dict, wrong: set, calls: list | None):
         names = tuple(sorted(spec.get("candidates", [])))
         if calls is not None:
             calls.append((names, spec.get("dropout", "on")))
-        clock[0] += 50.0 if any("compile" in n for n in names) else 10.0  # a run's wall time
+        # a run's wall time: start-up, and compiling (compile, or patch's kernels) where it has them
+        clock[0] += 10.0 + 40.0 * any("compile" in n for n in names) + 70.0 * ("patch" in names)
         ms = step_ms[names]
         steps = spec["warmup"] + spec["steps"]
         off = spec.get("seed_offset", 0)
@@ -108,13 +109,22 @@ def test_a_candidate_that_changes_the_loss_is_never_stacked(simulated, monkeypat
     assert r.best.label == "compile"
 
 
-def test_stacking_stops_where_the_confirmation_would_not_fit(simulated, monkeypatch):
-    simulated()
+def test_a_stack_that_does_not_fit_is_passed_over_for_one_that_does(simulated, monkeypatch):
+    """Baselines (4 x 10 s) and singles (50 + 80 + 10 s) leave 120 s of 300: patch on the best
+    (an 80 s run, and its confirmation) does not fit and is passed over; TF32 on it (a 50 s run,
+    60 s to confirm) fits and is taken; compile alone is not confirmed (no time): said."""
+    table = dict(STEP_MS) | {
+        ("compile-reduce-overhead",): 30.0,
+        ("patch",): 33.0,
+        ("compile-reduce-overhead", "tf32"): 22.0,
+    }
+    simulated(step_ms=table)
     monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
     said = []
-    # 170 s of baselines and singles; a stack run (50 s) and the confirmation kept for it
-    # (2 rounds of baseline, compile and the stack: 220 s) do not fit in the 230 s left
-    r = tuner.tune(_opts(budget_s=400), say=said.append)
-    assert any("stacking stops" in s for s in said)
-    assert not any(len(t.names) > 1 for t in r.trials)
-    assert r.best is not None and r.best.final_runs  # what was found is confirmed
+    opts = _opts(budget_s=300)
+    opts.tried, opts.rounds = ["tf32", "patch", "compile-reduce-overhead"], 1
+    r = tuner.tune(opts, say=said.append)
+    assert any(s.startswith("patch not stacked on compile-reduce-overhead") for s in said), said
+    assert r.best.label == "tf32 + compile-reduce-overhead" and r.best.step["taken"]
+    assert r.best.final_runs and r.trials[0].final_runs  # the best confirmed, interleaved
+    assert r.elapsed_s <= 300

@@ -54,6 +54,10 @@ def payload(r: Result) -> dict:
     base = r.trials[0]
     speed = {t.label: t.stats["speedup"] for t in r.trials[1:] if t.stats}
     best, comp = r.speedup(r.best), r.speedup(r.compile_alone)
+    ratio = (best / comp) if best and comp else None
+    b, c = r.best, r.compile_alone
+    if b is not None and c is not None and bool(b.final) != bool(c.final) and b.stats and c.stats:
+        ratio = b.stats["speedup"] / c.stats["speedup"]  # one regime: the search's, where both ran
     return {
         "script": r.script,
         "device": r.device,
@@ -65,7 +69,7 @@ def payload(r: Result) -> dict:
         "best": r.best.label if r.best else None,
         "best_speedup": best,
         "compile_speedup": comp,
-        "best_over_compile": (best / comp) if best and comp else None,
+        "best_over_compile": ratio,
         "confirmed": bool(r.best and r.best.final),
         "confirmation_baseline_ms": _base_median(r, final=True),
         "lines": lines_to_add(r.best),

@@ -195,7 +195,8 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
 def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -> None:
     """From the best verified candidate, each other verified one added in turn (best alone
     first; one of a group), taken where the stack is verified and faster than without it at 95%
-    confidence. Stops where the next run would eat the confirmation's share of the budget."""
+    confidence. One whose run and confirmation would not fit in the budget left is passed over
+    (a cheaper one after it may fit)."""
     group = {k: c.group or k for k, c, _ in proposed}
     order = [k for k, _, _ in proposed]
     ok = [t for t in trials if len(t.names) == 1 and t.verdict and t.verdict.ok and t.stats]
@@ -207,11 +208,9 @@ def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -
         if group[t.names[0]] in {group[n] for n in current.names}:
             continue
         cost = current.took_s + max(t.took_s - base_s, 0.0)
-        compile_s = _compile_alone(trials).took_s if _compile_alone(trials) else 0.0
-        reserve = rounds * (base_s + compile_s + max(cost, current.took_s))
-        if clock.left < cost + reserve:
-            say(f"stacking stops before {t.label}: the confirmation needs the rest of the budget")
-            return
+        if clock.left < cost + rounds * (base_s + cost):  # its run, and its confirmation's
+            say(f"{t.label} not stacked on {current.label}: its run and confirmation do not fit")
+            continue
         names = tuple(sorted((*current.names, *t.names), key=order.index))
         shares = [x.predicted_share for x in trials if len(x.names) == 1 and x.names[0] in names]
         shares = [x for x in shares if x is not None]
@@ -233,11 +232,15 @@ def _warmup(spec: dict) -> int:
 
 
 def _confirm(baseline, best, compile_alone, spec, rounds, clock, logs, say) -> None:
-    """The best and torch.compile alone, each run interleaved with the unchanged script
-    `rounds` times, the script as written (dropout on where it has it)."""
+    """The best, interleaved with the unchanged script `rounds` times, the script as written
+    (dropout on where it has it); torch.compile alone with them where the budget allows."""
     if best is None:
         return
-    who = [baseline] + ([compile_alone] if compile_alone not in (None, best) else []) + [best]
+    with_compile = compile_alone not in (None, best)
+    if with_compile and clock.left < rounds * (baseline.took_s + best.took_s + compile_alone.took_s):
+        say("compile alone not confirmed: the budget left fits the best's confirmation only")
+        with_compile = False
+    who = [baseline] + ([compile_alone] if with_compile else []) + [best]
     for _ in range(rounds):
         for t in who:
             run(t, spec, clock, logs, say, final=True)
