@@ -208,3 +208,14 @@ def test_recorded_on_the_gpu_the_same_step_compiled_is_told_cuda_graphs_not_torc
     assert top.kind == "launch" and "mode='reduce-overhead'" in top.advice, str(d)
     assert "inside the compiled graphs' calls" in top.evidence
     assert not any(f.advice.startswith("fewer launches: torch.compile") for f in d.findings), str(d)
+
+
+def test_a_decode_step_reading_fp32_weights_is_told_bf16_first_and_its_bf16_control_is_not():
+    """Recorded on the CPU: examples/llama_decode.py's model (2 layers), one token a call, its
+    weights fp32 or bf16 (issue 54). The fp32 step's forward matmuls are the finding's, not the
+    ops finding's (one explanation a millisecond)."""
+    d = ranked("decode-fp32")
+    top = d.findings[0]
+    assert top.kind == "decode weights" and "bf16" in top.advice and top.share > 0.2, str(d)
+    assert not any(f.kind == "roofline" and "linear" in f.title for f in d.findings), str(d)
+    assert not any(f.kind == "decode weights" for f in ranked("decode-bf16").findings)

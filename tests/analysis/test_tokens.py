@@ -93,3 +93,18 @@ def test_a_graph_replay_whose_ops_the_counter_misses_is_read_from_what_it_must_r
     eager = SimpleNamespace(work={("m", "forward", "aten::mm"): (0.0, 3.53e9, "bf16")}, calls=1, step_ms=15.7)
     assert read(eager, {"copy_gbps": 4250.0}, 1, None, {"weights": 3.5e9}).bytes_per_step == 3.53e9
     assert read(eager, {}, None, None, {}) is None  # no tokens known: not a generation step
+
+
+def test_the_napkin_math_of_the_batch_where_reading_the_weights_stops_bounding_a_step():
+    from perfloop.analysis.tokens import _batch_bound
+
+    h200 = {"matmul_bf16_tflops": 990.0, "copy_gbps": 4250.0, "matmul_fp32_tflops": 60.0}
+    # bf16: 2 bytes a parameter, 2 FLOPs a parameter a token: B* = 990e12 / 4.25e12
+    assert _batch_bound({"dtypes": {"bfloat16": 10, "float32": 1}}, h200) == pytest.approx(232.9, rel=1e-3)
+    assert _batch_bound({"dtypes": {"float32": 10}}, h200) == pytest.approx(2 * 60 / 4.25, rel=1e-3)
+    assert _batch_bound({"dtypes": {"bfloat16": 10}}, {"copy_gbps": 10.0}) is None  # no bf16 ceiling
+    t = Tokens(1, 1.2, None, 3.5e9, 1e7, 4250.0, "cache batch", batch_bound=233.0)
+    assert "up to ~233 tokens a step" in "\n".join(t.lines())
+    assert "napkin" not in "\n".join(
+        Tokens(200, 1.2, None, 3.5e9, 1e7, 4250.0, "given", batch_bound=233.0).lines()
+    )

@@ -63,6 +63,9 @@ class Capture:
     sites: dict | None = None
     compiled: CompileFacts | None = None
     step: str | None = None  # what one call is: a script's range, or None for pl.profile's calls
+    # the models a generation step runs (tokens.model_bytes: weights and KV-cache bytes, the
+    # weights' dtypes, the caches' batch) and the tokens a step takes in: None where not known
+    model: dict | None = None
     notes: tuple = field(default=(), compare=False)  # how it was recorded, for the reader of a fixture
 
     @property

@@ -39,6 +39,7 @@ class Kind(str, Enum):
     COMPILE = "compile"  # compilation inside the profiled steps
     RECOMPILE = "recompile"
     GRAPH_BREAK = "graph break"
+    DECODE_WEIGHTS = "decode weights"  # fp32 weights read once a token in a generation step
 
     def __str__(self) -> str:
         return self.value

@@ -352,6 +352,7 @@ class Profile:
             sites=self.sites,
             compiled=facts,
             step=self.step,
+            model=(self.model_bytes or {}) | {"tokens": self.tokens_seen} if self.model_bytes else None,
         )
 
     def compiled_code(self) -> CompiledCode | None:

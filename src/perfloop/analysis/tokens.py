@@ -24,6 +24,9 @@ class Tokens:
     ceiling_gbps: float | None  # the measured copy ceiling
     source: str  # where per_step came from: "given", "embedding input", "cache batch"
     note: str = ""  # why the counted bytes were set aside
+    # the napkin math: tokens a step up to which reading the weights bounds it (their bytes a
+    # parameter x the matmul ceiling / (2 FLOPs a parameter a token x the copy ceiling))
+    batch_bound: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -101,6 +104,12 @@ class Tokens:
                 f"{self.tokens_per_s * self.step_ms / self.floor_ms:,.0f} tokens/s "
                 f"(headroom {max(self.step_ms - self.floor_ms, 0.0):.3f} ms a step)"
             )
+        if self.batch_bound and self.per_step < self.batch_bound / 2:
+            out.append(
+                f"  napkin math: a step reads its weights once for all its tokens, so up to ~"
+                f"{self.batch_bound:,.0f} tokens a step (a larger batch) the read bounds it and tokens/s "
+                "grows about as the batch; past that the matmuls' FLOPs do"
+            )
         return out
 
 
@@ -111,6 +120,25 @@ def _size(n: float | None) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} B"
+
+
+MATMUL_CEILING = {  # the weights' dtype -> (its matmul ceiling, bytes a parameter)
+    "bfloat16": ("matmul_bf16_tflops", 2),
+    "float16": ("matmul_fp16_tflops", 2),
+    "float32": ("matmul_fp32_tflops", 4),
+}
+
+
+def _batch_bound(models: dict, ceilings: dict) -> float | None:
+    """B* = bytes a parameter x FLOP/s / (2 FLOPs a parameter a token x bytes/s): the tokens a
+    step where the matmuls' time reaches the weights' read time."""
+    dtypes = models.get("dtypes") or {}
+    main = max(dtypes, key=dtypes.get, default=None)
+    key, per = MATMUL_CEILING.get(main, (None, 0))
+    flops, copy = ceilings.get(key) if key else None, ceilings.get("copy_gbps")
+    if not flops or not copy:
+        return None
+    return per * flops * 1e12 / (2 * copy * 1e9)
 
 
 def model_bytes(model) -> dict:
@@ -130,8 +158,14 @@ def model_bytes(model) -> dict:
         p.numel() * p.element_size() for p in model.parameters() if id(p) not in tables or id(p) in shared
     )
     caches = [b for name, b in model.named_buffers() if "cache" in name.rsplit(".", 1)[-1].lower()]
+    dtypes: dict[str, int] = {}
+    for p in model.parameters():
+        if id(p) not in tables or id(p) in shared:
+            key = str(p.dtype).removeprefix("torch.")
+            dtypes[key] = dtypes.get(key, 0) + p.numel() * p.element_size()
     return {
         "weights": weights,
+        "dtypes": dtypes,  # the weights' bytes by dtype ("float32": ...)
         "cache": sum(b.numel() * b.element_size() for b in caches),
         "batch": caches[0].shape[0] if caches and caches[0].dim() >= 1 else None,
     }
@@ -160,6 +194,7 @@ def read(capture, ceilings: dict, given: int | None, seen: int | None, models: d
         )
         moved = None
     return Tokens(
+        batch_bound=_batch_bound(models, ceilings or {}),
         per_step=int(per_step),
         # the step's wall time, or its device time where that is longer: a host that runs
         # ahead (a graph replay returns at once) does not make the device faster

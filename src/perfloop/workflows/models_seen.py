@@ -17,7 +17,7 @@ def models_seen(roots: dict, warnings: list) -> tuple[dict, list[ModuleTree], di
 def _bytes(roots: dict) -> dict:
     from perfloop.analysis.tokens import model_bytes
 
-    out: dict = {"weights": 0, "cache": 0, "batch": None}
+    out: dict = {"weights": 0, "cache": 0, "batch": None, "dtypes": {}}
     for ref in roots.values():
         model = ref()
         if model is None:
@@ -26,6 +26,8 @@ def _bytes(roots: dict) -> dict:
         out["weights"] += got["weights"]
         out["cache"] += got["cache"]
         out["batch"] = out["batch"] or got["batch"]
+        for k, v in got["dtypes"].items():
+            out["dtypes"][k] = out["dtypes"].get(k, 0) + v
     return out
 
 

@@ -1,0 +1,35 @@
+"""On the GPU: a CUDA-graphed decode step (examples/llama_decode.py's model, 8 layers of the 7B
+shape) whose weights are fp32 is told bf16 first, and the saving it predicts is the one bf16
+realizes, within 30% (issue 54's planted inference findings, each with its control)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU: run `make gpu-check` on a GPU"
+    ),
+]
+
+
+def _profiled(mode, dtype):
+    from fixtures.record import _decode
+
+    p, extra = _decode(mode, dtype=dtype)
+    return dataclasses.replace(p, **extra)
+
+
+def test_fp32_weights_in_a_graphed_decode_ranked_first_and_predicted_within_30_percent():
+    fp32 = _profiled("reduce-overhead", torch.float32)
+    d = fp32.diagnose()
+    top = d.findings[0]
+    assert top.kind == "decode weights", str(d)
+    bf16 = _profiled("reduce-overhead", torch.bfloat16)
+    assert not any(f.kind == "decode weights" for f in bf16.diagnose().findings)  # the control
+    realized = fp32.capture().step_ms - bf16.capture().step_ms
+    print(f"predicted {top.saves_ms:.3f} ms, realized {realized:.3f} ms a token")
+    assert abs(top.saves_ms - realized) <= 0.3 * realized, (top.saves_ms, realized)
+    assert not any("reduce-overhead" in f.advice for f in d.findings)  # it replays graphs already
