@@ -102,17 +102,20 @@ def chromium() -> str:
     return exe
 
 
-def open_in_chromium(page: Path, profile: Path, shot: Path | None = None) -> dict[str, int]:
-    """The data-* numbers the page's load handler set on <body>, as real Chromium rendered it;
-    with `shot`, a screenshot of it too."""
+def open_in_chromium(
+    page: Path, profile: Path, shot: Path | None = None, width: int = 1200
+) -> dict[str, int]:
+    """The data-* numbers the page's load handler set on <body>, as real Chromium rendered it in
+    a window `width` pixels wide; with `shot`, a screenshot of it too."""
     exe = chromium()
-    args = [f"--user-data-dir={profile / 'u1'}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
+    args = [f"--user-data-dir={profile / 'u1'}", "--virtual-time-budget=5000", f"--window-size={width},1800"]
+    args += ["--dump-dom", page.as_uri()]
     dom = subprocess.run([exe, *CHROMIUM_FLAGS, *args], capture_output=True, text=True, timeout=120).stdout
     body = re.search(r"<body([^>]*)>", dom)
     assert body, dom[:500]
     if shot is not None:
         shot.parent.mkdir(parents=True, exist_ok=True)
-        args = [f"--user-data-dir={profile / 'u2'}", f"--screenshot={shot}", "--window-size=1200,1800"]
+        args = [f"--user-data-dir={profile / 'u2'}", f"--screenshot={shot}", f"--window-size={width},1800"]
         subprocess.run([exe, *CHROMIUM_FLAGS, *args, page.as_uri()], capture_output=True, timeout=120)
     return {k: int(v) for k, v in re.findall(r'(data-[\w-]+)="(\d+)"', body[1])}
 

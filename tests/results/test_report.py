@@ -57,6 +57,12 @@ def test_report_renders_in_headless_chromium(demo, tmp_path):
     assert attrs["data-images"] >= 2
     assert attrs["data-images-ok"] == attrs["data-images"]  # every plot decoded and drawn
     assert shot.exists() and shot.stat().st_size > 20_000
+    assert attrs["data-toc"] >= 3 and attrs["data-toc-ok"] == attrs["data-toc"]  # every entry lands
+    assert list((demo[3]).glob("*_samples.png"))  # each op's stored samples, as a distribution
+    narrow = open_in_chromium(
+        demo[3] / "index.html", tmp_path / "narrow", ARTIFACTS / "report-narrow.png", 420
+    )
+    assert narrow["data-overflow"] == 0  # a phone's width: tables scroll inside, the page does not
 
 
 def test_a_profile_whose_diagnosis_is_a_steps_renders(tmp_path):

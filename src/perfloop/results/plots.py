@@ -81,6 +81,27 @@ def plot_ref_bars(path: Path, title: str, ylabel: str, bars: dict, ref: float, e
     return _save(fig, ax, path, title, ylabel, legend=False, grid_axis="")
 
 
+def plot_distribution(path: Path, title: str, xlabel: str, samples: dict) -> str:
+    """Each label's samples as a horizontal violin with its median marked ({label: [ms, ...]}):
+    the spread a median hides (a second mode, a slow tail). A label with one sample is a dot."""
+    fig, ax = _figure(height=max(2.4, 0.55 * len(samples) + 1.2))
+    labels = list(samples)
+    spread = [i for i, k in enumerate(labels) if len(samples[k]) > 1]
+    if spread:
+        data = [samples[labels[i]] for i in spread]
+        try:  # matplotlib >= 3.10 names the orientation; older ones take vert=False
+            ax.violinplot(data, positions=spread, orientation="horizontal", showmedians=True)
+        except TypeError:
+            ax.violinplot(data, positions=spread, vert=False, showmedians=True)
+    for i, k in enumerate(labels):
+        if len(samples[k]) == 1:
+            ax.plot(samples[k], [i], "o")
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlabel(xlabel)
+    return _save(fig, ax, path, title, "", legend=False, grid_axis="x")
+
+
 def plot_roofline(path: Path, title: str, points: list[dict], copy_gbps: float, peaks: dict) -> str:
     """Each op a point (x: FLOPs per byte, y: achieved TFLOP/s), sized by its time, under the
     measured roofs: the copy ceiling's slope and a flat line per matmul ceiling ({label:

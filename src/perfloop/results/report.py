@@ -14,7 +14,7 @@ from pathlib import Path
 from perfloop.harness.measurement import fmt_ms
 from perfloop.results import trend_page
 from perfloop.results.history import trends
-from perfloop.results.plots import plot_lines, plot_ref_bars
+from perfloop.results.plots import plot_distribution, plot_lines, plot_ref_bars
 
 
 def latest_rows(rows: list[dict]) -> list[dict]:
@@ -110,6 +110,11 @@ def _plots(op: str, rows: list[dict], out: Path) -> list[tuple[str, str]]:
             err=err,
         )
         made.append((name, f"{op} {big}: speed-up with 95% CI"))
+    dist = {label(r).replace("\n", " "): r["samples"] for r in at if r.get("samples")}
+    if dist:
+        name = f"{safe}_samples.png"
+        plot_distribution(out / name, f"{op} {big}: the stored samples", "time per call (ms)", dist)
+        made.append((name, f"{op} {big}: each variant's samples (violin, median marked)"))
     return made
 
 
@@ -134,8 +139,12 @@ _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
 font-size:13px;text-align:right}th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
-pre{background:#f7f7f7;padding:.6em;font-size:12px;overflow-x:auto}img{max-width:100%;margin:.3em}
+pre{background:#f7f7f7;padding:.6em;font-size:12px;overflow-x:auto}
+img{max-width:100%;height:auto;margin:.3em}
 .warn{color:#a40}table.ops td:nth-child(-n+3){text-align:left}
+nav.toc{background:#f7f7f7;padding:.2em 1em;margin:1em 0}nav.toc h2{font-size:1em}
+table{display:block;overflow-x:auto}
+@media (max-width:700px){body{margin:.6em}td,th{font-size:11px;padding:2px 4px}}
 """
 
 _CHECK_JS = """
@@ -145,6 +154,12 @@ window.addEventListener('load', function () {
   document.body.setAttribute('data-images', imgs.length);
   document.body.setAttribute('data-images-ok', ok);
   document.body.setAttribute('data-tables', document.querySelectorAll('table').length);
+  var links = Array.from(document.querySelectorAll('nav.toc a'));
+  document.body.setAttribute('data-toc', links.length);
+  document.body.setAttribute('data-toc-ok', links.filter(function (a) {
+    return document.getElementById(a.getAttribute('href').slice(1)) !== null; }).length);
+  var wide = document.documentElement.scrollWidth > window.innerWidth;
+  document.body.setAttribute('data-overflow', wide ? 1 : 0);
   document.body.setAttribute('data-sparklines', document.querySelectorAll('svg.spark').length);
   document.body.setAttribute('data-changes', document.querySelectorAll('tr.change').length);
   document.body.setAttribute('data-load-ms', Math.round(performance.now()));
@@ -383,6 +398,22 @@ def _env_section(env: dict) -> list[dict]:
     ]
 
 
+def _contents(blocks: list[dict]) -> list[dict]:
+    """The page's table of contents: each section (h2) given an id where it has none, in order."""
+    toc, used = [], set()
+    for b in blocks:
+        if not b.get("h2"):
+            continue
+        base = b.get("id") or "s-" + "".join(c if c.isalnum() else "-" for c in b["h2"].lower()).strip("-")
+        anchor, n = base, 2
+        while anchor in used:
+            anchor, n = f"{base}-{n}", n + 1
+        used.add(anchor)
+        b["id"] = anchor
+        toc.append({"id": anchor, "text": b["h2"]})
+    return toc
+
+
 def _template():
     import jinja2
 
@@ -441,8 +472,9 @@ def render_html(store, out_dir: str | Path, run_id: str | None = None) -> Path:
     envs = [r["env"] for r in all_rows if r.get("env")]
     if envs:
         blocks += _env_section(envs[-1])
+    toc = _contents(blocks)
     text = _template().render(
-        css=Markup(_CSS + trend_page.CSS), js=Markup(_CHECK_JS), summary=summary, blocks=blocks
+        css=Markup(_CSS + trend_page.CSS), js=Markup(_CHECK_JS), summary=summary, blocks=blocks, toc=toc
     )
     page = out / "index.html"
     try:
