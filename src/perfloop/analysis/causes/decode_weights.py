@@ -45,7 +45,7 @@ def matmuls(c: Capture) -> list:
     none where it does not apply."""
     if not _fp32_bytes(c):
         return []
-    return [i for i in c.items if i.phase == "forward" and _weight_matmul(i)]
+    return [i for i in c.items if i.phase not in ("backward", "optimizer") and _weight_matmul(i)]
 
 
 def _weight_matmul(i) -> bool:
