@@ -108,3 +108,33 @@ def test_the_napkin_math_of_the_batch_where_reading_the_weights_stops_bounding_a
     assert "napkin" not in "\n".join(
         Tokens(200, 1.2, None, 3.5e9, 1e7, 4250.0, "given", batch_bound=233.0).lines()
     )
+
+
+def _cli(*args):
+    cmd = [sys.executable, "-m", "perfloop", "profile", "--db", ":memory:", *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stderr
+
+
+GEN = """
+import torch
+m = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 100))
+tok = torch.tensor([[1]])
+with torch.no_grad():
+    with torch.profiler.record_function("prefill"):
+        tok = m(torch.tensor([[1, 2, 3]]))[:, -1].argmax(-1, keepdim=True)
+    for _ in range(20):
+        tok = m(tok)[:, -1].argmax(-1, keepdim=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_generation_script_without_a_step_is_told_how_to_mark_a_token(tmp_path):
+    script = tmp_path / "gen.py"
+    script.write_text(GEN)
+    rc, err = _cli("--script", str(script))
+    assert rc == 2 and 'record_function("decode")' in err and "--range decode" in err, err
+    rc, err = _cli("--range", "prefill", "--script", str(script))  # seen once: the flags that take it
+    assert rc == 2 and "--skip 0 --steps 1" in err, err
+    rc, err = _cli("--range", "prefill", "--skip", "0", "--steps", "1", "--script", str(script))
+    assert rc == 0, err

@@ -316,7 +316,9 @@ def _check_taken(w: Window) -> None:
         raise ValueError(
             "no step found: looked for optimizer.step() of a torch.optim optimizer and for a "
             f"range named 'step' (pl.annotate, record_function, NVTX); ranges seen: {seen}. "
-            "Pass --range NAME for one of them, or --window START:DURATION"
+            "Pass --range NAME for one of them, or --window START:DURATION. A generation loop "
+            'has no optimizer: mark one token\'s call with `with torch.profiler.record_function("decode"):` '
+            "(or pl.annotate) and pass --range decode"
         )
     if w.range_name is not None and w.seen[w.range_name] == 0:
         seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"
@@ -336,9 +338,12 @@ def _check_taken(w: Window) -> None:
         )
     if w.prof is None or w.state == "abandoned":
         have = w.seen[w.range_name] if w.range_name else 0
+        fits = (
+            f"; --skip 0 --steps {have} profiles the ones it ran (the first pays any warm-up)" if have else ""
+        )
         raise ValueError(
             f"--skip/--steps: the script ran {have} occurrence(s) of {w.range_name!r}; "
-            f"--skip {w.skip} --steps {w.steps} needs {w.skip + w.steps}"
+            f"--skip {w.skip} --steps {w.steps} needs {w.skip + w.steps}{fits}"
             if w.range_name
             else "--window: the script ended before the window opened"
         )
