@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfloop.analysis.tokens import Tokens, model_bytes
+from perfloop.analysis.tokens import Tokens, TokensFrom, model_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 DECODE = str(ROOT / "examples" / "llama_decode.py")
@@ -34,7 +34,7 @@ def test_model_bytes_counts_a_tied_head_once_and_an_untied_table_not_at_all():
 
 
 def test_the_reading_against_the_ceiling():
-    t = Tokens(4, 8.0, 4e9 * 8e-3, 30e6, 2e6, 5.0, "given")
+    t = Tokens(4, 8.0, 4e9 * 8e-3, 30e6, 2e6, 5.0, TokensFrom.GIVEN)
     assert t.tokens_per_s == pytest.approx(500) and t.ms_per_token == pytest.approx(2.0)
     assert t.share == pytest.approx(0.8) and t.floor_ms == pytest.approx(6.4)
     text = "\n".join(t.lines())
@@ -86,27 +86,31 @@ def test_a_graph_replay_whose_ops_the_counter_misses_is_read_from_what_it_must_r
 
     from perfloop.analysis.tokens import read
 
-    replay = SimpleNamespace(work={("m", "forward", "aten::mm"): (0.0, 36.0, "bf16")}, calls=1, step_ms=1.175)
-    t = read(replay, {"copy_gbps": 4250.0}, None, None, {"weights": 3.5e9, "cache": 10.5e6, "batch": 1})
+    model = {"weights": 3.5e9, "cache": 10.5e6, "batch": 1}
+    work = {("m", "forward", "aten::mm"): (0.0, 36.0, "bf16")}
+    replay = SimpleNamespace(work=work, calls=1, step_ms=1.175, model=model)
+    t = read(replay, {"copy_gbps": 4250.0})
     assert t.source == "cache batch" and t.bytes_per_step is None and "CUDA graph" in t.note
     assert t.gbps == pytest.approx(3.5105e9 / 1.175e6, rel=1e-3) and 0.69 < t.share < 0.71
-    eager = SimpleNamespace(work={("m", "forward", "aten::mm"): (0.0, 3.53e9, "bf16")}, calls=1, step_ms=15.7)
-    assert read(eager, {"copy_gbps": 4250.0}, 1, None, {"weights": 3.5e9}).bytes_per_step == 3.53e9
-    assert read(eager, {}, None, None, {}) is None  # no tokens known: not a generation step
+    work = {("m", "forward", "aten::mm"): (0.0, 3.53e9, "bf16")}
+    eager = SimpleNamespace(work=work, calls=1, step_ms=15.7, model={"weights": 3.5e9})
+    assert read(eager, {"copy_gbps": 4250.0}, 1).bytes_per_step == 3.53e9
+    unknown = SimpleNamespace(work=work, calls=1, step_ms=15.7, model=None)
+    assert read(unknown, {}) is None  # no tokens known: not a generation step
 
 
 def test_the_napkin_math_of_the_batch_where_reading_the_weights_stops_bounding_a_step():
-    from perfloop.analysis.tokens import _batch_bound
+    from perfloop.analysis.tokens import batch_bound
 
     h200 = {"matmul_bf16_tflops": 990.0, "copy_gbps": 4250.0, "matmul_fp32_tflops": 60.0}
     # bf16: 2 bytes a parameter, 2 FLOPs a parameter a token: B* = 990e12 / 4.25e12
-    assert _batch_bound({"dtypes": {"bfloat16": 10, "float32": 1}}, h200) == pytest.approx(232.9, rel=1e-3)
-    assert _batch_bound({"dtypes": {"float32": 10}}, h200) == pytest.approx(2 * 60 / 4.25, rel=1e-3)
-    assert _batch_bound({"dtypes": {"bfloat16": 10}}, {"copy_gbps": 10.0}) is None  # no bf16 ceiling
-    t = Tokens(1, 1.2, None, 3.5e9, 1e7, 4250.0, "cache batch", batch_bound=233.0)
+    assert batch_bound({"dtypes": {"bfloat16": 10, "float32": 1}}, h200) == pytest.approx(232.9, rel=1e-3)
+    assert batch_bound({"dtypes": {"float32": 10}}, h200) == pytest.approx(2 * 60 / 4.25, rel=1e-3)
+    assert batch_bound({"dtypes": {"bfloat16": 10}}, {"copy_gbps": 10.0}) is None  # no bf16 ceiling
+    t = Tokens(1, 1.2, None, 3.5e9, 1e7, 4250.0, TokensFrom.CACHE_BATCH, batch_bound=233.0)
     assert "up to ~233 tokens a step" in "\n".join(t.lines())
     assert "napkin" not in "\n".join(
-        Tokens(200, 1.2, None, 3.5e9, 1e7, 4250.0, "given", batch_bound=233.0).lines()
+        Tokens(200, 1.2, None, 3.5e9, 1e7, 4250.0, TokensFrom.GIVEN, batch_bound=233.0).lines()
     )
 
 

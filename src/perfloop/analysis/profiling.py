@@ -315,7 +315,7 @@ class Profile:
         from perfloop.analysis.tokens import read
 
         ceilings = ceilings if ceilings is not None else measured_ceilings()
-        return read(self.capture(), ceilings, given, self.tokens_seen, self.model_bytes)
+        return read(self.capture(), ceilings, given)
 
     def capture(self) -> Capture:
         """This profile as the analyzers read it (capture.Capture): parsed once, frozen."""
@@ -352,7 +352,9 @@ class Profile:
             sites=self.sites,
             compiled=facts,
             step=self.step,
-            model=(self.model_bytes or {}) | {"tokens": self.tokens_seen} if self.model_bytes else None,
+            model={**(self.model_bytes or {}), "tokens": self.tokens_seen}
+            if self.model_bytes or self.tokens_seen
+            else None,
         )
 
     def compiled_code(self) -> CompiledCode | None:

@@ -4,7 +4,7 @@ against the measured copy ceiling -- the figure that bounds a decode step, which
 weight once to make one token per sequence.
 
 >>> t = Tokens(per_step=1, step_ms=2.0, bytes_per_step=6e9 * 2e-3, weights_bytes=11e6, cache_bytes=1e6,
-...            ceiling_gbps=8.0, source="given")
+...            ceiling_gbps=8.0, source=TokensFrom.GIVEN)
 >>> round(t.tokens_per_s), round(t.gbps, 1), round(t.share, 2), round(t.floor_ms, 2)
 (500, 6.0, 0.75, 1.5)
 """
@@ -12,6 +12,25 @@ weight once to make one token per sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+from perfloop.harness.measurement import matmul_ceiling
+
+
+class TokensFrom(str, Enum):
+    """Where the tokens a step takes in were read from (`said`: as the reading says it)."""
+
+    GIVEN = "given"
+    EMBEDDING = "embedding input"
+    CACHE_BATCH = "cache batch"
+
+    @property
+    def said(self) -> str:
+        return {
+            TokensFrom.GIVEN: "--tokens",
+            TokensFrom.EMBEDDING: "the embedding's input",
+            TokensFrom.CACHE_BATCH: "the KV cache's batch: one token a sequence; --tokens N to say otherwise",
+        }[self]
 
 
 @dataclass(frozen=True)
@@ -22,7 +41,7 @@ class Tokens:
     weights_bytes: int | None  # the model's parameters a step reads (not embedding tables: rows)
     cache_bytes: int | None  # the KV cache buffers
     ceiling_gbps: float | None  # the measured copy ceiling
-    source: str  # where per_step came from: "given", "embedding input", "cache batch"
+    source: TokensFrom  # where per_step came from
     note: str = ""  # why the counted bytes were set aside
     # the napkin math: tokens a step up to which reading the weights bounds it (their bytes a
     # parameter x the matmul ceiling / (2 FLOPs a parameter a token x the copy ceiling))
@@ -62,7 +81,7 @@ class Tokens:
     def to_dict(self) -> dict:
         return {
             "tokens_per_step": self.per_step,
-            "tokens_from": self.source,
+            "tokens_from": self.source.value,
             "tokens_per_s": self.tokens_per_s,
             "ms_per_token": self.ms_per_token,
             "bytes_per_token": self.bytes_per_step / self.per_step if self.bytes_per_step else None,
@@ -77,14 +96,9 @@ class Tokens:
 
     def lines(self) -> list[str]:
         """What a user reads: the rate, the bytes, the share of the ceiling and the headroom."""
-        how = {
-            "given": "--tokens",
-            "embedding input": "the embedding's input",
-            "cache batch": "the KV cache's batch: one token a sequence; --tokens N to say otherwise",
-        }[self.source]
         out = [
-            f"per token: {self.per_step} token(s) a step ({how}): {self.tokens_per_s:,.1f} tokens/s, "
-            f"{self.ms_per_token:.3f} ms a token"
+            f"per token: {self.per_step} token(s) a step ({self.source.said}): "
+            f"{self.tokens_per_s:,.1f} tokens/s, {self.ms_per_token:.3f} ms a token"
         ]
         parts = []
         if self.bytes_per_step:
@@ -122,23 +136,18 @@ def _size(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
-MATMUL_CEILING = {  # the weights' dtype -> (its matmul ceiling, bytes a parameter)
-    "bfloat16": ("matmul_bf16_tflops", 2),
-    "float16": ("matmul_fp16_tflops", 2),
-    "float32": ("matmul_fp32_tflops", 4),
-}
-
-
-def _batch_bound(models: dict, ceilings: dict) -> float | None:
+def batch_bound(models: dict, ceilings: dict) -> float | None:
     """B* = bytes a parameter x FLOP/s / (2 FLOPs a parameter a token x bytes/s): the tokens a
     step where the matmuls' time reaches the weights' read time."""
+    import torch
+
     dtypes = models.get("dtypes") or {}
     main = max(dtypes, key=dtypes.get, default=None)
-    key, per = MATMUL_CEILING.get(main, (None, 0))
-    flops, copy = ceilings.get(key) if key else None, ceilings.get("copy_gbps")
+    dtype = getattr(torch, main, None) if main else None
+    flops, copy = matmul_ceiling(ceilings, main) if dtype else None, ceilings.get("copy_gbps")
     if not flops or not copy:
         return None
-    return per * flops * 1e12 / (2 * copy * 1e9)
+    return dtype.itemsize * flops * 1e12 / (2 * copy * 1e9)
 
 
 def model_bytes(model) -> dict:
@@ -154,9 +163,6 @@ def model_bytes(model) -> dict:
         if not isinstance(m, torch.nn.Embedding)
         for p in m.parameters(recurse=False)
     }
-    weights = sum(
-        p.numel() * p.element_size() for p in model.parameters() if id(p) not in tables or id(p) in shared
-    )
     caches = [b for name, b in model.named_buffers() if "cache" in name.rsplit(".", 1)[-1].lower()]
     dtypes: dict[str, int] = {}
     for p in model.parameters():
@@ -164,25 +170,34 @@ def model_bytes(model) -> dict:
             key = str(p.dtype).removeprefix("torch.")
             dtypes[key] = dtypes.get(key, 0) + p.numel() * p.element_size()
     return {
-        "weights": weights,
+        "weights": sum(dtypes.values()),
         "dtypes": dtypes,  # the weights' bytes by dtype ("float32": ...)
         "cache": sum(b.numel() * b.element_size() for b in caches),
         "batch": caches[0].shape[0] if caches and caches[0].dim() >= 1 else None,
     }
 
 
-def read(capture, ceilings: dict, given: int | None, seen: int | None, models: dict | None) -> Tokens | None:
-    """The step read per token: tokens a step from `given` (--tokens), else `seen` (the first
-    embedding lookup's indices in a profiled step), else the KV cache's batch; None where none
-    of those is known (a step that is not a generation step)."""
-    models = models or {}
-    per_step, source = given, "given"
-    if per_step is None and seen:
-        per_step, source = seen, "embedding input"
-    if per_step is None and models.get("batch"):
-        per_step, source = int(models["batch"]), "cache batch"
-    if not per_step:
+def tokens_per_step(c, given: int | None = None) -> tuple[int, TokensFrom] | None:
+    """The tokens a step of capture `c` takes in: `given` (--tokens), else its first embedding
+    lookup's indices, else its KV cache's batch; None where none is known (not a generation step)."""
+    model = c.model or {}
+    for n, source in (
+        (given, TokensFrom.GIVEN),
+        (model.get("tokens"), TokensFrom.EMBEDDING),
+        (model.get("batch"), TokensFrom.CACHE_BATCH),
+    ):
+        if n:
+            return int(n), source
+    return None
+
+
+def read(capture, ceilings: dict, given: int | None = None) -> Tokens | None:
+    """The step read per token (tokens_per_step says how many), against what its models must
+    read (capture.model) and the copy ceiling; None where it is not a generation step."""
+    found = tokens_per_step(capture, given)
+    if found is None:
         return None
+    models, ceilings = capture.model or {}, ceilings or {}
     moved, note = None, ""
     if capture.work:
         moved = sum(w[1] for w in capture.work.values()) / max(capture.calls, 1)
@@ -194,15 +209,15 @@ def read(capture, ceilings: dict, given: int | None, seen: int | None, models: d
         )
         moved = None
     return Tokens(
-        batch_bound=_batch_bound(models, ceilings or {}),
-        per_step=int(per_step),
+        per_step=found[0],
         # the step's wall time, or its device time where that is longer: a host that runs
         # ahead (a graph replay returns at once) does not make the device faster
         step_ms=capture.step_ms,
         bytes_per_step=moved or None,
         weights_bytes=models.get("weights"),
         cache_bytes=models.get("cache"),
-        ceiling_gbps=(ceilings or {}).get("copy_gbps"),
-        source=source,
+        ceiling_gbps=ceilings.get("copy_gbps"),
+        source=found[1],
         note=note,
+        batch_bound=batch_bound(models, ceilings),
     )

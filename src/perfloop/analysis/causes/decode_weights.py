@@ -11,6 +11,7 @@ from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes.base import Findings, by_module
 from perfloop.analysis.findings import Finding, Kind
+from perfloop.analysis.tokens import tokens_per_step
 from perfloop.harness.measurement import fmt_ms
 
 WEIGHT_OPS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul")
@@ -24,11 +25,10 @@ ADVICE = (
 
 def generation_tokens(c: Capture) -> int | None:
     """The tokens a step takes in where it is a generation step (inference, few tokens), else None."""
-    model = c.model or {}
-    tokens = model.get("tokens") or model.get("batch")
-    if not tokens or tokens > MAX_TOKENS or any(i.phase == "backward" for i in c.items):
+    found = tokens_per_step(c)
+    if found is None or found[0] > MAX_TOKENS or any(i.phase == "backward" for i in c.items):
         return None
-    return int(tokens)
+    return found[0]
 
 
 def _fp32_bytes(c: Capture) -> int:
