@@ -4,6 +4,7 @@ unchanged script's (independent_ratio: median ratio, bootstrap CI, Mann-Whitney)
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -23,7 +24,6 @@ class Trial:
     error: str | None = None
     stats: dict | None = None  # against the baseline's search runs: speedup, ci, p_value, median_ms
     check: list | None = None  # the losses its verdict reads
-    parent: Trial | None = None  # a stack: the trial it adds one candidate to
     step: dict | None = None  # a stack: its speed-up over its parent, and whether it was taken
     final_runs: list[dict] = field(default_factory=list)  # the confirmation's runs (the script as it is)
     final: dict | None = None  # against the baseline's confirmation runs
@@ -44,10 +44,13 @@ class Trial:
         return self.predicted_share * self.stats["base_ms"]
 
     @property
+    def verified(self) -> bool:
+        return bool(self.verdict and self.verdict.ok)
+
+    @property
     def kept(self) -> bool:
         """Verified on the loss and faster than the unchanged script at 95% confidence."""
-        s = self.stats
-        return bool(self.verdict and self.verdict.ok and s and s["ci"][0] > 1.0 and s["p_value"] < 0.05)
+        return self.verified and faster(self.stats)
 
     @property
     def took_s(self) -> float:
@@ -116,6 +119,11 @@ def run(t: Trial, spec: dict, clock: Clock, logs: str, say, final: bool = False)
     return True
 
 
+def faster(stats: dict | None) -> bool:
+    """Whether a speed-up (ratio_stats) is past 1 at 95% confidence."""
+    return bool(stats and stats["ci"][0] > 1.0 and stats["p_value"] < 0.05)
+
+
 def ratio_stats(base: list[float], cand: list[float]) -> dict | None:
     """cand's speed-up over base (medians), its 95% CI and p, or None with too few samples."""
     from perfloop.harness.stats import independent_ratio
@@ -128,8 +136,8 @@ def ratio_stats(base: list[float], cand: list[float]) -> dict | None:
         "speedup": 1 / r["ratio"],
         "ci": (1 / hi, 1 / lo),
         "p_value": r["p_value"],
-        "median_ms": median(cand),
-        "base_ms": median(base),
+        "median_ms": statistics.median(cand),
+        "base_ms": statistics.median(base),
     }
 
 
@@ -144,8 +152,3 @@ def judge_all(trials, baseline: Trial, checks: Checks, floors: dict, warmup: int
             t.stats = ratio_stats(base, t.samples(warmup))
         if t.final_runs:
             t.final = ratio_stats(base_final, t.samples(warmup, final=True))
-
-
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2

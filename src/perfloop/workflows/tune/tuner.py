@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from perfloop.workflows.tune.candidates import CANDIDATES, Candidate, get
 from perfloop.workflows.tune.runner import run_child
-from perfloop.workflows.tune.trials import Checks, Clock, Trial, judge_all, ratio_stats, run
+from perfloop.workflows.tune.trials import Checks, Clock, Trial, faster, judge_all, ratio_stats, run
 
 MISS = 0.30  # a prediction off by more than this share of itself is said
 
@@ -199,7 +199,7 @@ def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -
     (a cheaper one after it may fit)."""
     group = {k: c.group or k for k, c, _ in proposed}
     order = [k for k, _, _ in proposed]
-    ok = [t for t in trials if len(t.names) == 1 and t.verdict and t.verdict.ok and t.stats]
+    ok = [t for t in trials if len(t.names) == 1 and t.verified and t.stats]
     ok.sort(key=lambda t: -t.stats["speedup"])
     if len(ok) < 2:
         return
@@ -214,21 +214,17 @@ def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -
         names = tuple(sorted((*current.names, *t.names), key=order.index))
         shares = [x.predicted_share for x in trials if len(x.names) == 1 and x.names[0] in names]
         shares = [x for x in shares if x is not None]
-        s = Trial(names, parent=current, predicted_share=min(sum(shares), 1.0) if shares else None)
+        s = Trial(names, predicted_share=min(sum(shares), 1.0) if shares else None)
         trials.append(s)
         if not run(s, spec, clock, logs, say):
             continue
         judged()
-        step = ratio_stats(current.samples(_warmup(spec)), s.samples(_warmup(spec)))
-        taken = bool(s.verdict and s.verdict.ok and step and step["ci"][0] > 1.0 and step["p_value"] < 0.05)
+        step = ratio_stats(current.samples(spec["warmup"]), s.samples(spec["warmup"]))
+        taken = s.verified and faster(step)
         s.step = (step or {}) | {"over": current.label, "taken": taken}
         say(f"{s.label}: {'taken' if taken else 'not taken'} over {current.label}")
         if taken:
             current = s
-
-
-def _warmup(spec: dict) -> int:
-    return int(spec["warmup"])
 
 
 def _confirm(baseline, best, compile_alone, spec, rounds, clock, logs, say) -> None:
