@@ -153,7 +153,7 @@ def _judged(store, a: str, b: str, rows_a: list, rows_b: list, limit) -> list[di
     out = []
     for k in common:
         if not ra[k]["samples"] or not rb[k]["samples"]:
-            out.append(_no_samples(k, ra[k], rb[k]))
+            out.append(_row(k, ra[k], rb[k], _no_samples(ra[k], rb[k]), "medians only"))
             continue
         v = gate.judge(
             ra[k]["samples"],
@@ -165,38 +165,31 @@ def _judged(store, a: str, b: str, rows_a: list, rows_b: list, limit) -> list[di
             history=histories[k],
             contended=gate.contended(ra[k]["meta"]) or gate.contended(rb[k]["meta"]),
         )
-        names = ("op", "variant", "shape", "dtype")
-        out.append(
-            dict(zip(names, k[:4], strict=True))
-            | {"graph": bool(k[4]), "a_ms": ra[k]["median_ms"], "b_ms": rb[k]["median_ms"]}
-            | {"ratio": v.ratio, "drift": v.drift, "adjusted": v.adjusted, "noise_floor": v.floor}
-            | {"floor_source": v.floor_source, "p_value": v.p_value, "verdict": v.verdict}
-            | {"regression": v.regression, "method": v.method}
-        )
+        out.append(_row(k, ra[k], rb[k], v, v.method))
     return out
 
 
-def _no_samples(k: tuple, ra: dict, rb: dict) -> dict:
-    """A row whose file kept only its statistics: its medians shown, nothing judged."""
+def _row(k: tuple, ra: dict, rb: dict, v, method: str) -> dict:
+    """One compared key: its two medians and gate's verdict (gate.Verdict) on them."""
+    return (
+        dict(zip(("op", "variant", "shape", "dtype"), k[:4], strict=True))
+        | {"graph": bool(k[4]), "a_ms": ra["median_ms"], "b_ms": rb["median_ms"]}
+        | {"ratio": v.ratio, "drift": v.drift, "adjusted": v.adjusted, "noise_floor": v.floor}
+        | {"floor_source": v.floor_source, "p_value": v.p_value, "verdict": v.verdict}
+        | {"regression": v.regression, "method": method}
+    )
+
+
+def _no_samples(ra: dict, rb: dict):
+    """The verdict on a key whose file kept only its statistics: its medians' ratio, not judged."""
+    from perfloop.harness.gate import Verdict
+
     ratio = rb["median_ms"] / ra["median_ms"]
     why = (
         "cannot judge: the file keeps no samples, only statistics; save them "
         "(pytest --benchmark-save-data) to judge the change against the noise"
     )
-    return dict(zip(("op", "variant", "shape", "dtype"), k[:4], strict=True)) | {
-        "graph": bool(k[4]),
-        "a_ms": ra["median_ms"],
-        "b_ms": rb["median_ms"],
-        "ratio": ratio,
-        "drift": None,
-        "adjusted": ratio,
-        "noise_floor": 0.0,
-        "floor_source": "none (no samples)",
-        "p_value": 1.0,
-        "verdict": why,
-        "regression": False,
-        "method": "medians only",
-    }
+    return Verdict(ratio, None, ratio, 0.0, "none (no samples)", 1.0, False, why)
 
 
 def short(verdict: str, regression: bool) -> str:

@@ -5,7 +5,6 @@ Each row has the keys `Store.rows` gives, so the comparison is the same code eit
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 
@@ -99,10 +98,11 @@ def _pytest_benchmark(spec: str, data: dict) -> tuple[str, list[dict]]:
 def _check_samples(spec: str, name: str, samples) -> None:
     if samples is None:
         return
+    from perfloop.harness.measurement import Measurement
+
     if not isinstance(samples, list) or not all(isinstance(x, (int, float)) for x in samples):
         raise RowsFileError(f"{spec}: {name}: samples are not a list of numbers")
-    bad = [x for x in samples if not math.isfinite(x) or x <= 0]
-    if bad:
-        raise RowsFileError(
-            f"{spec}: {name}: {len(bad)} sample(s) not a positive finite time (e.g. {bad[0]})"
-        )
+    try:
+        Measurement(samples_ms=tuple(samples))  # what the store takes: finite times > 0
+    except ValueError as exc:
+        raise RowsFileError(f"{spec}: {name}: not a positive finite time: {exc}") from None
