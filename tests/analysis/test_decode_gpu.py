@@ -16,9 +16,9 @@ pytestmark = [
 
 
 def _profiled(mode, dtype):
-    from fixtures.record import _decode
+    from fixtures.record import decode_step
 
-    p, extra = _decode(mode, dtype=dtype)
+    p, extra = decode_step(mode, dtype=dtype)
     return dataclasses.replace(p, **extra)
 
 

@@ -65,7 +65,8 @@ def test_decode_and_prefill_read_per_token_on_a_gpt_fast_style_script():
         "--range", "prefill", "--steps", "1", "--skip", "0", "--script", DECODE, "--prompt_len", "24"
     )
     assert prefill["tokens_per_step"] == 24  # the prompt, taken in at once
-    assert prefill["ms_per_token"] < decode["ms_per_token"] * 2  # its weights read once for 24 tokens
+    # its weights read once for 24 tokens: counted bytes, not a time (a loaded machine moves times)
+    assert prefill["bytes_per_token"] < decode["bytes_per_token"] / 10
 
 
 def test_a_bad_token_count_is_named(tmp_path):
