@@ -225,7 +225,7 @@ def test_fp32_runs_on_tensor_cores_and_reads_v_sequence_major(tf32, monkeypatch)
     0.21-0.43x SDPA (run24). Both take V sequence-major (a copy: wgmma's 32-bit operands are
     K-major only, and V is P V's second operand)."""
     seen = []
-    kernel = triton_impl._fwd_kernel
+    kernel = triton_impl.attn_fwd_kernel
     spy = type(
         "Spy",
         (),
@@ -235,7 +235,7 @@ def test_fp32_runs_on_tensor_cores_and_reads_v_sequence_major(tf32, monkeypatch)
             )
         },
     )()
-    monkeypatch.setattr(triton_impl, "_fwd_kernel", spy)
+    monkeypatch.setattr(triton_impl, "attn_fwd_kernel", spy)
     shape = (1, 2, 40, 48, 32, True)
     q, k, v, causal = pl.ops.get("attention").make_inputs(shape, device=DEV, seed=12)
     with tf32_matmuls(tf32):
@@ -320,7 +320,7 @@ def test_fp32_attention_at_a_ragged_length_copies_k_and_v_16_bytes_at_a_time(mon
     }
     copies = {
         k: n
-        for k, n in vector_widths(sm90_ptx(triton_impl._fwd_kernel, launched[0], meta)).items()
+        for k, n in vector_widths(sm90_ptx(triton_impl.attn_fwd_kernel, launched[0], meta)).items()
         if k.startswith("cp.async")
     }
     assert list(copies) == ["cp.async 16B"], copies

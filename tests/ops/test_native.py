@@ -255,10 +255,10 @@ def test_each_ops_plan_compiles_its_kernels_with_every_parameter_given(monkeypat
     k = torch.randn(2, 3, 700, 80)
     assert at._native_plan(q, k, k, causal=True) == 2
     assert [h[0] for h in handed] == [
-        at._fwd_kernel,
-        at._bwd_dkdv_kernel,
-        at._bwd_dq_kernel,
-        at._bwd_preprocess,
+        at.attn_fwd_kernel,
+        at.attn_bwd_dkdv_kernel,
+        at.attn_bwd_dq_kernel,
+        at.attn_bwd_preprocess,
     ]
     fwd_ids = ext.plans[2][:4]
     assert fwd_ids == (0, 3, 1, 2)  # the C++ plan's order: forward, preprocess, dk/dv, dq

@@ -16,10 +16,10 @@ from perfloop.ops import native
 from perfloop.ops.attention import validate
 from perfloop.ops.attention.triton_kernels import (
     LOG2E,
-    _bwd_dkdv_kernel,
-    _bwd_dq_kernel,
-    _bwd_preprocess,
-    _fwd_kernel,
+    attn_bwd_dkdv_kernel,
+    attn_bwd_dq_kernel,
+    attn_bwd_preprocess,
+    attn_fwd_kernel,
 )
 from perfloop.ops.base import cdiv, dot_precision, interpreting, k_major_for_tf32, needs_grad, next_pow2
 from perfloop.ops.launch import launch
@@ -153,7 +153,9 @@ def run_forward(q, k, v, causal: bool, scale: float, cfg: dict | None = None):
         sk_v,
     )
     consts = (causal, interpreting(), precision)
-    _launch(_fwd_kernel, "fwd", cfg, lambda c: (cdiv(sq, c["BLOCK_M"]), b * h), args, consts, d, sq, sk, q)
+    _launch(
+        attn_fwd_kernel, "fwd", cfg, lambda c: (cdiv(sq, c["BLOCK_M"]), b * h), args, consts, d, sq, sk, q
+    )
     return o, lse
 
 
@@ -166,13 +168,21 @@ def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | N
     dl = torch.empty_like(lse)
     pre_m = TUNED["preprocess_block_m"]
     launch(
-        _bwd_preprocess, (cdiv(sq, pre_m), b * h), o, do, dl, sq, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_m
+        attn_bwd_preprocess,
+        (cdiv(sq, pre_m), b * h),
+        o,
+        do,
+        dl,
+        sq,
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        BLOCK_M=pre_m,
     )
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = (causal, interpreting(), _precision(q.dtype))
     cfgs = cfgs or {}
     _launch(
-        _bwd_dkdv_kernel,
+        attn_bwd_dkdv_kernel,
         "dkdv",
         cfgs.get("dkdv"),
         lambda c: (cdiv(sk, c["BLOCK_N"]), b * h),
@@ -184,7 +194,7 @@ def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, cfgs: dict | N
         q,
     )
     _launch(
-        _bwd_dq_kernel,
+        attn_bwd_dq_kernel,
         "dq",
         cfgs.get("dq"),
         lambda c: (cdiv(sq, c["BLOCK_M"]), b * h),
@@ -234,16 +244,20 @@ def _native_plan(q, k, v, causal: bool):
     pre_m = TUNED["preprocess_block_m"]
     kernels = {
         "fwd": (
-            _fwd_kernel,
+            attn_fwd_kernel,
             lambda c: cdiv(sq, c["BLOCK_M"]),
             (t, t, t, t, f32, scale, *strides, h, sq, sk, sk),  # V's rows: sk (16-bit V is not copied)
         ),
         "dkdv": (
-            _bwd_dkdv_kernel,
+            attn_bwd_dkdv_kernel,
             lambda c: cdiv(sk, c["BLOCK_N"]),
             (t, t, t, t, f32, f32, t, t, scale, h, sq, sk),
         ),
-        "dq": (_bwd_dq_kernel, lambda c: cdiv(sq, c["BLOCK_M"]), (t, t, t, t, f32, f32, t, scale, h, sq, sk)),
+        "dq": (
+            attn_bwd_dq_kernel,
+            lambda c: cdiv(sq, c["BLOCK_M"]),
+            (t, t, t, t, f32, f32, t, scale, h, sq, sk),
+        ),
     }
     ids, grids = {}, {}
     for kind, (kernel, grid_x, args) in kernels.items():
@@ -261,7 +275,7 @@ def _native_plan(q, k, v, causal: bool):
             _fit(kind, d, sq, sk, q, consts, attempt)
     pre = native.add_kernel(
         ext,
-        _bwd_preprocess,
+        attn_bwd_preprocess,
         (cdiv(sq, pre_m), bh),
         t,
         t,
@@ -319,4 +333,9 @@ def attention(q, k, v, causal=False, out=None):
 
 def kernels() -> dict:
     """The three jitted kernels and the launch-config lookup, for `perfloop asm` (asm_specs)."""
-    return {"fwd": _fwd_kernel, "bwd_dkdv": _bwd_dkdv_kernel, "bwd_dq": _bwd_dq_kernel, "config": _config}
+    return {
+        "fwd": attn_fwd_kernel,
+        "bwd_dkdv": attn_bwd_dkdv_kernel,
+        "bwd_dq": attn_bwd_dq_kernel,
+        "config": _config,
+    }

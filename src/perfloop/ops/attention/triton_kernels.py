@@ -103,7 +103,7 @@ def _key_range(pid_m, SK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: 
 
 
 @triton.jit
-def _fwd_kernel(
+def attn_fwd_kernel(
     Q, K, V, O, L, qk_scale,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -150,7 +150,7 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _bwd_preprocess(O, DO, Dl, SQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+def attn_bwd_preprocess(O, DO, Dl, SQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     # D = rowsum(dO * O); O and dO are contiguous (B*H, SQ, HEAD_DIM) here
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -201,7 +201,7 @@ def _dkdv_tiles(
 
 
 @triton.jit
-def _bwd_dkdv_kernel(
+def attn_bwd_dkdv_kernel(
     Q, K, V, DO, L, Dl, DK, DV, sm_scale,
     H, SQ, SK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -273,7 +273,7 @@ def _dq_tiles(
 
 
 @triton.jit
-def _bwd_dq_kernel(
+def attn_bwd_dq_kernel(
     Q, K, V, DO, L, Dl, DQ, sm_scale,
     H, SQ, SK,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
