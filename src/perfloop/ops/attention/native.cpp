@@ -1,5 +1,5 @@
-// FlashAttention's autograd Function in C++ over the Triton kernels of triton_impl.py
-// (_fwd_kernel, _bwd_preprocess, _bwd_dkdv_kernel, _bwd_dq_kernel): the launches and arguments
+// FlashAttention's autograd Function in C++ over the Triton kernels of triton_kernels.py
+// (attn_fwd_kernel, attn_bwd_preprocess, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel): the launches and arguments
 // of its Python FlashAttention; a plan holds the four kernels compiled (with the tiles that fit
 // this GPU) for one shape, layout and dtype.
 #include "native_launch.h"
