@@ -41,9 +41,9 @@ def test_the_reading_against_the_ceiling():
     assert "80% of the measured copy ceiling" in text and "headroom 1.600 ms" in text
 
 
-def _profile(*args):
+def _profile(db, *args):
     p = subprocess.run(
-        [sys.executable, "-m", "perfloop", "profile", "--json", "--db", ":memory:", *args],
+        [sys.executable, "-m", "perfloop", "profile", "--json", "--db", str(db), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -54,15 +54,27 @@ def _profile(*args):
 
 
 @pytest.mark.slow
-def test_decode_and_prefill_read_per_token_on_a_gpt_fast_style_script():
-    decode = _profile("--range", "decode", "--steps", "3", "--script", DECODE, "--batch", "2")
+def test_decode_and_prefill_read_per_token_on_a_gpt_fast_style_script(tmp_path):
+    decode = _profile(
+        tmp_path / "r.db", "--range", "decode", "--steps", "3", "--script", DECODE, "--batch", "2"
+    )
     assert decode["tokens_per_step"] == 2 and decode["tokens_from"] == "embedding input"
     # a decode step reads each weight once and the whole KV cache (SDPA over it, masked)
     must = decode["weights_bytes"] + decode["cache_bytes"]
     assert decode["bytes_per_token"] * 2 == pytest.approx(must, rel=0.10)
     assert decode["ms_per_token"] * decode["tokens_per_s"] == pytest.approx(1e3)
     prefill = _profile(
-        "--range", "prefill", "--steps", "1", "--skip", "0", "--script", DECODE, "--prompt_len", "24"
+        tmp_path / "r.db",
+        "--range",
+        "prefill",
+        "--steps",
+        "1",
+        "--skip",
+        "0",
+        "--script",
+        DECODE,
+        "--prompt_len",
+        "24",
     )
     assert prefill["tokens_per_step"] == 24  # the prompt, taken in at once
     # its weights read once for 24 tokens: counted bytes, not a time (a loaded machine moves times)
@@ -115,8 +127,8 @@ def test_the_napkin_math_of_the_batch_where_reading_the_weights_stops_bounding_a
     )
 
 
-def _cli(*args):
-    cmd = [sys.executable, "-m", "perfloop", "profile", "--db", ":memory:", *args]
+def _cli(db, *args):
+    cmd = [sys.executable, "-m", "perfloop", "profile", "--db", str(db), *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     return p.returncode, p.stderr
 
@@ -137,9 +149,13 @@ with torch.no_grad():
 def test_a_generation_script_without_a_step_is_told_how_to_mark_a_token(tmp_path):
     script = tmp_path / "gen.py"
     script.write_text(GEN)
-    rc, err = _cli("--script", str(script))
+    rc, err = _cli(tmp_path / "r.db", "--script", str(script))
     assert rc == 2 and 'record_function("decode")' in err and "--range decode" in err, err
-    rc, err = _cli("--range", "prefill", "--script", str(script))  # seen once: the flags that take it
+    rc, err = _cli(
+        tmp_path / "r.db", "--range", "prefill", "--script", str(script)
+    )  # seen once: the flags that take it
     assert rc == 2 and "--skip 0 --steps 1" in err, err
-    rc, err = _cli("--range", "prefill", "--skip", "0", "--steps", "1", "--script", str(script))
+    rc, err = _cli(
+        tmp_path / "r.db", "--range", "prefill", "--skip", "0", "--steps", "1", "--script", str(script)
+    )
     assert rc == 0, err
