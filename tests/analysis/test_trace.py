@@ -237,3 +237,40 @@ def test_reading_and_analysing_a_trace_grows_linearly_with_its_length(tmp_path):
     # 8x the events: linear reads ~8-10x; the quadratic scans this replaced read 9.1x at 4x
     # the events, so 30x or more here (each size its best of two, against a busy machine)
     assert large / small < 16, (small, large)
+
+
+def test_a_deeply_nested_trace_is_read_without_a_recursion_error(tmp_path, capsys):
+    """Ops nested far deeper than Python's recursion limit (a recursive model, a trace of
+    record_function ranges opened in a loop): every walk over the op tree must be iterative."""
+    depth = 5000
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm" if i % 2 == 0 else "aten::add",
+            "pid": 1,
+            "tid": 1,
+            "ts": 1000 + i,
+            "dur": 2 * (depth - i) + 10,
+            "args": {"Input Dims": [[8, 8], [8, 8]], "Input type": ["float", "float"]},
+        }
+        for i in range(depth)
+    ]
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    p = from_trace(path)
+    # the outermost mm carries the FLOPs of every mm nested under it: 2 * 8^3 each
+    assert sum(r.flops for r in p.breakdown("op")) == pytest.approx(depth // 2 * 2 * 8**3)
+    assert main(["profile", "--trace-file", str(path), "--db", str(tmp_path / "h.sqlite")]) == 0
+    assert "aten::mm" in capsys.readouterr().out
+
+
+def test_an_event_whose_args_nest_past_the_recursion_limit_is_a_clear_error(tmp_path, capsys):
+    deep = "[" * 100_000 + "]" * 100_000
+    path = _one_op_trace(tmp_path / "t.json", {"ph": "X", "cat": "cpu_op", "name": "aten::add"})
+    nested = f'"name": "aten::add", "args": {{"x": {deep}}}}}'
+    path.write_text(path.read_text().replace('"name": "aten::add"}', nested))
+    with pytest.raises(ValueError, match="nested too deeply"):
+        from_trace(path)
+    assert main(["profile", "--db", str(tmp_path / "r.db"), "--trace-file", str(path)]) == 2
+    assert "nested too deeply" in capsys.readouterr().err

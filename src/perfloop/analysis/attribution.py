@@ -226,7 +226,7 @@ def items(events, kind: str, placed: dict | None = None) -> list[Item]:
         out = []
         for e in cpu_ops(events):
             op, module, phase, _ = call_context(e, seq_module)
-            marks = tuple(int(c.name[len(MARKER) :]) for c in _descendants(e) if c.name.startswith(MARKER))
+            marks = tuple(int(c.name[len(MARKER) :]) for c in descendants(e) if c.name.startswith(MARKER))
             r, at, kernel = e.time_range, placed.get(id(e)), kernel_name(e.name)
             out.append(
                 Item(
@@ -303,16 +303,20 @@ def _launched(op, kernel_start: float) -> float:
     before the kernel did (the op's start where none is recorded)."""
     starts = [
         c.time_range.start
-        for c in _descendants(op)
+        for c in descendants(op)
         if c.name.startswith(LAUNCH_APIS) and c.time_range.start <= kernel_start
     ]
     return max(starts) if starts else op.time_range.start
 
 
-def _descendants(e):
-    for c in e.cpu_children:
+def descendants(e):
+    """Every CPU event under e, depth first; a stack, not recursion: traces nest deeper than
+    Python's recursion limit."""
+    stack = list(reversed(e.cpu_children))
+    while stack:
+        c = stack.pop()
         yield c
-        yield from _descendants(c)
+        stack.extend(reversed(c.cpu_children))
 
 
 def key_of(item: Item, by: str, depth: int | None = None) -> str:

@@ -132,6 +132,8 @@ class _Stream:
                 if end < len(self.buf) or self.eof or not self._fill():  # a number may go on
                     self.pos = end
                     return v
+            except RecursionError:  # arrays or objects nested past Python's recursion limit
+                raise json.JSONDecodeError("a value nested too deeply to read", self.buf, self.pos) from None
             except json.JSONDecodeError:
                 if len(self.buf) - self.pos > _MAX_VALUE_CHARS or self.eof or not self._fill():
                     raise
@@ -334,7 +336,7 @@ def work_by_key(events, kind: str, spans=None) -> dict:
     """(module, phase, op) -> [flops, input bytes, dtype], each launching op counted once (with
     `spans`, those launched inside them). On a CPU the outermost ops are the work: each carries
     its own input bytes and the FLOPs of the matmuls inside it."""
-    from perfloop.analysis.attribution import call_context, cpu_ops, seq_modules
+    from perfloop.analysis.attribution import call_context, cpu_ops, descendants, seq_modules
 
     seq_module = seq_modules(events)
     inside = Spans(spans) if spans else None
@@ -355,7 +357,7 @@ def work_by_key(events, kind: str, spans=None) -> dict:
         for e in cpu_ops(events):
             w = op_work(e)
             if w is not None:
-                flops = w[0] + sum((op_work(c) or (0.0,))[0] for c in _subtree(e))
+                flops = w[0] + sum((op_work(c) or (0.0,))[0] for c in descendants(e))
                 pairs.append((e, e, (flops, w[1], w[2])))
     for e, op_event, w in pairs:
         if w is None or (inside is not None and op_event.time_range.start not in inside):
@@ -366,12 +368,6 @@ def work_by_key(events, kind: str, spans=None) -> dict:
         acc[1] += w[1]
         acc[2] = acc[2] or w[2]
     return out
-
-
-def _subtree(e):
-    for c in e.cpu_children:
-        yield c
-        yield from _subtree(c)
 
 
 def from_trace(

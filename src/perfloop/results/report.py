@@ -144,7 +144,7 @@ img{max-width:100%;height:auto;margin:.3em}
 .warn{color:#a40}table.ops td:nth-child(-n+3){text-align:left}
 nav.toc{background:#f7f7f7;padding:.2em 1em;margin:1em 0}nav.toc h2{font-size:1em}
 table{display:block;overflow-x:auto}
-@media (max-width:700px){body{margin:.6em}td,th{font-size:11px;padding:2px 4px}}
+@media (max-width:700px){body{margin:.6em}td,th{font-size:11px;padding:2px 4px;white-space:nowrap}}
 """
 
 _CHECK_JS = """
@@ -228,10 +228,11 @@ def _profile_section(op: str, a: dict) -> list[dict]:
         [k["short"], k["calls"], fmt_ms(k["total_ms"]), fmt_ms(k["mean_us"] / 1e3), f"{k['share']:.1%}"]
         for k in p.get("kernels", [])[:10]
     ]
-    blocks = [
-        {"h3": f"profile: {op}/{a['variant'] or ''}"},
-        _table(["kernel", "calls", "total", "mean", "share"], rows),
-    ]
+    blocks: list[dict] = [{"h3": f"profile: {op}/{a['variant'] or ''}"}]
+    if rows:
+        blocks.append(_table(["kernel", "calls", "total", "mean", "share"], rows))
+    else:
+        blocks.append({"p": "no kernel recorded"})
     d = p.get("diagnosis")
     if d:  # one op's Diagnosis (bound, evidence, advice) or a step's (bound, advice, opportunities)
         blocks.append({"p": f"diagnosis ({d.get('bound', '?')}): {d.get('advice', '')}"})
