@@ -274,3 +274,15 @@ def test_an_event_whose_args_nest_past_the_recursion_limit_is_a_clear_error(tmp_
         from_trace(path)
     assert main(["profile", "--db", str(tmp_path / "r.db"), "--trace-file", str(path)]) == 2
     assert "nested too deeply" in capsys.readouterr().err
+
+
+def test_profile_with_an_in_memory_database_writes_no_file(tmp_path, monkeypatch, capsys):
+    """`--db :memory:` is SQLite's database that lives only while the command runs: profile made
+    the path absolute first and left a file named ':memory:' in the working folder."""
+    monkeypatch.chdir(tmp_path)
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10 + 20 * i, "dur": 5} for i in range(4)]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    assert main(["profile", "--trace-file", "t.json", "--db", ":memory:"]) == 0
+    out, err = capsys.readouterr()
+    assert "stored as run" in out and "nothing is kept after this command" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]

@@ -121,6 +121,10 @@ def open_store(args, writing: bool = True):
         store = Store(args.db)
         if writing:
             store.check_writable()
+            if store.path == ":memory:":
+                from perfloop.cli.output import warn
+
+                warn("--db :memory:: SQLite's database in memory; nothing is kept after this command")
         return store
     except StoreError as exc:
         raise UsageError(str(exc)) from None

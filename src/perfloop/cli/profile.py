@@ -306,7 +306,7 @@ def _step_args(args) -> tuple:
     window = _window(args.window)
     range_name = None if window or args.trace_file else (args.range or AUTO)
     for name in ("report", "trace", "db"):
-        if getattr(args, name, None):
+        if getattr(args, name, None) and getattr(args, name) != ":memory:":  # SQLite's, not a file
             setattr(args, name, os.path.abspath(getattr(args, name)))
     if args.report:
         try:
