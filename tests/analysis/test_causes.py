@@ -145,3 +145,28 @@ def test_recorded_on_the_gpu_nchw_convolutions_are_found_and_channels_last_ones_
     assert norms and all("channels_last" in g.advice and "pl.patch" not in g.advice for g in norms), str(d)
     last, ceilings = load(HERE / "gpu-conv-channels-last.json.gz")
     assert not any(g.kind == Kind.CONV_LAYOUT for g in rank(last, ceilings).findings)
+
+
+def test_on_the_gpu_sdpa_is_read_as_math_from_its_ops_and_as_fused_from_its_kernel_op():
+    """On a GPU each SDPA call's kernels carry their own op under aten::scaled_dot_product_attention:
+    bmm and softmax for the math backend, one flash / efficient op for a fused one."""
+
+    def sdpa(ops: list[tuple[str, str, float]]) -> Capture:
+        items = tuple(
+            Item(k, op, "attn", "forward", ms, 0, 1, outer_op="aten::scaled_dot_product_attention")
+            for k, op, ms in ops
+        )
+        return Capture("cuda", 1, 1.0, items)
+
+    math = sdpa(
+        [
+            ("gemm", "aten::bmm", 0.3),
+            ("softmax_warp_forward", "aten::_safe_softmax", 0.3),
+            ("gemm", "aten::bmm", 0.3),
+        ]
+    )
+    fused = sdpa([("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "aten::_efficient_attention_forward", 0.1)])
+    ceilings = {"copy_gbps": 4000.0, "matmul_bf16_tflops": 700.0}
+    [f] = [f for f in rank(math, ceilings).findings if f.kind == Kind.SDPA_MATH]
+    assert f.saves_ms == pytest.approx(0.9) and f.where == "attn"  # no records: nothing known to subtract
+    assert not any(f.kind == Kind.SDPA_MATH for f in rank(fused, ceilings).findings)

@@ -219,3 +219,17 @@ def test_a_decode_step_reading_fp32_weights_is_told_bf16_first_and_its_bf16_cont
     assert top.kind == "decode weights" and "bf16" in top.advice and top.share > 0.2, str(d)
     assert not any(f.kind == "roofline" and "linear" in f.title for f in d.findings), str(d)
     assert not any(f.kind == "decode weights" for f in ranked("decode-bf16").findings)
+
+
+def test_sdpa_forced_to_its_math_backend_is_told_so_first_and_its_fused_control_is_not():
+    """Recorded on the CPU: the same causal SDPA call under sdpa_kernel(SDPBackend.MATH) and as
+    torch chooses (issue 54). The math path's time is this finding's, not the ops finding's; a
+    fused kernel's bytes are q, k, v and the output once: 4 x (4, 8, 256, 64) fp32."""
+    d = ranked("sdpa-math")
+    top = d.findings[0]
+    assert top.kind == "sdpa math" and "sdpa_kernel(SDPBackend.MATH)" in top.advice, str(d)
+    assert "8.4 MB in and out once" in top.evidence and "0.27 GFLOP" in top.evidence  # causal: half
+    assert 0 < top.saves_ms <= top.evidence.values["math_ms"]
+    assert not any("scaled_dot_product_attention (forward)" in f.title for f in d.findings), str(d)
+    assert not any(f.kind == "sdpa math" for f in ranked("sdpa-op").findings)
+    assert not any(f.kind == "sdpa math" for f in ranked("decode-bf16").findings)  # SDPA fused on a CPU

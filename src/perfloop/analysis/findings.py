@@ -40,6 +40,7 @@ class Kind(str, Enum):
     RECOMPILE = "recompile"
     GRAPH_BREAK = "graph break"
     DECODE_WEIGHTS = "decode weights"  # fp32 weights read once a token in a generation step
+    SDPA_MATH = "sdpa math"  # scaled_dot_product_attention run by its math backend
 
     def __str__(self) -> str:
         return self.value

@@ -20,12 +20,14 @@ from perfloop.analysis.causes import (
     ops,
     optimizer,
     pageable,
+    sdpa_math,
 )
 
 ANALYZERS = [
     compiles.find,
     graph_breaks.find,
     attention.find,
+    sdpa_math.find,
     fusion.find,
     pageable.find,
     layout.find,

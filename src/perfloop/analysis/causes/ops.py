@@ -8,7 +8,15 @@ from __future__ import annotations
 from perfloop.analysis import attribution as attr
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
-from perfloop.analysis.causes import attention, conv_layout, decode_weights, fusion, layout, pageable
+from perfloop.analysis.causes import (
+    attention,
+    conv_layout,
+    decode_weights,
+    fusion,
+    layout,
+    pageable,
+    sdpa_math,
+)
 from perfloop.analysis.causes.base import Findings
 from perfloop.analysis.findings import Finding, Kind, Site, count_words
 from perfloop.analysis.inductor import COMPILED_OP
@@ -25,10 +33,10 @@ BATCH_NORM = (
 def kept(c: Capture, ceilings: dict) -> list:
     """The items no earlier finding explains: not the written-out attention's, the fused runs',
     the optimizer's, the pageable or the layout copies', the convolutions' transposes, a decode
-    step's fp32 weight matmuls."""
+    step's fp32 weight matmuls, SDPA's math backend."""
     taken = attention.covered(c) | fusion.covered(c, ceilings)
     moved = pageable.copies(c) + layout.copies(c, ceilings) + conv_layout.transposes(c)
-    moved += decode_weights.matmuls(c)
+    moved += decode_weights.matmuls(c) + sdpa_math.math_calls(c)
     taken_items = {id(i) for i in moved}
     return [
         i
