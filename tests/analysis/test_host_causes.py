@@ -149,3 +149,36 @@ def test_on_the_gpu_each_planted_host_problem_ranks_first_and_the_controls_rank_
     assert d.opportunities[0].advice and d.opportunities[0].saves_ms > 0
     if case in AT_LINE:  # charged to the planted function's line: the indexing, the NumPy work
         assert f"({problem.__name__})" in d.opportunities[0].site.line, str(d)
+
+
+def _decode_sync(outer: str, model: dict | None):
+    from perfloop.analysis.capture import Capture
+    from perfloop.analysis.idle_record import Cause, Idle
+
+    causes = dict.fromkeys(Cause, 0.0) | {Cause.SYNC: 6.0}
+    idle = Idle(
+        20.0,
+        14.0,
+        causes,
+        syncs=[("aten::_local_scalar_dense", 2, 6.0, ["generate.py:41"])],
+        outer={"aten::_local_scalar_dense": {outer}},
+    )
+    return Capture("cuda", 2, 10.0, idle=idle, model=model)
+
+
+@pytest.mark.parametrize(
+    "outer, fix", [("aten::multinomial", "exponential_"), ("aten::item", "read them once after the loop")]
+)
+def test_a_generation_step_that_syncs_to_sample_is_told_how_to_sample_on_the_device(outer, fix):
+    """Issue 54: torch.multinomial checks its probabilities on the host (a sync a token) and a
+    token read with .item() each step is another; in a generation step that is the sampling's
+    sync, with its device-side form. The same sync in a training step keeps the general advice."""
+    from perfloop.analysis.findings import Kind
+    from perfloop.analysis.ranking import rank
+
+    generation = {"weights": 1e9, "dtypes": {"bfloat16": 1e9}, "cache": 1e6, "batch": 1, "tokens": 1}
+    [f] = [f for f in rank(_decode_sync(outer, generation), {}).findings if f.bound == "host"]
+    assert f.kind == Kind.SAMPLING_SYNC and fix in f.advice and "at generate.py:41" in f.evidence, str(f)
+    assert f.saves_ms == pytest.approx(3.0)
+    [g] = [g for g in rank(_decode_sync(outer, None), {}).findings if g.bound == "host"]
+    assert g.kind == Kind.SYNC and "exponential_" not in g.advice

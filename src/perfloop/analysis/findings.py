@@ -35,6 +35,7 @@ class Kind(str, Enum):
     LAUNCH = "launch"  # the device idle while the host launches
     HOST = "host"  # idle for the host's other work (data, allocator, Python, NumPy)
     SYNC = "sync"  # idle after synchronizing calls
+    SAMPLING_SYNC = "sampling sync"  # ... a generation step's sampling or token read
     DATA_DEPENDENT = "data-dependent"  # ... of data-dependent shapes (nonzero, boolean masks)
     COMPILE = "compile"  # compilation inside the profiled steps
     RECOMPILE = "recompile"

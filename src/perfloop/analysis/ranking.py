@@ -35,6 +35,7 @@ BLOCKERS = (
     Kind.GRAPH_BREAK,
     Kind.RECOMPILE,
     Kind.SYNC,
+    Kind.SAMPLING_SYNC,
     Kind.DATA_DEPENDENT,
 )  # what CUDA graphs cannot replay
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
-from perfloop.analysis.causes import optimizer, pageable
+from perfloop.analysis.causes import decode_weights, optimizer, pageable
 from perfloop.analysis.causes.base import Findings
 from perfloop.analysis.findings import Finding, Kind, Site
 from perfloop.analysis.idle_record import Cause
@@ -105,6 +105,26 @@ DATA_DEPENDENT_USE = {  # the user's op around a data-dependent sync -> how the 
 }
 
 
+SAMPLING = {
+    "aten::multinomial": "torch.multinomial checks its probabilities on the host",
+    "aten::item": ".item()",
+}
+SAMPLING_ADVICE = (
+    "sample on the device: torch.argmax(probs / torch.empty_like(probs).exponential_(1), dim=-1, "
+    "keepdim=True) draws as torch.multinomial(probs, 1) does, without its host check (gpt-fast's "
+    "multinomial_sample_one_no_sync); keep the tokens in a device tensor and read them once after the loop "
+    "(or every N tokens for streaming), and stop on EOS by checking every N tokens"
+)
+
+
+def _sampling(c: Capture, idle) -> str:
+    """How the first synchronizing call samples in a generation step ('' where it does not)."""
+    if not idle.syncs or decode_weights.generation_tokens(c) is None:
+        return ""
+    around = idle.outer.get(idle.syncs[0][0]) or {idle.syncs[0][0]}
+    return ", ".join(SAMPLING[op] for op in sorted(around) if op in SAMPLING)
+
+
 def _syncs(c: Capture, idle, title: str, advice: str, evidence: str) -> tuple[Kind, str, str, str]:
     """(kind, title, advice, evidence) of the synchronizing calls' finding: data-dependent
     shapes named as such, with the device-side rewrite."""
@@ -116,6 +136,9 @@ def _syncs(c: Capture, idle, title: str, advice: str, evidence: str) -> tuple[Ki
     own = idle.sync_host_ms - idle.waited_ms
     if own > 0:
         evidence += f"; their ops' own host time {fmt_ms(own / c.calls)} per call, the queue empty after it"
+    sampling = _sampling(c, idle)
+    if sampling:
+        return Kind.SAMPLING_SYNC, f"the sampling syncs each token ({sampling})", SAMPLING_ADVICE, evidence
     dependent = idle.data_dependent()
     if not dependent or dependent[0][0] != idle.syncs[0][0]:
         return Kind.SYNC, title, advice, evidence
