@@ -415,3 +415,32 @@ def test_a_script_that_closes_stdout_still_gets_its_analysis_printed(tmp_path):
     p = _run_cli(tmp_path, "--script", "s.py")
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr and "stored as run" in p.stdout
+
+
+def test_under_json_the_scripts_prints_go_to_stderr_and_stdout_is_the_json_alone(tmp_path, capfd):
+    """`perfloop profile --json --script train.py | jq` must read: the script's prints, its
+    Python's and a child process's, went to the same stdout as the JSON."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, torch
+            lin = torch.nn.Linear(32, 32)
+            opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+            for step in range(6):
+                loss = lin(torch.randn(8, 32)).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                print("step", step, "loss", round(loss.item(), 3))
+            os.system("echo from-a-child-process")
+            """
+        )
+    )
+    rc = main(["profile", "--json", "--db", str(tmp_path / "r.db"), "--script", str(script)])
+    out, err = capfd.readouterr()
+    assert rc == 0, err
+    assert json.loads(out)["window"]  # the JSON, whole, alone
+    assert "step 5 loss" in err and "from-a-child-process" in err
+    print("after")  # stdout is perfloop's again once the script is done
+    assert capfd.readouterr().out == "after\n"

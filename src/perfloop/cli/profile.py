@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -327,17 +328,36 @@ def _take_profile(args, window, range_name):
     with status(args, f"running {args.script}" if args.script else f"reading {args.trace_file}"):
         if args.trace_file:
             return from_trace(args.trace_file, progress=_progress_printer(args.trace_file, args.json))
-        return profile_script(
-            args.script,
-            args.script_args,
-            range_name,
-            skip=args.skip,
-            steps=args.steps,
-            window=window,
-            count_work=not args.no_count,
-            exit_after=args.exit_after,
-            on_taken=_taken_printer(args),
-        )
+        with _prints_to_stderr(args.json):
+            return profile_script(
+                args.script,
+                args.script_args,
+                range_name,
+                skip=args.skip,
+                steps=args.steps,
+                window=window,
+                count_work=not args.no_count,
+                exit_after=args.exit_after,
+                on_taken=_taken_printer(args),
+            )
+
+
+@contextlib.contextmanager
+def _prints_to_stderr(json_out: bool):
+    """Under --json standard output is the JSON's alone: the script's prints, its Python's and its
+    child processes' (fd 1), go to standard error while it runs."""
+    if not json_out:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _script_failed(args, exc) -> int:
