@@ -34,6 +34,13 @@ def register(verb) -> None:
         "--steps", type=int, default=20, help="optimizer steps timed per run, after the warm-up (default 20)"
     )
     p.add_argument(
+        "--range",
+        metavar="NAME",
+        help="a generation script: a step is one occurrence of this range (record_function or "
+        "pl.annotate around one token's call), and each candidate is checked on the greedy tokens "
+        "(the argmax of the model's outputs) instead of a loss",
+    )
+    p.add_argument(
         "--warmup",
         type=int,
         default=5,
@@ -51,8 +58,8 @@ def register(verb) -> None:
         action="append",
         metavar="NAME",
         help="try this candidate (repeatable), advised or not: tf32, fused-optimizer, patch, channels-last, "
-        "cudnn-benchmark, compile, compile-reduce-overhead, compile-max-autotune, autocast-bf16, or "
-        "package.module:NAME for your own; default: what the diagnosis advises, and compile",
+        "cudnn-benchmark, compile, compile-reduce-overhead, compile-max-autotune, autocast-bf16, "
+        "bf16-weights, or package.module:NAME for your own; default: what the diagnosis advises, and compile",
     )
     p.add_argument(
         "--allow-numerics",
@@ -90,6 +97,7 @@ def run(args) -> int:
         rounds=args.rounds,
         tried=args.tried,
         allow_numerics=args.allow_numerics,
+        range=args.range,
     )
     if opts.tried:
         from perfloop.workflows.tune.candidates import get

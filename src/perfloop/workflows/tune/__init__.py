@@ -22,12 +22,14 @@ def tune(
     rounds: int = 2,
     tried: Sequence[str] | None = None,
     allow_numerics: bool = False,
+    range: str | None = None,
     say: Callable[[str], None] | None = print,
 ) -> Result:
     """`perfloop tune --script SCRIPT ARGS...` from Python: a `tuner.Result` (the trials with
     their verdicts and speed-ups, the best kept, torch.compile alone). `budget`: seconds or
     "90s", "10m", "1h"; `tried`: candidate names (default: what the diagnosis advises, and
-    compile); `say`: each run's line as it ends (None: quiet). Raises ValueError naming the
+    compile); `range`: a generation script's step (one token's call), checked on its greedy
+    tokens; `say`: each run's line as it ends (None: quiet). Raises ValueError naming the
     argument for bad input, and where the unchanged script cannot be run or timed."""
     import os
 
@@ -52,6 +54,7 @@ def tune(
         rounds=rounds,
         tried=list(tried) if tried else None,
         allow_numerics=allow_numerics,
+        range=range,
     )
     return _tune(opts, say or (lambda line: None))
 

@@ -6,7 +6,10 @@ A run times each step of the script's first optimizer to step (device events on 
 clock on the CPU, read once at the end: no sync between steps), records the loss each step
 backpropagates (kept on the device, read at the end), overrides the script's seeds by the
 spec's offset (torch, CUDA, random, NumPy), and ends the script once `warmup + steps` steps are
-taken. A process per run: no candidate's settings, compiled graphs or patches reach another's.
+taken. A generation script (the spec's `range`: a record_function or pl.annotate range, one
+token's call) is timed by that range's occurrences instead, and checked on its greedy tokens:
+the argmax of each of its model's outputs. A process per run: no candidate's settings, compiled
+graphs or patches reach another's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import runpy
 import sys
 import time
 import traceback
+
+MAX_TOKENS = 4096  # greedy tokens kept for the check
 
 
 class _Done(BaseException):
@@ -37,6 +42,7 @@ class Child:
         self.marks: list = []  # per step of the first optimizer: a CUDA event or a clock reading
         self.host_marks: list[float] = []
         self.losses: list = []  # (step index, the loss tensor)
+        self.tokens: list = []  # a generation run: each model call's greedy tokens (on the device)
         self.optimizer = None
         self.current = ""  # the candidate whose apply() runs now
         self.dropout_seen = False
@@ -88,29 +94,72 @@ class Child:
 
         torch.Tensor.backward = recorded
 
-    def _time_steps(self) -> None:
+    def _mark(self) -> None:
+        """A step ended: its mark (a CUDA event, or the clock); the run ends at the last one."""
         import torch
-        from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        cuda = torch.cuda.is_available()
-        total = int(self.spec["warmup"]) + int(self.spec["steps"])
+        if torch.cuda.is_available():
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+        self.host_marks.append(time.perf_counter())
+        if len(self.marks) >= int(self.spec["warmup"]) + int(self.spec["steps"]):
+            raise _Done
+
+    def _time_steps(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
 
         def after_step(optimizer, args, kwargs) -> None:
             if self.optimizer is None:
                 self.optimizer = optimizer
-            if optimizer is not self.optimizer:
-                return
-            if cuda:
-                event = torch.cuda.Event(enable_timing=True)
-                event.record()
-                self.marks.append(event)
-            else:
-                self.marks.append(time.perf_counter())
-            self.host_marks.append(time.perf_counter())
-            if len(self.marks) >= total:
-                raise _Done
+            if optimizer is self.optimizer:
+                self._mark()
 
         register_optimizer_step_post_hook(after_step)
+
+    def _time_ranges(self, name: str) -> None:
+        """Each end of the range `name` (record_function, torch.profiler's numbered steps, or
+        pl.annotate) is a step's end."""
+        import torch
+
+        from perfloop.analysis import annotate
+        from perfloop.workflows.step_sources import NUMBERED
+
+        rf = torch.autograd.profiler.record_function
+        rf_exit = rf.__exit__
+
+        def __exit__(r, *exc):
+            out = rf_exit(r, *exc)
+            if exc[0] is None and NUMBERED.sub("", r.name) == name and not annotate.annotating():
+                self._mark()
+            return out
+
+        class Watcher:
+            def enter(self, _name: str) -> None:
+                pass
+
+            def exit(self, ended: str) -> None:
+                if ended == name:
+                    child._mark()
+
+        child = self
+        rf.__exit__ = __exit__
+        annotate.RANGE_WATCHERS.append(Watcher())
+
+    def _record_tokens(self, model, args, kwargs) -> None:
+        """Each call of the model: the argmax of its output's last dimension (the greedy tokens
+        of logits), kept on the device until the end."""
+        import torch
+
+        def greedy(module, inputs, out) -> None:
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            logits = isinstance(first, torch.Tensor) and first.is_floating_point() and first.dim() > 0
+            if logits and first.shape[-1] > 1 and sum(t.numel() for t in self.tokens) < MAX_TOKENS:
+                self.tokens.append(first.detach().argmax(-1).flatten()[:MAX_TOKENS])
+
+        model.register_forward_hook(greedy)
 
     def _dropout(self) -> None:
         """Say whether the model drops out in training (its loss then differs run to run by
@@ -161,7 +210,11 @@ class Child:
         out: dict = {"ok": False, "error": None, "failed_candidate": None, "ended": None}
         self._override_seeds()
         self._record_losses()
-        self._time_steps()
+        if self.spec.get("range"):
+            self._time_ranges(self.spec["range"])
+            self.on_first_model.append((100, "", self._record_tokens))  # after the candidates
+        else:
+            self._time_steps()
         for name in self.spec.get("candidates", []):
             self.current = name
             try:
@@ -207,10 +260,12 @@ class Child:
         for step, loss in self.losses:
             per_step.setdefault(step, []).append(float(loss))
         losses = [sum(v) / len(v) for _, v in sorted(per_step.items())]
+        tokens = [int(x) for t in self.tokens for x in t.tolist()][:MAX_TOKENS]
         warm = int(self.spec["warmup"])
         return {
             "step_ms": step_ms,  # step i -> i+1; the first `warmup` of them include compiling
             "losses": losses,  # the mean loss backpropagated in each step, from the first
+            "tokens": tokens,  # a generation run's greedy tokens, each model call's in turn
             "peak_mb": peak_mb,
             "first_step_s": (self.host_marks[0] - self.t0) if self.host_marks else None,
             "warm_s": (self.host_marks[min(warm, len(self.host_marks)) - 1] - self.t0)
@@ -232,11 +287,16 @@ def _run_script(path: str, argv: list[str]) -> None:
 
 def profile(spec: dict) -> dict:
     """The script's profile (perfloop profile --script's window) and its diagnosis."""
-    from perfloop.workflows.script import ScriptError, profile_script
+    from perfloop.workflows.script import AUTO, ScriptError, profile_script
 
     try:
         p = profile_script(
-            spec["script"], spec.get("argv", []), skip=None, steps=spec.get("steps", 3), exit_after=True
+            spec["script"],
+            spec.get("argv", []),
+            spec.get("range") or AUTO,
+            skip=None,
+            steps=spec.get("steps", 3),
+            exit_after=True,
         )
     except ScriptError as exc:  # a profile taken before the script failed still serves
         if exc.profile is None:

@@ -61,6 +61,7 @@ def payload(r: Result) -> dict:
     return {
         "script": r.script,
         "device": r.device,
+        "checked_on": r.checked_on,
         "warmup": r.warmup,
         "baseline_ms": _base_median(r),
         "findings": [{k: f.get(k) for k in ("kind", "title", "saves_ms", "share")} for f in r.findings],
@@ -92,6 +93,12 @@ def _fmt(x, spec: str, none: str = "-") -> str:
     return none if x is None else format(x, spec)
 
 
+_CHECK = {  # what a candidate is checked on -> (its column, the checks' heading)
+    "loss": ("loss", "loss checks (tolerance from the script's own spread):"),
+    "tokens": ("toks", "token checks (greedy tokens against the script's at its seed):"),
+}
+
+
 def text(r: Result) -> list[str]:
     data = payload(r)
     out = [f"perfloop tune {r.script} on {r.device}: baseline {_fmt(data['baseline_ms'], '.3f')} ms/step"]
@@ -99,7 +106,7 @@ def text(r: Result) -> list[str]:
         out.append("search: each candidate alone, then stacked on the best (+: taken over what it adds to)")
     head = (
         f"{'candidate':34} {'ms/step':>9} {'speed-up [95% CI]':>22} {'predicted':>9} {'realized':>9} "
-        f"{'loss':>5} {'peak MB':>8} {'warm-up':>8}  kept"
+        f"{_CHECK[r.checked_on][0]:>5} {'peak MB':>8} {'warm-up':>8}  kept"
     )
     out.append(head)
     for row in data["candidates"]:
@@ -113,7 +120,7 @@ def text(r: Result) -> list[str]:
             f"{loss:>5} {_fmt(row['peak_mb'], '8.0f', _DASH)} {_fmt(row['warmup_s'], '7.1f', _DASH)}s  "
             f"{'yes' if row['kept'] else 'no'}"
         )
-    out.append("loss checks (tolerance from the script's own spread):")
+    out.append(_CHECK[r.checked_on][1])
     for row in data["candidates"]:
         if row["error"]:
             out.append(f"  {row['candidate']}: failed: {row['error']}")
@@ -153,7 +160,10 @@ def _verdict_lines(data: dict) -> list[str]:
         out.append("to keep it, add to the script:")
         out.extend(f"    {line}" for line in data["lines"])
     else:
-        out.append("nothing kept: no candidate was both verified on the loss and faster at 95% confidence")
+        out.append(
+            f"nothing kept: no candidate was both verified on the {data['checked_on']} and faster at 95% "
+            "confidence"
+        )
     if data["stopped"]:
         out.append(f"stopped early ({data['stopped']}): what was measured is above")
     out.append(f"tune took {data['elapsed_s']:.0f} s of a {data['budget_s']:.0f} s budget")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from perfloop.workflows.tune.candidates import Numerics, get
 from perfloop.workflows.tune.runner import run_child
-from perfloop.workflows.tune.verify import Verdict, judge
+from perfloop.workflows.tune.verify import Verdict, judge, judge_tokens
 
 now = time.perf_counter  # the clock runs and budgets are read on
 
@@ -60,12 +60,14 @@ class Trial:
 
 @dataclass
 class Checks:
-    """The losses every verdict compares with: the unchanged script's at its seed (`base`),
-    again (`noise`: its own nondeterminism) and at another seed (`seeds`). Where the model drops
+    """The losses (a generation script's greedy tokens) every verdict compares with: the
+    unchanged script's at its seed (`base`), again (`noise`: its own nondeterminism) and at
+    another seed (`seeds`; none for tokens). Where the model drops
     out, the search runs with dropout off (`dropout_off`): compiled code draws its masks
     otherwise, so with dropout on a right kernel and a wrong one part alike."""
 
     dropout_off: bool = False
+    tokens: bool = False  # a generation script: the lists are greedy tokens, not losses
     base: list = field(default_factory=list)
     noise: list = field(default_factory=list)
     seeds: list = field(default_factory=list)
@@ -108,7 +110,7 @@ def run(t: Trial, spec: dict, clock: Clock, logs: str, say, final: bool = False)
         t.final_runs.append(got)
     else:
         if t.names and not t.runs:
-            t.check = got.get("losses")
+            t.check = got.get("tokens" if spec.get("range") else "losses")
         t.runs.append(got)
     steady = sorted(got["step_ms"][spec["warmup"] :])
     what = "confirming, " if final else ""
@@ -147,7 +149,9 @@ def judge_all(trials, baseline: Trial, checks: Checks, floors: dict, warmup: int
     for t in trials:
         if t.runs:
             floor = max(float(floors.get(n, Numerics.REORDERED)) for n in t.names)
-            if t.check is not None:
+            if t.check is not None and checks.tokens:
+                t.verdict = judge_tokens(t.check, checks.base, checks.noise)
+            elif t.check is not None:
                 t.verdict = judge(t.check, checks.base, checks.noise, checks.seeds, floor)
             t.stats = ratio_stats(base, t.samples(warmup))
         if t.final_runs:

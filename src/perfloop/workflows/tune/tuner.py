@@ -43,6 +43,7 @@ class Options:
     tried: list[str] | None = None  # by name (or module:NAME): these only; None: what the diagnosis advises
     allow_numerics: bool = False  # also the opt-in candidates that change numerics (autocast)
     profile_first: bool = True
+    range: str | None = None  # a generation script: the range one step is (one token's call)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Result:
     budget_s: float
     warmup: int = 5
     stopped: str = ""  # why tune stopped early: "budget", "interrupted"
+    checked_on: str = "loss"  # "tokens": a generation script's greedy tokens
 
     @staticmethod
     def speedup(t: Trial | None) -> float | None:
@@ -92,6 +94,7 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
         "argv": list(opts.argv),
         "steps": opts.steps,
         "warmup": opts.warmup,
+        "range": opts.range,
     }
     findings, cuda = _diagnose(opts, base_spec, clock, logs, say, notes)
     proposed = propose(findings, cuda, opts)
@@ -131,6 +134,7 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
         opts.budget_s,
         opts.warmup,
         stopped,
+        "tokens" if opts.range else "loss",
     )
 
 
@@ -179,15 +183,16 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
     run shows the model drops out (that run is then set aside)."""
     if not run(baseline, {**spec, "seed_offset": 0}, clock, logs, say):
         raise ValueError(f"--script: the unchanged script's run failed: {baseline.error}")
-    checks = Checks(dropout_off=bool(baseline.runs[0].get("dropout_seen")))
-    offsets = (0, 1)
+    tokens = bool(spec.get("range"))
+    checks = Checks(dropout_off=bool(baseline.runs[0].get("dropout_seen")) and not tokens, tokens=tokens)
+    offsets = (0,) if tokens else (0, 1)  # another seed samples other tokens: no spread to read
     if checks.dropout_off:
         say("the model drops out: the search runs with dropout off, the confirmation with it on")
         baseline.runs.clear()
         spec, offsets = {**spec, "dropout": "off"}, (0, 0, 1)
     for offset in offsets:
         run(baseline, {**spec, "seed_offset": offset}, clock, logs, say)
-    curves = [r.get("losses", []) for r in baseline.runs] + [[], [], []]
+    curves = [r.get("tokens" if tokens else "losses", []) for r in baseline.runs] + [[], [], []]
     checks.base, checks.noise, checks.seeds = curves[:3]
     return checks
 

@@ -90,3 +90,26 @@ def judge(
     return Verdict(
         diff <= end_tol, ("" if diff <= end_tol else "refused: ") + words, early, tol, diff, end_tol
     )
+
+
+def judge_tokens(cand: Sequence[int], base: Sequence[int], noise: Sequence[int] | None) -> Verdict:
+    """A generation run's verdict: its greedy tokens (the argmax of each model output) equal to
+    the unchanged script's at the same seed, as far as both ran. Where the script's own two runs
+    already part, the tokens after that point say nothing, and that is said."""
+    if not base:
+        return Verdict(True, "no logits seen (no model output with a vocabulary): tokens not checked")
+    if not cand:
+        return Verdict(False, "the candidate's run gave no tokens, the script's did")
+    n = min(len(cand), len(base), len(noise) if noise else len(base))
+    own = next((i for i in range(n) if noise[i] != base[i]), None) if noise else None
+    if own is not None:
+        n = own  # past it, the script's own runs disagree
+    differ = next((i for i in range(n) if cand[i] != base[i]), None)
+    within = f" (the script's own runs part at token {own}: compared up to it)" if own is not None else ""
+    if differ is None:
+        return Verdict(True, f"the first {n} greedy tokens equal the script's{within}")
+    return Verdict(
+        False,
+        f"refused: greedy token {differ} is {cand[differ]} where the script's is {base[differ]} "
+        f"({differ} of {n} equal before it){within}",
+    )

@@ -14,6 +14,7 @@ from perfloop.workflows.tune.candidates.conv import CHANNELS_LAST, CUDNN_BENCHMA
 from perfloop.workflows.tune.candidates.fused_optimizer import FUSED_OPTIMIZER
 from perfloop.workflows.tune.candidates.patch import PATCH
 from perfloop.workflows.tune.candidates.tf32 import TF32
+from perfloop.workflows.tune.candidates.weights import BF16_WEIGHTS
 
 CANDIDATES: list[Candidate] = [
     TF32,
@@ -25,6 +26,7 @@ CANDIDATES: list[Candidate] = [
     COMPILE_CUDA_GRAPHS,
     COMPILE_MAX_AUTOTUNE,
     AUTOCAST_BF16,
+    BF16_WEIGHTS,
 ]
 
 __all__ = ["CANDIDATES", "Candidate", "Numerics", "get"]

@@ -1,0 +1,67 @@
+"""perfloop tune on a generation script (issue 54): a step is one occurrence of the script's
+range (one token's call), and a candidate is checked on the greedy tokens its model picks
+instead of a loss: a planted skewed output layer is refused at the first token it changes,
+torch.compile is verified token for token."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from perfloop.workflows.tune.verify import judge_tokens
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llama_decode.py"
+
+PLANT = textwrap.dedent(
+    """
+    import torch
+    from perfloop.workflows.tune.candidates import Candidate, Numerics
+
+    def _skew(child):
+        def skew(model, args, kwargs):
+            with torch.no_grad():
+                model.output.weight.add_(0.02 * torch.randn_like(model.output.weight))
+        child.on_model(skew)
+
+    SKEWED = Candidate(name="skewed-head", what="the output layer 2% off", lines=(), apply=_skew,
+                       numerics=Numerics.REORDERED)
+    """
+)
+
+
+def test_tokens_are_judged_equal_up_to_where_the_scripts_own_runs_part():
+    assert judge_tokens([5, 6, 7], [5, 6, 7], [5, 6, 7]).ok
+    bad = judge_tokens([5, 9, 7], [5, 6, 7], [5, 6, 7])
+    assert not bad.ok and "greedy token 1 is 9 where the script's is 6" in bad.reason
+    own = judge_tokens([5, 6, 1], [5, 6, 7], [5, 6, 8])  # the script itself parts at token 2
+    assert own.ok and "part at token 2" in own.reason
+    assert not judge_tokens([], [5], [5]).ok
+    assert judge_tokens([5], [], []).ok and "not checked" in judge_tokens([5], [], []).reason
+
+
+@pytest.mark.slow
+def test_a_generation_script_is_tuned_on_its_decode_range_and_checked_on_its_tokens(tmp_path):
+    folder = tmp_path / "user"
+    folder.mkdir()
+    shutil.copy(EXAMPLE, folder / "generate.py")
+    (folder / "plant.py").write_text(PLANT)
+    before = sorted(os.listdir(folder))
+    cmd = [sys.executable, "-m", "perfloop", "tune", "--db", str(tmp_path / "t.db"), "--json"]
+    cmd += ["--budget", "4m", "--steps", "8", "--warmup", "3", "--rounds", "1", "--range", "decode"]
+    cmd += ["--try", "plant:SKEWED", "--try", "compile", "--script", "generate.py"]
+    cmd += ["--dtype", "fp32", "--vocab", "512", "--layers", "1", "--dim", "128", "--max_new_tokens", "24"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=folder)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["checked_on"] == "tokens"
+    rows = {r["candidate"]: r for r in data["candidates"]}
+    skewed, compiled = rows["skewed-head"]["loss_check"], rows["compile"]["loss_check"]
+    assert rows["skewed-head"]["verified"] is False and "refused: greedy token" in skewed["reason"], skewed
+    assert rows["compile"]["verified"] is True and "greedy tokens equal the script's" in compiled["reason"]
+    assert rows["compile"]["median_ms"] > 0 and rows["compile"]["runs"] == 1
+    assert sorted(os.listdir(folder)) == before
