@@ -237,3 +237,48 @@ def test_a_recompile_on_a_python_value_names_the_line_that_reads_it():
     assert found.where == f"test_compilation.py:{line}", found
     assert "(1 + 1 / (1 + self.step))" in found.evidence and "HINT" not in found.evidence, found.evidence
     assert "allow_unspec_int_on_nn_module" in found.advice  # torch's own switch for a module's int
+
+
+MUTATED = (
+    "skipping cudagraphs due to mutated inputs (1 instances). Found from : \n"
+    '   File "/home/u/gen/model.py", line 88, in forward\n'
+    "    k_out[:, :, input_pos] = k_val\n"
+)
+
+
+def test_inductors_cudagraph_skip_reasons_are_kept_from_its_own_log_call():
+    """Inductor says why it skipped CUDA graphs on an artifact logger that does not propagate
+    unless TORCH_LOGS names it; perfloop's handler keeps the reason all the same."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    from perfloop.analysis.compilation import live_cudagraph_skips
+
+    log_cudagraph_skip_and_bump_counter(MUTATED)
+    assert MUTATED in live_cudagraph_skips()
+
+
+def test_cuda_graphs_asked_for_and_skipped_are_told_the_reason_and_line_not_to_use_cuda_graphs():
+    """Issue 54: a step compiled with mode='reduce-overhead' whose graph Inductor did not record
+    as CUDA graphs launches every kernel from the host; the launch gaps are this finding's, with
+    the fix for what the reason names, and no advice says to use what the code already asks for."""
+    from perfloop.analysis.capture import Capture, CompileFacts
+    from perfloop.analysis.compilation import CompiledCode
+    from perfloop.analysis.findings import Kind
+    from perfloop.analysis.idle_record import Cause
+    from perfloop.analysis.ranking import rank
+    from perfloop.analysis.timeline import Idle
+
+    def step(skips: tuple) -> Capture:
+        causes = dict.fromkeys(Cause, 0.0) | {Cause.LAUNCH: 6.0}
+        idle = Idle(10.0, 4.0, causes, launch_in_graphs_ms=5.0)
+        code = CompiledCode([], [], 1.0, 1.0, skips)
+        return Capture("cuda", 2, 5.0, idle=idle, compiled=CompileFacts(code))
+
+    d = rank(step((MUTATED,)), {})
+    top = d.findings[0]
+    assert top.kind == Kind.CUDA_GRAPHS_SKIPPED and "mutated inputs" in top.title, str(d)
+    assert top.saves_ms == pytest.approx(2.5) and top.site.line == "model.py:88"
+    assert "buffer" in top.advice and "reduce-overhead" not in top.advice
+    assert not any("reduce-overhead" in f.advice for f in d.findings), str(d)
+    control = rank(step(()), {})
+    assert control.findings[0].kind == Kind.LAUNCH and "mode='reduce-overhead'" in control.findings[0].advice

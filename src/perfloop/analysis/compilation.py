@@ -9,8 +9,10 @@ A compile id `F/A` is frame F's attempt A: A > 0 is a recompile of F.
 
 from __future__ import annotations
 
+import collections
 import functools
 import linecache
+import logging
 import os
 import re
 from dataclasses import dataclass, replace
@@ -105,6 +107,7 @@ class CompiledCode:
     breaks: list
     regions_per_call: float
     pace: float = 1.0  # the calls' wall time without the profiler over with it (compiles run slower under it)
+    cudagraph_skips: tuple = ()  # Inductor's reasons for not replaying a graph asked to be CUDA graphs
 
 
 def _is_compile(e) -> bool:
@@ -232,6 +235,33 @@ def live_metrics() -> list:
             seen, start = set(), i
         seen.add(key)
     return metrics[start:]
+
+
+CUDAGRAPHS_LOG = "torch._inductor.cudagraph_utils.__cudagraphs"  # Inductor's CUDA-graph decisions
+
+
+class _CudagraphSkips(logging.Handler):
+    """Inductor's "skipping cudagraphs due to ..." warnings, as they are logged: a handler on its
+    artifact logger (which does not propagate unless TORCH_LOGS names it), so the reasons are
+    kept whether or not the user asked to see them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: collections.deque = collections.deque(maxlen=64)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith(("skipping cudagraphs", "disabling cudagraphs")):
+            self.seen.append(msg)
+
+
+_SKIPS = _CudagraphSkips()
+logging.getLogger(CUDAGRAPHS_LOG).addHandler(_SKIPS)  # before any compile: the same logger torch takes
+
+
+def live_cudagraph_skips() -> list[str]:
+    """The distinct CUDA-graph skip reasons Inductor logged in this process, oldest first."""
+    return list(dict.fromkeys(_SKIPS.seen))
 
 
 def live_break_reasons() -> list[str]:

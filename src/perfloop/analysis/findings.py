@@ -40,6 +40,7 @@ class Kind(str, Enum):
     COMPILE = "compile"  # compilation inside the profiled steps
     RECOMPILE = "recompile"
     GRAPH_BREAK = "graph break"
+    CUDA_GRAPHS_SKIPPED = "cuda graphs skipped"  # reduce-overhead asked for, Inductor skipped it
     DECODE_WEIGHTS = "decode weights"  # fp32 weights read once a token in a generation step
     SDPA_MATH = "sdpa math"  # scaled_dot_product_attention run by its math backend
 

@@ -20,7 +20,7 @@ import torch
 
 from perfloop import device as _device
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
-from perfloop.analysis.compilation import live_break_reasons, live_metrics
+from perfloop.analysis.compilation import live_break_reasons, live_cudagraph_skips, live_metrics
 from perfloop.analysis.counting import counted_call
 from perfloop.analysis.inductor import module_trees, placed, tracking_sources, unplaced_note
 from perfloop.analysis.kernels import KernelStat, kernel_table, union_ms
@@ -75,6 +75,7 @@ class Profile:
     window_cut_s: float | None = None  # a script's time window: the seconds recorded, where it ended early
     compile_metrics: list | None = field(default=None, repr=False)  # Dynamo's, in the process that ran it
     break_reasons: list | None = field(default=None, repr=False)  # the graph-break reasons Dynamo counted
+    cudagraph_skips: list | None = field(default=None, repr=False)  # Inductor's CUDA-graph skip reasons
     _trees: Any = field(default=None, repr=False)  # inductor.ModuleTree of the models run
     tokens_seen: int | None = None  # a script's step: its first embedding lookup's size (tokens.read)
     model_bytes: dict | None = None  # ... its models' weights and KV caches (tokens.model_bytes)
@@ -371,7 +372,8 @@ class Profile:
         pace = 1.0
         if self.profiled_wall_ms_per_call:
             pace = min(1.0, self.wall_ms_per_call / self.profiled_wall_ms_per_call)
-        return CompiledCode(made, self.graph_breaks(), len(ran) / self.calls, pace)
+        skips = tuple(self.cudagraph_skips or ())
+        return CompiledCode(made, self.graph_breaks(), len(ran) / self.calls, pace, skips)
 
     def to_dict(self) -> dict:
         return {
@@ -493,6 +495,7 @@ def _profiled(call, calls, warmup, on_cuda, sync, memory_snapshot, cuda_profiler
             call_spans=spans,
             compile_metrics=live_metrics(),
             break_reasons=live_break_reasons(),
+            cudagraph_skips=live_cudagraph_skips(),
             trees=trees,
         )
     )
@@ -526,6 +529,7 @@ class Recording:
     window_cut_s: float | None = None
     compile_metrics: list | None = None
     break_reasons: list | None = None
+    cudagraph_skips: list | None = None
     step: str | None = None
     sites: dict | None = None
     trees: list | None = None
@@ -573,6 +577,7 @@ def build_profile(r: Recording) -> Profile:
         window_cut_s=r.window_cut_s,
         compile_metrics=r.compile_metrics,
         break_reasons=r.break_reasons,
+        cudagraph_skips=r.cudagraph_skips,
         step=r.step,
         sites=r.sites,
         _trees=r.trees,

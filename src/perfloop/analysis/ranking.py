@@ -32,6 +32,7 @@ COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
 }
 CUDA_GRAPHS = {Kind.LAUNCH, Kind.TINY_OPS, Kind.LATENCY}  # compiled advice that is CUDA graphs
 BLOCKERS = (
+    Kind.CUDA_GRAPHS_SKIPPED,
     Kind.GRAPH_BREAK,
     Kind.RECOMPILE,
     Kind.SYNC,
@@ -74,9 +75,12 @@ def _for_compiled_code(f: Finding, c: Capture) -> Finding:
 
 
 def graph_blockers(c: Capture) -> str:
-    """What in this step keeps CUDA graphs from replaying it (syncs, graph breaks, recompiles)."""
+    """What in this step keeps CUDA graphs from replaying it (Inductor's skip reasons, syncs,
+    graph breaks, recompiles)."""
     said = []
     code = c.code
+    if code is not None and code.cudagraph_skips:
+        said.append("what Inductor skipped CUDA graphs for (its finding)")
     if code is not None and code.breaks:
         b = code.breaks[0]
         said.append(f"{count_words(len(code.breaks), 'graph break', 'graph breaks')} ({b.where})")

@@ -292,6 +292,7 @@ def _result(w: Window, sites: dict | None = None) -> profiling.Profile:
             window_cut_s=w.ended_at,
             compile_metrics=compilation.live_metrics(),
             break_reasons=compilation.live_break_reasons(),
+            cudagraph_skips=compilation.live_cudagraph_skips(),
             step=w.range_name,
             sites=sites,
             trees=w.trees,

@@ -12,6 +12,7 @@ from perfloop.analysis.causes import (
     attention,
     compiles,
     conv_layout,
+    cudagraph_skips,
     decode_weights,
     fusion,
     graph_breaks,
@@ -26,6 +27,7 @@ from perfloop.analysis.causes import (
 ANALYZERS = [
     compiles.find,
     graph_breaks.find,
+    cudagraph_skips.find,
     attention.find,
     sdpa_math.find,
     fusion.find,

@@ -1,13 +1,13 @@
 """The device's idle time by its host cause (timeline.Cause), each at the line of the user's
 code that held the host: synchronizing calls (and data-dependent shapes, named as such), launch
 overhead, the allocator, data loading, host work outside torch. The compiles', the graph breaks',
-the optimizer loop's and the pageable copies' idle are their own findings'."""
+the optimizer loop's, the pageable copies' and skipped CUDA graphs' idle are their own findings'."""
 
 from __future__ import annotations
 
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
-from perfloop.analysis.causes import decode_weights, optimizer, pageable
+from perfloop.analysis.causes import cudagraph_skips, decode_weights, optimizer, pageable
 from perfloop.analysis.causes.base import Findings
 from perfloop.analysis.findings import Finding, Kind, Site
 from perfloop.analysis.idle_record import Cause
@@ -64,6 +64,8 @@ def find(c: Capture, ceilings: dict) -> list[Finding]:
             continue  # in the pageable copies' opportunity
         if idle.device == "CPU" and cause == Cause.LAUNCH:
             continue  # a CPU's time between ops mixes dispatch, the allocator and the profiler's cost
+        if cause == Cause.LAUNCH and cudagraph_skips.takes_launch_gaps(c):
+            continue  # CUDA graphs were asked for and skipped: that finding's, with its reason
         if idle.device == "CPU" and cause == Cause.OUTSIDE:  # only what a line of the user's explains
             ms = sum(v for k, p, v in idle.places if k == cause and p)
             if not ms:
