@@ -249,12 +249,17 @@ MUTATED = (
 def test_inductors_cudagraph_skip_reasons_are_kept_from_its_own_log_call():
     """Inductor says why it skipped CUDA graphs on an artifact logger that does not propagate
     unless TORCH_LOGS names it; perfloop's handler keeps the reason all the same."""
+    from torch._guards import CompileContext, CompileId, compile_context
     from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
-    from perfloop.analysis.compilation import live_cudagraph_skips
+    from perfloop.analysis.compilation import live_cudagraph_skips, skips_of
 
-    log_cudagraph_skip_and_bump_counter(MUTATED)
-    assert MUTATED in live_cudagraph_skips()
+    with compile_context(CompileContext(CompileId(frame_id=7, frame_compile_id=0))):
+        log_cudagraph_skip_and_bump_counter(MUTATED)
+    assert ("7/0", MUTATED) in live_cudagraph_skips()
+    # charged to the compiled region it was logged for, not to another that ran
+    assert skips_of(live_cudagraph_skips(), [(0.0, 1.0, "7/0")]) == (MUTATED,)
+    assert MUTATED not in skips_of(live_cudagraph_skips(), [(0.0, 1.0, "8/0")])
 
 
 def test_cuda_graphs_asked_for_and_skipped_are_told_the_reason_and_line_not_to_use_cuda_graphs():

@@ -252,16 +252,29 @@ class _CudagraphSkips(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
         if msg.startswith(("skipping cudagraphs", "disabling cudagraphs")):
-            self.seen.append(msg)
+            try:
+                from torch._guards import CompileContext
+
+                cid = CompileContext.current_compile_id()
+            except (ImportError, AttributeError):
+                cid = None
+            self.seen.append((str(cid) if cid is not None else "", msg))
 
 
 _SKIPS = _CudagraphSkips()
 logging.getLogger(CUDAGRAPHS_LOG).addHandler(_SKIPS)  # before any compile: the same logger torch takes
 
 
-def live_cudagraph_skips() -> list[str]:
-    """The distinct CUDA-graph skip reasons Inductor logged in this process, oldest first."""
+def live_cudagraph_skips() -> list[tuple[str, str]]:
+    """(compile id, reason) of each CUDA-graph skip Inductor logged in this process, oldest
+    first; the id is that of the compiled region the graph runs in ("" where none was current)."""
     return list(dict.fromkeys(_SKIPS.seen))
+
+
+def skips_of(skips: list, ran: list[tuple[float, float, str]]) -> tuple[str, ...]:
+    """The skip reasons of the compiled regions that ran (and those logged outside any compile)."""
+    ids = {cid for *_, cid in ran}
+    return tuple(dict.fromkeys(msg for cid, msg in skips if not cid or cid in ids))
 
 
 def live_break_reasons() -> list[str]:

@@ -20,7 +20,7 @@ import torch
 
 from perfloop import device as _device
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
-from perfloop.analysis.compilation import live_break_reasons, live_cudagraph_skips, live_metrics
+from perfloop.analysis.compilation import live_break_reasons, live_cudagraph_skips, live_metrics, skips_of
 from perfloop.analysis.counting import counted_call
 from perfloop.analysis.inductor import module_trees, placed, tracking_sources, unplaced_note
 from perfloop.analysis.kernels import KernelStat, kernel_table, union_ms
@@ -372,7 +372,7 @@ class Profile:
         pace = 1.0
         if self.profiled_wall_ms_per_call:
             pace = min(1.0, self.wall_ms_per_call / self.profiled_wall_ms_per_call)
-        skips = tuple(self.cudagraph_skips or ())
+        skips = skips_of(self.cudagraph_skips or [], ran)
         return CompiledCode(made, self.graph_breaks(), len(ran) / self.calls, pace, skips)
 
     def to_dict(self) -> dict:
