@@ -117,3 +117,20 @@ def test_slow_rates_and_a_diagnosis_evidence_read_as_people_read_them(tmp_path):
     assert f"{m.gbps:.2g}" in page and m.gbps < 1  # 0.43, not 0
     assert "0.4286" in page and "0.428571428" not in page
     assert "<td>launches</td>" in page.replace(" ", "")
+
+
+def test_log_axes_spanning_less_than_a_decade_are_labelled_in_plain_numbers(tmp_path, monkeypatch):
+    """issue 52: times of 11-19 ms on a log axis were labelled "1.1x10^1" ... in mathtext."""
+    import matplotlib.pyplot as plt
+
+    from perfloop.results.plots import plot_lines
+
+    drawn = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (drawn.append(fig), close(fig)))
+    plot_lines(tmp_path / "t.png", "t", "n", "ms", {"a": ([1e3, 1e4, 1e5], [11.0, 14.0, 19.0])})
+    fig = drawn[0]
+    fig.canvas.draw()
+    labels = [t.get_text() for t in fig.axes[0].yaxis.get_ticklabels(which="both") if t.get_text()]
+    assert labels and not any("times" in x or "^" in x for x in labels), labels
+    assert {"12", "15"} & set(labels), labels

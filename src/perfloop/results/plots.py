@@ -16,9 +16,21 @@ def _figure(width: float = 6.4, height: float = 4.0):
     return plt.subplots(figsize=(width, height))
 
 
+def _plain_log_ticks(ax) -> None:
+    """Log axes labelled in plain numbers ("12", "0.5"), not matplotlib's "1.2x10^1" that it
+    falls back to on an axis spanning less than a decade."""
+    from matplotlib.ticker import LogFormatter
+
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "log":
+            axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+            axis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+
+
 def _save(fig, ax, path: Path, title: str, ylabel: str, legend: bool, grid_axis: str = "both") -> str:
     import matplotlib.pyplot as plt
 
+    _plain_log_ticks(ax)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if grid_axis:
