@@ -1,6 +1,7 @@
 """A gpt-fast-style Llama decode, written the way gpt-fast writes it (KV-cache buffers updated
 by index_put, SDPA with a boolean mask over the whole cache, RMSNorm, complex RoPE), with random
-weights: a prompt prefilled, then one token per call, greedy. Each call is marked with a
+weights: a prompt prefilled, then one token per call, greedy (or, with --temperature, sampled
+with torch.multinomial, whose host-side check syncs each token). Each call is marked with a
 record_function range ("prefill", "decode"), so perfloop can read it per token:
 
     perfloop profile --range decode --script examples/llama_decode.py --compile reduce-overhead
@@ -10,6 +11,7 @@ the defaults are small enough for a laptop's CPU.
 """
 
 import argparse
+import functools
 import time
 from dataclasses import dataclass
 
@@ -160,6 +162,12 @@ def decode_one_token(model, x, input_pos):
     return torch.argmax(logits[:, -1], dim=-1, keepdim=True)
 
 
+def sample_one_token(model, x, input_pos, temperature: float = 0.8):
+    logits = model(x, input_pos)
+    probs = torch.softmax(logits[:, -1] / temperature, dim=-1)
+    return torch.multinomial(probs, num_samples=1)
+
+
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens):
     batch, t = prompt.shape
@@ -189,7 +197,10 @@ def main():
     p.add_argument("--samples", type=int, default=2)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--compile", default="none", choices=["none", "default", "reduce-overhead"])
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: sample with torch.multinomial")
     args = p.parse_args()
+    if args.temperature > 0:
+        decode_one_token = functools.partial(sample_one_token, temperature=args.temperature)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
