@@ -83,7 +83,18 @@ def test_compile_and_the_fused_optimizer_are_tried_verified_and_stored(tmp_path)
     folder = _folder(tmp_path / "user")  # nothing but the script and the plant in it
     before = _snapshot(folder)
     rc, out, err, db = tune(
-        folder, "--json", "--budget", "5m", "--steps", "8", "--warmup", "3", "--script", "train.py"
+        folder,
+        "--json",
+        "--budget",
+        "5m",
+        "--steps",
+        "8",
+        "--warmup",
+        "3",
+        "--rounds",
+        "1",
+        "--script",
+        "train.py",
     )
     assert rc == 0, err
     data = json.loads(out)
