@@ -127,12 +127,6 @@ def test_the_napkin_math_of_the_batch_where_reading_the_weights_stops_bounding_a
     )
 
 
-def _cli(db, *args):
-    cmd = [sys.executable, "-m", "perfloop", "profile", "--db", str(db), *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    return p.returncode, p.stderr
-
-
 GEN = """
 import torch
 m = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 100))
@@ -145,17 +139,17 @@ with torch.no_grad():
 """
 
 
-@pytest.mark.slow
-def test_a_generation_script_without_a_step_is_told_how_to_mark_a_token(tmp_path):
+def test_a_generation_script_without_a_step_is_told_how_to_mark_a_token(tmp_path, capsys):
+    from perfloop.cli import main
+
     script = tmp_path / "gen.py"
     script.write_text(GEN)
-    rc, err = _cli(tmp_path / "r.db", "--script", str(script))
-    assert rc == 2 and 'record_function("decode")' in err and "--range decode" in err, err
-    rc, err = _cli(
-        tmp_path / "r.db", "--range", "prefill", "--script", str(script)
-    )  # seen once: the flags that take it
-    assert rc == 2 and "--skip 0 --steps 1" in err, err
-    rc, err = _cli(
-        tmp_path / "r.db", "--range", "prefill", "--skip", "0", "--steps", "1", "--script", str(script)
-    )
-    assert rc == 0, err
+    db = ["profile", "--db", str(tmp_path / "r.db")]
+    assert main([*db, "--script", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert 'record_function("decode")' in err and "--range decode" in err, err
+    # seen once: the flags that take it
+    assert main([*db, "--range", "prefill", "--script", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "--skip 0 --steps 1" in err, err
+    assert main([*db, "--range", "prefill", "--skip", "0", "--steps", "1", "--script", str(script)]) == 0
