@@ -31,7 +31,10 @@ def register(verb) -> None:
         "runs that do not fit are not started",
     )
     p.add_argument(
-        "--steps", type=int, default=20, help="optimizer steps timed per run, after the warm-up (default 20)"
+        "--steps",
+        type=int,
+        default=20,
+        help="steps timed per run, after the warm-up: optimizer steps, or --range occurrences (default 20)",
     )
     p.add_argument(
         "--range",
