@@ -77,6 +77,7 @@ def test_decode_and_prefill_read_per_token_on_a_gpt_fast_style_script(tmp_path):
         "24",
     )
     assert prefill["tokens_per_step"] == 24  # the prompt, taken in at once
+    assert prefill["ttft_ms"] == pytest.approx(24 * prefill["ms_per_token"]) and decode["ttft_ms"] is None
     # its weights read once for 24 tokens: counted bytes, not a time (a loaded machine moves times)
     assert prefill["bytes_per_token"] < decode["bytes_per_token"] / 10
 
@@ -153,3 +154,17 @@ def test_a_generation_script_without_a_step_is_told_how_to_mark_a_token(tmp_path
     err = capsys.readouterr().err
     assert "--skip 0 --steps 1" in err, err
     assert main([*db, "--range", "prefill", "--skip", "0", "--steps", "1", "--script", str(script)]) == 0
+
+
+def test_a_prefill_step_is_read_as_the_time_to_first_token_and_a_decode_step_is_not():
+    from perfloop.analysis.tokens import Tokens, TokensFrom
+
+    common = dict(bytes_per_step=None, weights_bytes=None, cache_bytes=None, ceiling_gbps=None)
+    prefill = Tokens(per_step=48, step_ms=6.0, source=TokensFrom.EMBEDDING, sequences=2, **common)
+    assert prefill.ttft_ms == 6.0 and prefill.to_dict()["ttft_ms"] == 6.0
+    said = "\n".join(prefill.lines())
+    assert "time to first token: 6.000 ms (a prefill: 24 prompt tokens a sequence" in said
+    decode = Tokens(per_step=2, step_ms=1.0, source=TokensFrom.EMBEDDING, sequences=2, **common)
+    assert decode.ttft_ms is None and "first token" not in "\n".join(decode.lines())
+    unknown = Tokens(per_step=48, step_ms=6.0, source=TokensFrom.GIVEN, **common)
+    assert unknown.ttft_ms is None  # no cache: how many sequences is not known

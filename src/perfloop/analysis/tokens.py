@@ -46,6 +46,13 @@ class Tokens:
     # the napkin math: tokens a step up to which reading the weights bounds it (their bytes a
     # parameter x the matmul ceiling / (2 FLOPs a parameter a token x the copy ceiling))
     batch_bound: float | None = None
+    sequences: int | None = None  # the KV cache's batch: the sequences a step serves
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """A prefill's time to first token: the step that reads the prompt, several tokens a
+        sequence, makes each sequence's first token (None for a decode step, or unknown)."""
+        return self.step_ms if self.sequences and self.per_step > self.sequences else None
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,6 +99,8 @@ class Tokens:
             "ceiling_gbps": self.ceiling_gbps,
             "bandwidth_share": self.share,
             "floor_ms": self.floor_ms,
+            "sequences": self.sequences,
+            "ttft_ms": self.ttft_ms,
         }
 
     def lines(self) -> list[str]:
@@ -100,6 +109,11 @@ class Tokens:
             f"per token: {self.per_step} token(s) a step ({self.source.said}): "
             f"{self.tokens_per_s:,.1f} tokens/s, {self.ms_per_token:.3f} ms a token"
         ]
+        if self.ttft_ms is not None:
+            out.append(
+                f"  time to first token: {self.ttft_ms:.3f} ms (a prefill: "
+                f"{self.per_step / self.sequences:g} prompt tokens a sequence read in one step)"
+            )
         parts = []
         if self.bytes_per_step:
             parts.append(f"{_size(self.bytes_per_step / self.per_step)} moved a token (counted over its ops)")
@@ -220,4 +234,5 @@ def read(capture, ceilings: dict, given: int | None = None) -> Tokens | None:
         source=found[1],
         note=note,
         batch_bound=batch_bound(models, ceilings),
+        sequences=models.get("batch"),
     )
