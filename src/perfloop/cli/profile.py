@@ -356,6 +356,8 @@ def _prints_to_stderr(json_out: bool):
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
+        if sys.__stdout__ is not None and not sys.__stdout__.closed:
+            sys.__stdout__.flush()  # what the script wrote to the original stream, still to stderr
         os.dup2(saved, 1)
         os.close(saved)
 

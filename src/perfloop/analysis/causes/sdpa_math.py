@@ -35,13 +35,16 @@ def _sdpa(i) -> bool:
     return i.outer_op == SDPA or i.op == SDPA
 
 
+def _records(c: Capture, items) -> list:
+    """The counted op records behind the items, in the order they ran."""
+    records = c.records or ()
+    marks = sorted({m for i in items for m in i.markers if m < len(records) and records[m] is not None})
+    return [records[m] for m in marks]
+
+
 def _names(c: Capture, items) -> set[str]:
     """The ops an SDPA call ran: its items' own ops and the counted records behind them."""
-    records = c.records or ()
-    names = {i.op for i in items}
-    for i in items:
-        names |= {records[m].op for m in i.markers if m < len(records) and records[m] is not None}
-    return names
+    return {i.op for i in items} | {r.op for r in _records(c, items)}
 
 
 def _counted(c: Capture) -> list:
@@ -64,20 +67,18 @@ def math_calls(c: Capture) -> list:
 def _fused_ms(f: Findings, c: Capture, counted: list) -> tuple[float, float, float]:
     """(ms, bytes, FLOPs) a fused kernel needs for the counted call's SDPA: the storages the math
     path read before writing them (q, k, v, a mask) and its last output, once; its matmuls' FLOPs."""
-    records = c.records or ()
-    marks = sorted({m for i in counted for m in i.markers if m < len(records) and records[m] is not None})
+    ran = _records(c, counted)
     written: set = set()
     read_bytes, flops, last_write = 0.0, 0.0, 0.0
-    for m in marks:
-        r = records[m]
+    for r in ran:
         read_bytes += sum(b for k, b in r.reads if k[:2] not in written)  # (storage, offset): any view
         written |= {k[:2] for k, _ in r.writes}
         flops += r.flops if "mm" in r.op else 0.0
         last_write = sum(b for _, b in r.writes) or last_write
     nbytes = read_bytes + last_write
-    if any(records[m].op == "aten::tril" for m in marks):  # is_causal: a fused kernel skips the masked half
+    if any(r.op == "aten::tril" for r in ran):  # is_causal: a fused kernel skips the masked half
         flops /= 2
-    dtype = next((records[m].dtype for m in marks if "mm" in records[m].op), None)
+    dtype = next((r.dtype for r in ran if "mm" in r.op), None)
     tflops = matmul_ceiling(f.ceilings, dtype)
     ms = max(f.at_copy_ms(nbytes), flops / (tflops * 1e12) * 1e3 if tflops else 0.0)
     return ms, nbytes, flops

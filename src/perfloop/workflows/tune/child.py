@@ -20,6 +20,7 @@ import runpy
 import sys
 import time
 import traceback
+from types import SimpleNamespace
 
 MAX_TOKENS = 4096  # greedy tokens kept for the check
 
@@ -43,6 +44,7 @@ class Child:
         self.host_marks: list[float] = []
         self.losses: list = []  # (step index, the loss tensor)
         self.tokens: list = []  # a generation run: each model call's greedy tokens (on the device)
+        self.tokens_kept = 0
         self.optimizer = None
         self.current = ""  # the candidate whose apply() runs now
         self.dropout_seen = False
@@ -136,17 +138,12 @@ class Child:
                 self._mark()
             return out
 
-        class Watcher:
-            def enter(self, _name: str) -> None:
-                pass
+        def exit(ended: str) -> None:
+            if ended == name:
+                self._mark()
 
-            def exit(self, ended: str) -> None:
-                if ended == name:
-                    child._mark()
-
-        child = self
         rf.__exit__ = __exit__
-        annotate.RANGE_WATCHERS.append(Watcher())
+        annotate.RANGE_WATCHERS.append(SimpleNamespace(enter=lambda _name: None, exit=exit))
 
     def _record_tokens(self, model, args, kwargs) -> None:
         """Each call of the model: the argmax of its output's last dimension (the greedy tokens
@@ -156,8 +153,10 @@ class Child:
         def greedy(module, inputs, out) -> None:
             first = out[0] if isinstance(out, (tuple, list)) and out else out
             logits = isinstance(first, torch.Tensor) and first.is_floating_point() and first.dim() > 0
-            if logits and first.shape[-1] > 1 and sum(t.numel() for t in self.tokens) < MAX_TOKENS:
-                self.tokens.append(first.detach().argmax(-1).flatten()[:MAX_TOKENS])
+            if logits and first.shape[-1] > 1 and self.tokens_kept < MAX_TOKENS:
+                picked = first.detach().argmax(-1).flatten()[: MAX_TOKENS - self.tokens_kept]
+                self.tokens.append(picked)
+                self.tokens_kept += picked.numel()  # shapes are known on the host: no sync
 
         model.register_forward_hook(greedy)
 
@@ -260,7 +259,7 @@ class Child:
         for step, loss in self.losses:
             per_step.setdefault(step, []).append(float(loss))
         losses = [sum(v) / len(v) for _, v in sorted(per_step.items())]
-        tokens = [int(x) for t in self.tokens for x in t.tolist()][:MAX_TOKENS]
+        tokens = [int(x) for t in self.tokens for x in t.tolist()]
         warm = int(self.spec["warmup"])
         return {
             "step_ms": step_ms,  # step i -> i+1; the first `warmup` of them include compiling

@@ -4,6 +4,7 @@ kept beside torch.compile alone, interleaved with the unchanged script), the lin
 
 from __future__ import annotations
 
+from perfloop.workflows.tune.trials import CheckedOn
 from perfloop.workflows.tune.tuner import Result, Trial, lines_to_add, missed
 
 
@@ -61,7 +62,7 @@ def payload(r: Result) -> dict:
     return {
         "script": r.script,
         "device": r.device,
-        "checked_on": r.checked_on,
+        "checked_on": r.checked_on.value,
         "warmup": r.warmup,
         "baseline_ms": _base_median(r),
         "findings": [{k: f.get(k) for k in ("kind", "title", "saves_ms", "share")} for f in r.findings],
@@ -94,8 +95,8 @@ def _fmt(x, spec: str, none: str = "-") -> str:
 
 
 _CHECK = {  # what a candidate is checked on -> (its column, the checks' heading)
-    "loss": ("loss", "loss checks (tolerance from the script's own spread):"),
-    "tokens": ("toks", "token checks (greedy tokens against the script's at its seed):"),
+    CheckedOn.LOSS: ("loss", "loss checks (tolerance from the script's own spread):"),
+    CheckedOn.TOKENS: ("toks", "token checks (greedy tokens against the script's at its seed):"),
 }
 
 

@@ -7,12 +7,30 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 from perfloop.workflows.tune.candidates import Numerics, get
 from perfloop.workflows.tune.runner import run_child
 from perfloop.workflows.tune.verify import Verdict, judge, judge_tokens
 
 now = time.perf_counter  # the clock runs and budgets are read on
+
+
+class CheckedOn(str, Enum):
+    """What a candidate's run is checked on: a training script's losses, or a generation
+    script's (one run with `--range`) greedy tokens."""
+
+    LOSS = "loss"
+    TOKENS = "tokens"
+
+    @staticmethod
+    def of(spec: dict) -> CheckedOn:
+        return CheckedOn.TOKENS if spec.get("range") else CheckedOn.LOSS
+
+    @property
+    def key(self) -> str:
+        """The child's result that holds it."""
+        return "tokens" if self is CheckedOn.TOKENS else "losses"
 
 
 @dataclass
@@ -110,7 +128,7 @@ def run(t: Trial, spec: dict, clock: Clock, logs: str, say, final: bool = False)
         t.final_runs.append(got)
     else:
         if t.names and not t.runs:
-            t.check = got.get("tokens" if spec.get("range") else "losses")
+            t.check = got.get(CheckedOn.of(spec).key)
         t.runs.append(got)
     steady = sorted(got["step_ms"][spec["warmup"] :])
     what = "confirming, " if final else ""

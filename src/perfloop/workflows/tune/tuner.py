@@ -27,7 +27,16 @@ from dataclasses import dataclass, field
 
 from perfloop.workflows.tune.candidates import CANDIDATES, Candidate, get
 from perfloop.workflows.tune.runner import run_child
-from perfloop.workflows.tune.trials import Checks, Clock, Trial, faster, judge_all, ratio_stats, run
+from perfloop.workflows.tune.trials import (
+    CheckedOn,
+    Checks,
+    Clock,
+    Trial,
+    faster,
+    judge_all,
+    ratio_stats,
+    run,
+)
 
 MISS = 0.30  # a prediction off by more than this share of itself is said
 
@@ -59,7 +68,7 @@ class Result:
     budget_s: float
     warmup: int = 5
     stopped: str = ""  # why tune stopped early: "budget", "interrupted"
-    checked_on: str = "loss"  # "tokens": a generation script's greedy tokens
+    checked_on: CheckedOn = CheckedOn.LOSS
 
     @staticmethod
     def speedup(t: Trial | None) -> float | None:
@@ -134,7 +143,7 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
         opts.budget_s,
         opts.warmup,
         stopped,
-        "tokens" if opts.range else "loss",
+        CheckedOn.of(base_spec),
     )
 
 
@@ -183,7 +192,8 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
     run shows the model drops out (that run is then set aside)."""
     if not run(baseline, {**spec, "seed_offset": 0}, clock, logs, say):
         raise ValueError(f"--script: the unchanged script's run failed: {baseline.error}")
-    tokens = bool(spec.get("range"))
+    on = CheckedOn.of(spec)
+    tokens = on is CheckedOn.TOKENS
     checks = Checks(dropout_off=bool(baseline.runs[0].get("dropout_seen")) and not tokens, tokens=tokens)
     offsets = (0,) if tokens else (0, 1)  # another seed samples other tokens: no spread to read
     if checks.dropout_off:
@@ -192,7 +202,7 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
         spec, offsets = {**spec, "dropout": "off"}, (0, 0, 1)
     for offset in offsets:
         run(baseline, {**spec, "seed_offset": offset}, clock, logs, say)
-    curves = [r.get("tokens" if tokens else "losses", []) for r in baseline.runs] + [[], [], []]
+    curves = [r.get(on.key, []) for r in baseline.runs] + [[], [], []]
     checks.base, checks.noise, checks.seeds = curves[:3]
     return checks
 
