@@ -109,10 +109,10 @@ def open_store(args, writing: bool = True):
     before anything is measured."""
     from pathlib import Path
 
-    from perfloop.results.store import Store, StoreError, default_path
+    from perfloop.results.store import IN_MEMORY, Store, StoreError, default_path
 
     path = Path(args.db) if args.db else default_path()
-    if not writing and str(path) != ":memory:" and not path.exists():
+    if not writing and str(path) != IN_MEMORY and not path.exists():
         raise UsageError(
             f"--db: {path} does not exist: nothing is stored there yet (bench, sweep, demo, "
             "profile and pytest --perfloop-db write it); check the path"
@@ -121,7 +121,7 @@ def open_store(args, writing: bool = True):
         store = Store(args.db)
         if writing:
             store.check_writable()
-            if store.path == ":memory:":
+            if store.path == IN_MEMORY:
                 from perfloop.cli.output import warn
 
                 warn("--db :memory:: SQLite's database in memory; nothing is kept after this command")

@@ -294,6 +294,7 @@ def run_step_profile(args) -> int:
 def _step_args(args) -> tuple:
     """(window, range name) from the flags, checked; paths made absolute where the user ran
     perfloop (whatever the script's chdir); the report's folder made and checked writable."""
+    from perfloop.results.store import IN_MEMORY
     from perfloop.workflows.script import AUTO
 
     if args.trace_file and args.trace:
@@ -307,7 +308,7 @@ def _step_args(args) -> tuple:
     window = _window(args.window)
     range_name = None if window or args.trace_file else (args.range or AUTO)
     for name in ("report", "trace", "db"):
-        if getattr(args, name, None) and getattr(args, name) != ":memory:":  # SQLite's, not a file
+        if getattr(args, name, None) and getattr(args, name) != IN_MEMORY:
             setattr(args, name, os.path.abspath(getattr(args, name)))
     if args.report:
         try:

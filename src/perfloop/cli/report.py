@@ -20,10 +20,10 @@ def register(verb) -> None:
 def _check_target(flag: str, path: str, store, force: bool) -> None:
     """Refuse to write an export over the database itself, or over a file that is not an
     export of ours (unless --force): either would destroy data."""
-    from perfloop.results.store import is_our_export
+    from perfloop.results.store import IN_MEMORY, is_our_export
 
     target = Path(path)
-    if store.path != ":memory:" and target.exists() and target.resolve() == Path(store.path).resolve():
+    if store.path != IN_MEMORY and target.exists() and target.resolve() == Path(store.path).resolve():
         raise UsageError(
             f"{flag} {path}: that is the database itself; writing there would destroy it. "
             "Choose another file, e.g. results.csv"

@@ -158,6 +158,9 @@ class StoreError(RuntimeError):
     """The database cannot be used; the message says which file and what to do."""
 
 
+IN_MEMORY = ":memory:"  # SQLite's database that lives as long as its connection: no file
+
+
 def default_path() -> Path:
     return Path(os.environ.get("PERFLOOP_DB") or data_dir() / "perfloop.db")
 
@@ -188,7 +191,7 @@ class Store:
         self.skipped: list[str] = []  # stored rows that could not be read, and why
         self._wal = False
         self._version = SCHEMA_VERSION  # the file's, once read (_check_schema)
-        if self.path != ":memory:":
+        if self.path != IN_MEMORY:
             p = Path(self.path)
             if p.is_dir():
                 raise StoreError(f"database {p}: is a folder; give a file path, e.g. {p / 'perfloop.db'}")
@@ -201,7 +204,7 @@ class Store:
         # a database in a folder this process cannot write is read as immutable: SQLite would
         # otherwise need to create the WAL's -shm file beside it, and fail as if the file were bad
         frozen = (
-            self.path != ":memory:"
+            self.path != IN_MEMORY
             and Path(self.path).is_file()
             and not os.access(Path(self.path).parent, os.W_OK)
         )
@@ -307,7 +310,7 @@ class Store:
     def _write_once(self, sql: str, args: tuple) -> int:
         try:
             if not self._wal:  # the first write: WAL, and our tables in a fresh file
-                if self.path != ":memory:":
+                if self.path != IN_MEMORY:
                     self.conn.execute("PRAGMA journal_mode = WAL")
                 if self._fresh:  # in one transaction: another process never sees half the tables
                     self.conn.executescript(
@@ -348,7 +351,7 @@ class Store:
     def check_writable(self) -> None:
         """Raise StoreError now if the file cannot take a row (read-only file or folder), so a
         command fails before it measures, not after."""
-        if self.path == ":memory:":
+        if self.path == IN_MEMORY:
             return
         p = Path(self.path)
         if (p.exists() and not os.access(p, os.W_OK)) or not os.access(p.parent, os.W_OK):
