@@ -254,3 +254,141 @@ def test_the_module_a_compiled_wrapper_holds_goes_by_the_models_name_not_orig_mo
     assert t.names[id(wrapper)] == t.names[id(net)] == "Net"
     assert t.names[id(net.blocks[0].fc)] == "blocks.0.fc"
     assert not [n for n in t.names.values() if "_orig_mod" in n]
+
+
+# ------------------------------------------------------------------ CUDA-graph replays (issue 54)
+
+
+class _Ev:
+    """A profiler event as attribution.items reads it: a CPU event (its children, the kernels
+    its launch holds) or a device kernel."""
+
+    def __init__(self, name, start, end, children=(), kernels=(), device=False):
+        from torch.autograd import DeviceType
+
+        self.name, self.cpu_children, self.cpu_parent = name, list(children), None
+        self.kernels = [type("K", (), {"name": k})() for k in kernels]
+        self.device_type = DeviceType.CUDA if device else DeviceType.CPU
+        self.sequence_nr, self.is_user_annotation = -1, False
+        self.time_range = type(
+            "T", (), {"start": start, "end": end, "elapsed_us": lambda s: s.end - s.start}
+        )()
+        for c in self.cpu_children:
+            c.cpu_parent = self
+
+
+GEMM, SPLIT_K = (
+    "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize64x64x32",
+    "void cublasLt::splitKreduce_kernel<32, 16>",
+)
+
+
+def _mlp_graph():
+    """Net's compiled forward as Inductor's provenance records it, one block (its norm, fc,
+    GELU, proj, the residual add), with the FX nodes' stack traces."""
+    loop = _frame(Net, "x = block(x)", "block(x)")
+    at = {
+        "ln": _frame(MLP, "h = self.ln(x)", "self.ln(x)"),
+        "fc": _frame(MLP, "self.proj(", "self.fc(h)"),
+        "proj": _frame(MLP, "self.proj(", "self.proj("),
+    }
+    return (
+        inductor.Launch("triton_per_fused_native_layer_norm_0", (loop + at["ln"],)),
+        inductor.Launch("extern:addmm", (loop + at["fc"],)),
+        inductor.Launch("triton_poi_fused_gelu_1", (loop + at["fc"],)),
+        inductor.Launch("extern:addmm", (loop + at["proj"],)),
+        inductor.Launch("triton_poi_fused_add_2", (loop + _frame(MLP, "return x +", "x + self.proj("),)),
+    )
+
+
+def _replay(names):
+    """One replay as the profiler records it: the graph's call, the cudaGraphLaunch under it whose
+    launch holds every kernel, and the kernels on the device in order; an input copy before it."""
+    copy = _Ev("aten::_foreach_copy_", 0, 5, kernels=["multi_tensor_apply_kernel"])
+    launch = _Ev("cudaGraphLaunch", 10, 12, kernels=names)
+    call = _Ev(inductor.GRAPH_CALL + " fabc ##", 8, 14, [launch])
+    dev = [_Ev("multi_tensor_apply_kernel", 6, 7, device=True)]
+    dev += [_Ev(n, 20 + 5 * i, 24 + 5 * i, device=True) for i, n in enumerate(names)]
+    return [copy, call, launch, *dev]
+
+
+def test_a_cuda_graphs_replayed_kernels_are_charged_to_the_modules_and_lines_of_their_compiled_graph():
+    """Replayed kernels have no launch of their own: the graph's Triton kernels are found by name
+    and the cuBLAS kernels between them are its extern calls, a GEMM's split-K reduction with it;
+    each row gets its module, line, and the work known of it (the matmul reads its Linear's
+    weights, counted once for the two kernels)."""
+    from perfloop.analysis.attribution import REPLAY_OP, items
+
+    net = Net()
+    tree = inductor.ModuleTree(net, "Net")
+    names = ["triton_per_fused_native_layer_norm_0", GEMM, SPLIT_K, "triton_poi_fused_gelu_1", GEMM,
+             "triton_poi_fused_add_2"]  # fmt: skip
+    costs = {"triton_poi_fused_gelu_1": (0.0, 65536.0, "")}
+    read = lambda ns: inductor.replayed(ns, [_mlp_graph()], [tree], costs)  # noqa: E731
+    its = items(_replay(names), "cuda", {}, read)
+    copy, rest = its[0], its[1:]
+    assert copy.op == "aten::_foreach_copy_" and not copy.replayed  # launched by the host: as before
+    assert all(i.replayed for i in rest)
+    assert [i.module for i in rest] == [
+        "blocks.*.ln", "blocks.*.fc", "blocks.*.fc", "blocks.*.fc", "blocks.*.proj", "blocks.*"
+    ]  # fmt: skip
+    assert [i.op for i in rest] == [
+        f"{COMPILED_OP} triton_per_fused_native_layer_norm_0", "aten::addmm", "aten::addmm",
+        f"{COMPILED_OP} triton_poi_fused_gelu_1", "aten::addmm", f"{COMPILED_OP} triton_poi_fused_add_2",
+    ]  # fmt: skip
+    assert rest[0].line == f"test_inductor.py:{_line(MLP, 'h = self.ln(x)')[0]}"
+    fc = net.blocks[0].fc
+    assert rest[1].work == (0.0, (fc.weight.numel() + fc.bias.numel()) * 4.0, "float32")
+    assert rest[2].work is None  # the split-K reduction: the same call, its bytes counted once
+    assert rest[3].work == costs["triton_poi_fused_gelu_1"]
+    # without the compiled graph's sources the kernels are still the replay's, never an op's
+    bare = items(_replay(names), "cuda", {}, None)
+    assert [i.op for i in bare[1:]] == [REPLAY_OP] * len(names) and all(i.replayed for i in bare[1:])
+
+
+def test_a_replay_whose_graph_holds_more_externs_than_kernels_between_two_triton_kernels_is_read_in_order():
+    """A graph call without a kernel (an aten view Inductor keeps as an extern) and kernels from
+    another graph: the replay is read against the graph most of its Triton kernels are in, and
+    unmatched kernels take their neighbours' module, never a wrong one."""
+    tree = inductor.ModuleTree(Net(), "Net")
+    graph = _mlp_graph()
+    other = (inductor.Launch("triton_poi_fused_mul_0", graph[0].traces),)
+    names = ["triton_per_fused_native_layer_norm_0", GEMM, "triton_poi_fused_gelu_1", GEMM, "mystery_kernel",
+             "triton_poi_fused_add_2"]  # fmt: skip
+    got = inductor.replayed(names, [other, graph], [tree])
+    assert [r.key for r in got] == [
+        "triton_per_fused_native_layer_norm_0", "extern:addmm", "triton_poi_fused_gelu_1", "extern:addmm",
+        "extern:addmm", "triton_poi_fused_add_2",
+    ]  # fmt: skip
+    assert got[4].site.module == "blocks.*.proj" and got[4].work is None  # the proj call's second kernel
+
+
+def test_inductors_own_estimate_of_a_triton_kernels_bytes_is_read_from_its_metadata(monkeypatch):
+    """Under tracking_sources Inductor keeps each Triton kernel's bytes and FLOPs in its metadata
+    (benchmark_kernel); a name two kernels of different cost share is not trusted."""
+    import types
+
+    from torch._inductor.codecache import PyCodeCache
+
+    def kernel(name, gb, flop):
+        return type(
+            "K", (), {"inductor_meta": {"kernel_name": name, "kernel_num_gb": gb, "kernel_flop": flop}}
+        )()
+
+    a, b = types.ModuleType("a"), types.ModuleType("b")
+    a.k0, a.k1 = kernel("triton_poi_fused_add_0", 0.002, 0), kernel("triton_red_fused_sum_1", 0.5, 1e6)
+    b.k0 = kernel("triton_poi_fused_add_0", 0.004, 0)  # another graph's kernel of that name
+    monkeypatch.setattr(PyCodeCache, "modules", [a, b], raising=False)
+    monkeypatch.setattr(PyCodeCache, "modules_no_attr", {}, raising=False)
+    assert inductor.kernel_costs() == {"triton_red_fused_sum_1": (1e6, 0.5e9, "")}
+
+
+def test_tracking_sources_has_inductor_estimate_kernel_bytes_and_leaves_its_settings_as_they_were():
+    import torch._inductor.config as inductor_config
+    import torch._inductor.graph as inductor_graph
+
+    before = inductor_config.benchmark_kernel
+    with inductor.tracking_sources():
+        assert inductor_config.benchmark_kernel
+        assert inductor_graph.print is not print  # its "Compiled module path" line is not the user's
+    assert inductor_config.benchmark_kernel == before and "print" not in vars(inductor_graph)

@@ -233,3 +233,24 @@ def test_sdpa_forced_to_its_math_backend_is_told_so_first_and_its_fused_control_
     assert not any("scaled_dot_product_attention (forward)" in f.title for f in d.findings), str(d)
     assert not any(f.kind == "sdpa math" for f in ranked("sdpa-op").findings)
     assert not any(f.kind == "sdpa math" for f in ranked("decode-bf16").findings)  # SDPA fused on a CPU
+
+
+def test_launch_gaps_in_a_step_that_replays_cuda_graphs_are_not_advised_cuda_graphs():
+    """Issue 54: a step whose kernels a CUDA graph replays is not told to use CUDA graphs. The
+    compiled MLP step recorded on the GPU, its kernels marked replayed: the launch finding stays,
+    its advice says what is left between replays."""
+    import dataclasses
+
+    capture, ceilings = load(HERE / "gpu-mlp-compiled.json.gz")
+    graphed = dataclasses.replace(
+        capture, items=tuple(dataclasses.replace(i, replayed=True) for i in capture.items)
+    )
+    d = rank(graphed, ceilings)
+    top = d.findings[0]
+    assert top.kind == "launch" and "already replays CUDA graphs (100% of its device time)" in top.advice, (
+        str(d)
+    )
+    assert not any("mode='reduce-overhead'" in f.advice for f in d.findings), str(d)
+    assert "100% of the device time replayed from CUDA graphs" in str(d)
+    assert d.to_dict()["cuda_graphs_replayed"] == 1.0
+    assert "mode='reduce-overhead'" in rank(capture, ceilings).findings[0].advice  # the control

@@ -22,7 +22,7 @@ from torch.autograd import DeviceType
 
 from perfloop.analysis import roofline
 from perfloop.analysis.bound import Bound
-from perfloop.analysis.inductor import COMPILED_OP, fused_ops, kernel_name, launch_work
+from perfloop.analysis.inductor import COMPILED_OP, Replayed, fused_ops, kernel_name, launch_work
 from perfloop.analysis.modules import PREFIX as MODULE
 from perfloop.analysis.spans import Spans
 from perfloop.analysis.work import MARKER
@@ -31,6 +31,8 @@ BY = ("module", "op", "kernel", "category")
 BACKWARD = "autograd::engine::evaluate_function: "
 OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
 NO_MODULE = "(no module)"
+REPLAY_OP = "(CUDA graph)"  # a replayed kernel's op where no compiled graph says which call it is
+GRAPH_LAUNCH = "cudaGraphLaunch"
 # a launch under these ran compiled code (a Dynamo region alone does not: pl.patch runs its rewrites eager)
 COMPILED = ("CompiledFunction", "## Call CompiledFxGraph")
 WORK_FROM = "flops: torch's formulas; bytes: the op's tensors"
@@ -69,6 +71,7 @@ class Item:
     outer_op: str = ""  # the outermost op around `op` (aten::contiguous around aten::copy_)
     line: str = ""  # a compiled kernel's source line ("model.py:42")
     work: tuple | None = None  # (flops, bytes, dtype) from its launch's recorded arguments
+    replayed: bool = False  # run by a CUDA graph's replay (no launch of its own)
 
 
 @dataclass(frozen=True)
@@ -215,11 +218,13 @@ def fastest_of_calls(its: list[Item], spans: list[tuple[float, float]]) -> list[
     return [replace(i, ms=fastest[n]) for c in per_call for n, i in enumerate(c)]
 
 
-def items(events, kind: str, placed: dict | None = None) -> list[Item]:
+def items(events, kind: str, placed: dict | None = None, replays=None) -> list[Item]:
     """Every kernel recorded on the device (every outermost op on a CPU), in time order, with
     its op, module and phase. A kernel no op's list holds (a graph replay, NCCL, the runtime's
     own memcpy) keeps op ''. `placed`: id of a compiled graph's launching event -> its
-    findings.Site (inductor.placements), the module and line its kernels are charged to."""
+    findings.Site (inductor.placements), the module and line its kernels are charged to;
+    `replays` (inductor.replays): what a CUDA graph's replayed kernels are, read against the
+    compiled graphs (without it they keep the op "(CUDA graph)")."""
     seq_module = seq_modules(events)
     placed = placed or {}
     if kind != "cuda":
@@ -249,9 +254,11 @@ def items(events, kind: str, placed: dict | None = None) -> list[Item]:
     for e in sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start):
         for k in getattr(e, "kernels", ()) or ():
             launches[k.name].append(e)
+    dev = sorted(device_events(events, annotations(events)), key=lambda e: e.time_range.start)
+    launch_of = [launches[d.name].popleft() if launches[d.name] else None for d in dev]
+    read = _replays(dev, launch_of, replays)
     out, worked = [], set()
-    for d in sorted(device_events(events, annotations(events)), key=lambda e: e.time_range.start):
-        launch = launches[d.name].popleft() if launches[d.name] else None
+    for n, (d, launch) in enumerate(zip(dev, launch_of, strict=True)):
         if launch is not None:
             op, module, phase, marks = call_context(launch, seq_module)
         else:
@@ -264,23 +271,55 @@ def items(events, kind: str, placed: dict | None = None) -> list[Item]:
             work = launch_work(unit)
         start = _launched(launch, d.time_range.start) if launch else d.time_range.start
         r, outer = d.time_range, _outer_op(launch) if launch else ""
-        out.append(
-            Item(
-                d.name,
-                op,
-                at.module if at else module,
-                phase,
-                r.elapsed_us() / 1e3,
-                r.start,
-                r.end,
-                marks,
-                start,
-                outer,
-                at.line if at else "",
-                work,
-            )
+        module, line = (at.module, at.line) if at else (module, "")
+        item = Item(
+            d.name, op, module, phase, r.elapsed_us() / 1e3, r.start, r.end, marks, start, outer, line, work
         )
+        out.append(_as_replayed(item, read[n]) if n in read else item)
     return out
+
+
+def _is_replay(launch) -> bool:
+    """Whether a kernel's launching event is a CUDA graph's replay (cudaGraphLaunch, or the
+    event just around it)."""
+    return launch.name.startswith(GRAPH_LAUNCH) or any(
+        c.name.startswith(GRAPH_LAUNCH) for c in launch.cpu_children
+    )
+
+
+def _replays(dev: list, launch_of: list, replays) -> dict[int, Replayed | None]:
+    """Index of each replayed kernel -> what the compiled graph says of it (None where nothing
+    does): each replay's kernels, in the order the device ran them, read together."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for n, launch in enumerate(launch_of):
+        if launch is not None and _is_replay(launch):
+            groups[id(launch)].append(n)
+    out: dict[int, Replayed | None] = {}
+    for idx in groups.values():
+        got = replays([dev[n].name for n in idx]) if replays is not None else [None] * len(idx)
+        out.update(zip(idx, got, strict=True))
+    return out
+
+
+def _as_replayed(item: Item, rep: Replayed | None) -> Item:
+    """A replayed kernel's row: its op the graph's call it is (aten::mm, a Triton kernel), its
+    module and line where the graph's sources say, its work where known."""
+    op = item.op if item.op and item.op != COMPILED_OP else REPLAY_OP
+    if rep is None:
+        return replace(item, op=op, replayed=True)
+    if rep.key.startswith("extern:"):
+        op = f"aten::{rep.key.removeprefix('extern:')}"
+    elif rep.key:
+        op = f"{COMPILED_OP} {rep.key}"
+    site = rep.site
+    return replace(
+        item,
+        op=op,
+        module=site.module if site else item.module,
+        line=site.line if site else item.line,
+        work=rep.work,
+        replayed=True,
+    )
 
 
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
@@ -325,8 +364,8 @@ def key_of(item: Item, by: str, depth: int | None = None) -> str:
     if by == "op":
         if item.op.startswith(COMPILED_OP + " "):
             return item.op
-        if item.op == COMPILED_OP:
-            return f"{COMPILED_OP} {item.kernel}"
+        if item.op in (COMPILED_OP, REPLAY_OP):
+            return f"{item.op} {item.kernel}"
         return item.op or f"(no op) {item.kernel}"
     if by == "op/phase":
         return f"{item.op or '(no op) ' + item.kernel} ({item.phase})"

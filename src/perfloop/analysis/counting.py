@@ -9,7 +9,7 @@ import torch
 
 from perfloop.analysis.attribution import annotations, device_events, items
 from perfloop.analysis.compilation import live_metrics
-from perfloop.analysis.inductor import GRAPH_CALL, placed
+from perfloop.analysis.inductor import GRAPH_CALL, placed, replays
 from perfloop.analysis.recording import start_profiler, stop_profiler, with_dtypes
 from perfloop.analysis.work import WorkCounter
 
@@ -25,7 +25,8 @@ def counted(prof, records: list, on_cuda: bool, trees: list | None = None):
     """(records, items, 1) of a call counted by a WorkCounter under the (stopped) profiler."""
     events = with_dtypes(prof)
     kind = "cuda" if on_cuda and device_events(events, annotations(events)) else "cpu"
-    return records, items(events, kind, placed(events, live_metrics(), trees)), 1
+    metrics = live_metrics()
+    return records, items(events, kind, placed(events, metrics, trees), replays(metrics, trees)), 1
 
 
 def counted_call(call, on_cuda: bool, warnings: list[str], timed, trees: list | None = None):

@@ -115,6 +115,9 @@ class Finding:
         }
 
 
+REPLAYED = "cuda_graphs_replayed"  # a step's values: the share of its device time CUDA graphs replayed
+
+
 @dataclass
 class Diagnosis:
     """A step's findings, largest saving first, with the step's numbers (times per call). For
@@ -177,6 +180,8 @@ class Diagnosis:
             + (", largest first" if n > 1 else "")
             + (" (what blocks CUDA graphs before them)" if self._blockers_moved() else "")
         )
+        if self.values.get(REPLAYED):
+            head += f"\n{self.values[REPLAYED]:.0%} of the device time replayed from CUDA graphs"
         lines = [head] + [f"{i}. {o}" for i, o in enumerate(self.findings[:SHOWN], 1)]
         if n > SHOWN:
             lines.append(f"... and {n - SHOWN} smaller ones (.findings)")
@@ -194,6 +199,8 @@ class Diagnosis:
         }
         if self.single:
             out["evidence"] = self.values
+        elif REPLAYED in self.values:
+            out[REPLAYED] = self.values[REPLAYED]
         return out
 
 

@@ -50,19 +50,32 @@ def kernel_name(event_name: str) -> str | None:
 @contextlib.contextmanager
 def tracking_sources():
     """Within: Inductor records, for every graph it compiles, the source of each kernel it
-    generates (its provenance tracking; the kernels are the same), and its C++ kernels (a
-    CPU's) show in the profiler as the ops they are, not as host time between ops."""
+    generates (its provenance tracking), and its estimate of each Triton kernel's bytes and FLOPs
+    (`benchmark_kernel`: what a CUDA graph's replay, which records no launch, is read by); the
+    kernels are the same. Its C++ kernels (a CPU's) show in the profiler as the ops they are,
+    not as host time between ops."""
     import torch._inductor.config as inductor_config
+    import torch._inductor.graph as inductor_graph
 
     trace, before = inductor_config.trace, inductor_config.trace.provenance_tracking_level
     cpp, profiled = inductor_config.cpp, inductor_config.cpp.enable_kernel_profile
+    benchmarked = inductor_config.benchmark_kernel
     trace.provenance_tracking_level = before or 1
     cpp.enable_kernel_profile = True
+    inductor_config.benchmark_kernel = True
+    inductor_graph.print = _quiet_print  # benchmark_kernel's "Compiled module path" line, not the user's
     try:
         yield
     finally:
         trace.provenance_tracking_level = before
         cpp.enable_kernel_profile = profiled
+        inductor_config.benchmark_kernel = benchmarked
+        vars(inductor_graph).pop("print", None)
+
+
+def _quiet_print(*args, **kwargs) -> None:
+    if not (args and str(args[0]).startswith("Compiled module path")):
+        print(*args, **kwargs)
 
 
 @functools.cache
@@ -169,6 +182,16 @@ class ModuleTree:
     def __init__(self, root: torch.nn.Module, name: str):
         self.name = name
         self.modules = {path: type(m) for path, m in root.named_modules()}  # the classes: no model kept alive
+        self.weights = {path: _own_bytes(m) for path, m in root.named_modules()}
+
+    def weights_of(self, module: str) -> tuple[float, str] | None:
+        """(bytes, dtype) of the parameters and buffers module `module` holds itself (a pattern,
+        `layers.*.wq`: its first match; `module` may begin with the root's name); None where it
+        holds none."""
+        if module == self.name or module.startswith(self.name + "."):
+            module = module[len(self.name) + 1 :]
+        pattern = re.compile(re.escape(module).replace(r"\*", r"\d+") + "$")
+        return next((w for p, w in self.weights.items() if w and pattern.match(p)), None)
 
     def _runs(self, path: str, file: str, line: int) -> bool:
         span = _span(self.modules[path])
@@ -191,6 +214,13 @@ class ModuleTree:
             paths = [p for p in called if p in self.modules] or paths
         file, line, _ = frames[-1]
         return _pattern(paths), f"{file.rsplit('/', 1)[-1]}:{line}"
+
+
+def _own_bytes(m: torch.nn.Module) -> tuple[float, str] | None:
+    ts = [t for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)) if t is not None]
+    if not ts:
+        return None
+    return float(sum(t.numel() * t.element_size() for t in ts)), str(ts[0].dtype).removeprefix("torch.")
 
 
 def _under(path: str, above: str) -> bool:
@@ -294,6 +324,80 @@ def _between(placed_at: list) -> list:
     return out
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """A kernel of a CUDA graph's replay, read against its compiled graph: where it came from,
+    which of the graph's launches it is (`triton_poi_fused_add_0`, `extern:mm`; "" where none
+    was matched) and its (FLOPs, bytes, dtype) where known."""
+
+    site: Site | None
+    key: str = ""
+    work: tuple | None = None
+
+
+def replayed(
+    names: list[str], graphs: list[tuple[Launch, ...]], trees: list[ModuleTree], costs: dict | None = None
+) -> list[Replayed]:
+    """Each kernel of one replay (`names`, in the order the device ran them) placed in its
+    compiled graph: the graph whose kernels most of the replay's Triton kernels are, in order;
+    its Triton kernels matched by name, the kernels between two matched ones (cuBLAS, flash
+    attention, aten's fallbacks) to the graph's extern calls between them, in order (a call
+    that ran two kernels, a GEMM and its split-K reduction, takes both), and those left
+    unmatched by their neighbours' module. Work: Inductor's estimate for a Triton kernel
+    (`costs`: kernel_costs), an extern call's module's own weights for the first kernel of it."""
+    if not graphs or not trees or not names:
+        return [Replayed(None) for _ in names]
+    ours = [(i, kernel_name(n)) for i, n in enumerate(names) if kernel_name(n)]
+    graph = max(graphs, key=lambda g: len(_align(tuple(k for _, k in ours), g)))
+    keys = [""] * len(names)
+    anchors = [(-1, -1)]
+    for a, j in _align(tuple(k for _, k in ours), graph):
+        anchors.append((ours[a][0], j))
+        keys[ours[a][0]] = graph[j].key
+    anchors.append((len(names), len(graph)))
+    at: list[int | None] = [None] * len(names)
+    for (i0, j0), (i1, j1) in zip(anchors, anchors[1:], strict=False):
+        if i0 >= 0:
+            at[i0] = j0
+        externs = [j for j in range(j0 + 1, j1) if graph[j].key.startswith("extern:")]
+        gap = [i for i in range(i0 + 1, i1) if not kernel_name(names[i])]
+        for n, i in enumerate(gap):
+            if externs:
+                at[i] = externs[n * len(externs) // len(gap)]
+                keys[i] = graph[at[i]].key
+    sites = _between([site(graph[j], trees) if j is not None else None for j in at])
+    out, seen = [], set()
+    for i, (name, j) in enumerate(zip(names, at, strict=True)):
+        work = None
+        if kernel_name(name) and costs and kernel_name(name) in costs:
+            work = costs[kernel_name(name)]
+        elif j is not None and j not in seen and sites[i] is not None and keys[i].startswith("extern:"):
+            seen.add(j)
+            w = next((w for t in trees if (w := t.weights_of(sites[i].module))), None)
+            work = (0.0, w[0], w[1]) if w else None
+        out.append(Replayed(sites[i], keys[i], work))
+    return out
+
+
+def kernel_costs() -> dict[str, tuple]:
+    """Inductor's own estimate of each Triton kernel it generated in this process, by name:
+    (FLOPs, bytes, ""), from the `kernel_num_gb` and `kernel_flop` it keeps in the kernel's
+    metadata (under `tracking_sources`); a name two kernels of different cost share is left out."""
+    from torch._inductor.codecache import PyCodeCache
+
+    mods = [*getattr(PyCodeCache, "modules", ()), *getattr(PyCodeCache, "modules_no_attr", {}).values()]
+    found: dict[str, set] = {}
+    for mod in mods:
+        for obj in list(vars(mod).values()):
+            meta = getattr(obj, "inductor_meta", None)
+            if not isinstance(meta, dict) or not isinstance(meta.get("kernel_num_gb"), (int, float)):
+                continue
+            name = meta.get("kernel_name") or getattr(getattr(obj, "fn", None), "__name__", "")
+            cost = (float(meta.get("kernel_flop") or 0.0), float(meta["kernel_num_gb"]) * 1e9, "")
+            found.setdefault(name, set()).add(cost)
+    return {n: next(iter(c)) for n, c in found.items() if n and len(c) == 1}
+
+
 def module_trees(roots: dict) -> list[ModuleTree]:
     """A ModuleTree of each model still alive of `roots` (root name -> weakref, as
     modules.module_ranges keeps them)."""
@@ -305,6 +409,24 @@ def placed(events, metrics: list | None, trees: list | None) -> dict[int, Site]:
     if not trees or not any(e.name.startswith(GRAPH_CALL) for e in events):
         return {}
     return placements(events, graph_launches(metrics), trees)
+
+
+def replays(metrics: list | None, trees: list | None):
+    """A reader of CUDA-graph replays against the compiled graphs of `metrics` (names of one
+    replay's kernels, in order -> a Replayed each; see `replayed`), None where no graph was
+    compiled with its sources kept or no model is known."""
+    graphs = graph_launches(metrics) if trees else []
+    if not graphs:
+        return None
+    costs, memo = kernel_costs(), {}
+
+    def read(names: list[str]) -> list[Replayed]:
+        key = tuple(names)
+        if key not in memo:
+            memo[key] = replayed(names, graphs, trees, costs)
+        return memo[key]
+
+    return read
 
 
 UNPLACED = 0.05  # of the device time: compiled kernels left to the compiled function, worth a word

@@ -22,7 +22,7 @@ from perfloop import device as _device
 from perfloop.analysis.attribution import KERNEL_LAUNCHES, annotations, cpu_ops, device_events
 from perfloop.analysis.compilation import live_break_reasons, live_cudagraph_skips, live_metrics, skips_of
 from perfloop.analysis.counting import counted_call
-from perfloop.analysis.inductor import module_trees, placed, tracking_sources, unplaced_note
+from perfloop.analysis.inductor import module_trees, placed, replays, tracking_sources, unplaced_note
 from perfloop.analysis.kernels import KernelStat, kernel_table, union_ms
 from perfloop.analysis.modules import module_ranges
 from perfloop.analysis.recording import peak_memory, plain_wall_ms, timed_calls
@@ -161,7 +161,12 @@ class Profile:
         from perfloop.analysis.attribution import fastest_of_calls, items, within
 
         events = self._prof.events() if self._prof is not None else []
-        rows = items(events, self.kind, placed(events, self.compile_metrics, self._trees))
+        rows = items(
+            events,
+            self.kind,
+            placed(events, self.compile_metrics, self._trees),
+            replays(self.compile_metrics, self._trees),
+        )
         if self._windows:
             rows = within(rows, self._windows)
         spans = self._windows or self._call_spans

@@ -11,7 +11,7 @@ from perfloop.analysis import causes
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes import ops
-from perfloop.analysis.findings import Diagnosis, Finding, Kind, count_words
+from perfloop.analysis.findings import REPLAYED, Diagnosis, Finding, Kind, count_words
 
 COMPILED_ADVICE = {  # a finding's next step where the step ran compiled code
     Kind.LAUNCH: "the compiled step waits on its launches: replay it as CUDA graphs, torch.compile(..., "
@@ -47,6 +47,9 @@ def rank(c: Capture, ceilings: dict, analyzers: list | None = None) -> Diagnosis
     found = [f for find in (causes.ANALYZERS if analyzers is None else analyzers) for f in find(c, ceilings)]
     if c.compiled is not None:
         found = [_for_compiled_code(f, c) for f in found]
+    replayed = replayed_share(c)
+    if replayed >= REPLAYED_STEP:
+        found = [_for_replayed_graphs(f, replayed) for f in found]
     found = blockers_first(found, c.compiled is not None)
     idle = c.idle
     busy = (
@@ -55,6 +58,8 @@ def rank(c: Capture, ceilings: dict, analyzers: list | None = None) -> Diagnosis
         else min(1.0, c.device_ms / c.step_ms)
     )
     out = Diagnosis(found, c.step_ms, c.device_ms, busy)
+    if replayed:
+        out.values[REPLAYED] = round(replayed, 3)
     top = ops.top_row(c, ceilings) if not found else None
     if top is not None and top.bound in (Bound.COMPUTE, Bound.MEMORY):
         of = top.of_matmul if top.bound == Bound.COMPUTE else top.of_copy
@@ -72,6 +77,28 @@ def _for_compiled_code(f: Finding, c: Capture) -> Finding:
     if f.kind in CUDA_GRAPHS:
         advice += graph_blockers(c)
     return replace(f, advice=advice)
+
+
+def replayed_share(c: Capture) -> float:
+    """The share of the step's device time run by CUDA graphs' replays."""
+    total = sum(i.ms for i in c.items)
+    return sum(i.ms for i in c.items if i.replayed) / total if total else 0.0
+
+
+REPLAYED_STEP = 0.5  # of the device time replayed: the step is told it replays CUDA graphs already
+REPLAYED_ADVICE = (
+    "the step already replays CUDA graphs ({share:.0%} of its device time): what is left between kernels is "
+    "the host's time between replays (inputs copied into the graphs' static buffers, code outside the "
+    "graphs, the graph breaks between them): compile the whole step into one graph (fullgraph=True), keep "
+    "inputs in place (a static KV cache, torch.compiler.cudagraph_mark_step_begin() between steps)"
+)
+
+
+def _for_replayed_graphs(f: Finding, share: float) -> Finding:
+    """Launch gaps where the step already replays CUDA graphs are not advised CUDA graphs."""
+    if f.kind not in CUDA_GRAPHS:
+        return f
+    return replace(f, advice=REPLAYED_ADVICE.format(share=share))
 
 
 def graph_blockers(c: Capture) -> str:
