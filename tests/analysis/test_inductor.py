@@ -321,21 +321,36 @@ def test_a_cuda_graphs_replayed_kernels_are_charged_to_the_modules_and_lines_of_
 
     net = Net()
     tree = inductor.ModuleTree(net, "Net")
-    names = ["triton_per_fused_native_layer_norm_0", GEMM, SPLIT_K, "triton_poi_fused_gelu_1", GEMM,
-             "triton_poi_fused_add_2"]  # fmt: skip
+    names = [
+        "triton_per_fused_native_layer_norm_0",
+        GEMM,
+        SPLIT_K,
+        "triton_poi_fused_gelu_1",
+        GEMM,
+        "triton_poi_fused_add_2",
+    ]
     costs = {"triton_poi_fused_gelu_1": (0.0, 65536.0, "")}
-    read = lambda ns: inductor.replayed(ns, [_mlp_graph()], [tree], costs)  # noqa: E731
+    read = lambda ns: inductor.replayed(ns, [_mlp_graph()], [tree], costs)
     its = items(_replay(names), "cuda", {}, read)
     copy, rest = its[0], its[1:]
     assert copy.op == "aten::_foreach_copy_" and not copy.replayed  # launched by the host: as before
     assert all(i.replayed for i in rest)
     assert [i.module for i in rest] == [
-        "blocks.*.ln", "blocks.*.fc", "blocks.*.fc", "blocks.*.fc", "blocks.*.proj", "blocks.*"
-    ]  # fmt: skip
+        "blocks.*.ln",
+        "blocks.*.fc",
+        "blocks.*.fc",
+        "blocks.*.fc",
+        "blocks.*.proj",
+        "blocks.*",
+    ]
     assert [i.op for i in rest] == [
-        f"{COMPILED_OP} triton_per_fused_native_layer_norm_0", "aten::addmm", "aten::addmm",
-        f"{COMPILED_OP} triton_poi_fused_gelu_1", "aten::addmm", f"{COMPILED_OP} triton_poi_fused_add_2",
-    ]  # fmt: skip
+        f"{COMPILED_OP} triton_per_fused_native_layer_norm_0",
+        "aten::addmm",
+        "aten::addmm",
+        f"{COMPILED_OP} triton_poi_fused_gelu_1",
+        "aten::addmm",
+        f"{COMPILED_OP} triton_poi_fused_add_2",
+    ]
     assert rest[0].line == f"test_inductor.py:{_line(MLP, 'h = self.ln(x)')[0]}"
     fc = net.blocks[0].fc
     assert rest[1].work == (0.0, (fc.weight.numel() + fc.bias.numel()) * 4.0, "float32")
@@ -353,13 +368,23 @@ def test_a_replay_whose_graph_holds_more_externs_than_kernels_between_two_triton
     tree = inductor.ModuleTree(Net(), "Net")
     graph = _mlp_graph()
     other = (inductor.Launch("triton_poi_fused_mul_0", graph[0].traces),)
-    names = ["triton_per_fused_native_layer_norm_0", GEMM, "triton_poi_fused_gelu_1", GEMM, "mystery_kernel",
-             "triton_poi_fused_add_2"]  # fmt: skip
+    names = [
+        "triton_per_fused_native_layer_norm_0",
+        GEMM,
+        "triton_poi_fused_gelu_1",
+        GEMM,
+        "mystery_kernel",
+        "triton_poi_fused_add_2",
+    ]
     got = inductor.replayed(names, [other, graph], [tree])
     assert [r.key for r in got] == [
-        "triton_per_fused_native_layer_norm_0", "extern:addmm", "triton_poi_fused_gelu_1", "extern:addmm",
-        "extern:addmm", "triton_poi_fused_add_2",
-    ]  # fmt: skip
+        "triton_per_fused_native_layer_norm_0",
+        "extern:addmm",
+        "triton_poi_fused_gelu_1",
+        "extern:addmm",
+        "extern:addmm",
+        "triton_poi_fused_add_2",
+    ]
     assert got[4].site.module == "blocks.*.proj" and got[4].work is None  # the proj call's second kernel
 
 
