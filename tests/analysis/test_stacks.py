@@ -54,3 +54,21 @@ def test_a_thread_inside_torchs_own_call_is_tagged_torch_at_the_line_that_called
     assert len(tagged) > 0.8 * len(inside.samples) > 0, [(s.place, s.tags) for s in inside.samples]
     assert all(s.place.startswith("test_stacks.py:") and "(test_a_thread_inside" in s.place for s in tagged)
     assert sum("torch" in s.tags for s in outside.samples) < 0.2 * len(outside.samples)
+
+
+def test_a_frame_in_inductors_generated_code_is_charged_to_the_users_line_that_called_it():
+    """Issue 54: the "where" of a compiled decode's host time named Inductor's generated file by
+    its hash. A frame of a file in Inductor's cache folder is tagged "compiled"; the place is the
+    user's line that called into it."""
+    import os
+
+    from perfloop.analysis.stacks import generated_code_dir
+
+    generated = os.path.join(generated_code_dir(), "cy", "cyoadqv4example.py")
+    code = compile("def call(read):\n    return read(sys._getframe())\n", generated, "exec")
+    scope = {"sys": sys}
+    exec(code, scope)
+    s = Sampler()
+    sample = scope["call"](s._read)  # the line the place should name
+    assert sample.place.startswith("test_stacks.py:") and "(test_a_frame_in_inductors" in sample.place
+    assert "compiled" in sample.tags

@@ -1,8 +1,9 @@
 """What the launching thread was doing, sampled: a thread that reads the Python stack of the
 profiled thread every millisecond (`sys._current_frames()`), so idle device time can be charged
 to the line of the user's code that made the device wait. Each sample keeps the innermost frame
-of the user's own code (not torch's, perfloop's, the standard library's or an installed
-package's) and which libraries were on the stack below it (NumPy, the optimizer, the DataLoader),
+of the user's own code (not torch's, perfloop's, the standard library's, an installed
+package's, or the code Inductor generated: its caller is the user's line, the generated file
+only a tag) and which libraries were on the stack below it (NumPy, the optimizer, the DataLoader),
 and whether the innermost frame was torch's own (the thread inside a torch call).
 
 The samples' clock is `time.perf_counter_ns`; `Sampler.align` maps them onto a profiler's
@@ -34,14 +35,25 @@ def _library_roots() -> tuple[str, ...]:
     paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     paths.add(os.path.dirname(torch.__file__))
     paths.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # perfloop itself
+    paths.add(generated_code_dir())
     return tuple(sorted(p for p in paths if p))
+
+
+def generated_code_dir() -> str:
+    """Where Inductor writes the Python it generates (TORCHINDUCTOR_CACHE_DIR, else a folder in
+    the temporary directory): its frames are torch's, not the user's."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.abspath(cache_dir()) + os.sep
 
 
 @dataclass(frozen=True)
 class Sample:
     t: float  # perf_counter_ns, or profiler microseconds once aligned
     place: str  # "file.py:LINE (function)" of the innermost user frame, "" when none
-    tags: frozenset  # libraries on the stack: "numpy", "optimizer", "dataloader"; "torch": innermost in torch
+    # on the stack: "numpy", "optimizer", "dataloader", "compiled" (Inductor's code);
+    # "torch": innermost in torch
+    tags: frozenset
 
 
 class Sampler:
@@ -59,6 +71,7 @@ class Sampler:
         self._roots = _library_roots()
         self._places: dict = {}  # code object, line -> place (a step repeats its lines)
         self._torch = os.path.dirname(torch.__file__) + os.sep
+        self._generated = generated_code_dir()
 
     def _read(self, frame) -> Sample:
         tags = {"torch"} if frame.f_code.co_filename.startswith(self._torch) else set()
@@ -69,6 +82,8 @@ class Sampler:
             for frag, tag in _LIBS.items():
                 if frag in name:
                     tags.add(tag)
+            if name.startswith(self._generated):
+                tags.add("compiled")
             if not place and not name.startswith(self._roots) and not name.startswith("<"):
                 key = (f.f_code, f.f_lineno)
                 place = self._places.get(key)
