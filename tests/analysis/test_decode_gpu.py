@@ -48,3 +48,28 @@ def test_cuda_graphs_asked_for_and_skipped_for_a_mutated_input_are_told_so_and_t
     assert not any("mode='reduce-overhead'" in f.advice for f in d.findings), str(d)
     replayed, _ = _cudagraph_skip(mutate=False)
     assert not any(f.kind == "cuda graphs skipped" for f in replayed.diagnose().findings)
+
+
+def test_a_cuda_graphed_decode_is_read_row_by_row_and_against_the_bandwidth_it_must_use():
+    """Issue 54's first target: in the CUDA-graphed bf16 decode, at least 95% of the device time
+    is in module rows with a bound and bytes; the bytes a token moves are within 5% of the weights
+    and KV cache it must read; no advice to use CUDA graphs. The eager decode is still
+    launch-bound first."""
+    from perfloop.harness.ceilings import ceilings as measured
+
+    ceilings = measured()
+    graphed = _profiled("reduce-overhead", torch.bfloat16)
+    rows = graphed.breakdown(by="module", ceilings=ceilings)
+    total = sum(r.device_ms for r in rows)
+    read = sum(r.device_ms for r in rows if r.name != "(no module)" and r.bound is not None and r.bytes)
+    print("\n".join(f"{r.name} {r.device_ms / graphed.calls:.4f} {r.bound} {r.bytes}" for r in rows))
+    assert read >= 0.95 * total, (read / total, [(r.name, r.bytes, r.device_ms) for r in rows])
+    t = graphed.tokens(ceilings=ceilings)
+    must = t.weights_bytes + t.cache_bytes
+    print(f"bytes a token {t.bytes_per_step:.4g}, must {must:.4g}")
+    assert t.bytes_per_step == pytest.approx(must, rel=0.05), (t.bytes_per_step, must)
+    d = graphed.diagnose()
+    assert d.values.get("cuda_graphs_replayed", 0) > 0.9, str(d)
+    assert not any("reduce-overhead" in f.advice for f in d.findings), str(d)
+    eager = _profiled(None, torch.bfloat16).diagnose()
+    assert eager.findings[0].kind == "launch", str(eager)

@@ -361,31 +361,43 @@ def test_a_cuda_graphs_replayed_kernels_are_charged_to_the_modules_and_lines_of_
     assert [i.op for i in bare[1:]] == [REPLAY_OP] * len(names) and all(i.replayed for i in bare[1:])
 
 
-def test_a_replay_whose_graph_holds_more_externs_than_kernels_between_two_triton_kernels_is_read_in_order():
-    """A graph call without a kernel (an aten view Inductor keeps as an extern) and kernels from
-    another graph: the replay is read against the graph most of its Triton kernels are in, and
-    unmatched kernels take their neighbours' module, never a wrong one."""
+def test_a_replay_run_out_of_launch_order_is_matched_by_what_each_kernel_is():
+    """Recorded on the H100 (replay_facts.py): a graph's kernels run in the order of their
+    dependencies, not of their launches (the decode's mask kernels ran first). Each kernel is
+    matched by what it is; an aten fallback's kernel (a complex multiply) takes its neighbours'
+    module; the graph read is the one its Triton kernels are in."""
     tree = inductor.ModuleTree(Net(), "Net")
     graph = _mlp_graph()
     other = (inductor.Launch("triton_poi_fused_mul_0", graph[0].traces),)
     names = [
+        "triton_poi_fused_add_2",  # ran first: nothing it needs came before it in the graph
         "triton_per_fused_native_layer_norm_0",
         GEMM,
+        "void at::native::elementwise_kernel<128, 2>",
         "triton_poi_fused_gelu_1",
         GEMM,
-        "mystery_kernel",
-        "triton_poi_fused_add_2",
+        SPLIT_K,
     ]
     got = inductor.replayed(names, [other, graph], [tree])
     assert [r.key for r in got] == [
+        "triton_poi_fused_add_2",
         "triton_per_fused_native_layer_norm_0",
         "extern:addmm",
+        "",
         "triton_poi_fused_gelu_1",
         "extern:addmm",
         "extern:addmm",
-        "triton_poi_fused_add_2",
     ]
-    assert got[4].site.module == "blocks.*.proj" and got[4].work is None  # the proj call's second kernel
+    assert [r.site.module for r in got] == ["blocks.*", "blocks.*.ln", "blocks.*.fc", "blocks.*.fc",
+                                            "blocks.*.fc", "blocks.*.proj", "blocks.*.proj"]  # fmt: skip
+    assert got[5].work is not None and got[6].work is None  # the proj call's split-K: counted once
+
+
+def test_an_aten_op_inductor_calls_is_keyed_by_its_op_not_its_overload():
+    assert inductor._key("aten.mul.Tensor") == "extern:mul"
+    assert inductor._key("torch.ops.aten.view_as_real.default") == "extern:view_as_real"
+    assert inductor._key("extern_kernels.mm") == "extern:mm"
+    assert inductor._key("aten::mm") == "extern:mm"
 
 
 def test_inductors_own_estimate_of_a_triton_kernels_bytes_is_read_from_its_metadata(monkeypatch):

@@ -127,8 +127,10 @@ class Launch:
 def _key(name: str) -> str:
     if name.startswith(("triton_", "cpp_")):
         return name
-    op = name.split("::")[-1] if "::" in name else name.removesuffix(".default").split(".")[-1]
-    return f"extern:{op}"
+    if "::" in name:
+        return f"extern:{name.split('::')[-1]}"
+    parts = name.split(".")  # extern_kernels.mm, aten.mul.Tensor, torch.ops.aten.view_as_real.default
+    return f"extern:{parts[parts.index('aten') + 1] if 'aten' in parts[:-1] else parts[-1]}"
 
 
 def graph_launches(metrics: list | None) -> list[tuple[Launch, ...]]:
@@ -335,47 +337,69 @@ class Replayed:
     work: tuple | None = None
 
 
+_GEMM = re.compile(r"gemm|nvjet|cutlass|xmma|wgmma|cublas|conv|sm\d\d_", re.I)
+_ATTENTION = re.compile(r"sdpa|flash|fmha|attention", re.I)
+_EXTERN_GEMM = ("mm", "addmm", "bmm", "baddbmm", "_int_mm", "convolution", "linear")
+
+
+def _kind(name: str) -> str:
+    """What a replayed kernel is, to be matched with a graph's launch: a Triton kernel's name,
+    "reduce" (a GEMM's split-K reduction: its GEMM's call), "gemm", "attention", or "aten" (an
+    aten fallback's kernel: no launch of the graph says which)."""
+    if kernel_name(name):
+        return kernel_name(name)
+    if "splitkreduce" in name.lower():
+        return "reduce"
+    if _ATTENTION.search(name):
+        return "attention"
+    return "gemm" if _GEMM.search(name) else "aten"
+
+
+def _launch_kind(key: str) -> str:
+    op = key.removeprefix("extern:")
+    if not key.startswith("extern:"):
+        return key
+    if op in _EXTERN_GEMM:
+        return "gemm"
+    return "attention" if "attention" in op else "aten"
+
+
 def replayed(
     names: list[str], graphs: list[tuple[Launch, ...]], trees: list[ModuleTree], costs: dict | None = None
 ) -> list[Replayed]:
     """Each kernel of one replay (`names`, in the order the device ran them) placed in its
-    compiled graph: the graph whose kernels most of the replay's Triton kernels are, in order;
-    its Triton kernels matched by name, the kernels between two matched ones (cuBLAS, flash
-    attention, aten's fallbacks) to the graph's extern calls between them, in order (a call
-    that ran two kernels, a GEMM and its split-K reduction, takes both), and those left
-    unmatched by their neighbours' module. Work: Inductor's estimate for a Triton kernel
-    (`costs`: kernel_costs), an extern call's module's own weights for the first kernel of it."""
+    compiled graph, the one most of the replay's Triton kernels are in. A graph's kernels run in
+    the order of their dependencies, not of their launches, so each is matched by what it is:
+    a Triton kernel by name, a GEMM (cuBLAS) to the graph's matmul calls, an attention kernel to
+    its attention calls, the n-th of each to the n-th (a split-K reduction with its GEMM); aten
+    fallbacks' kernels, and any left over, take their neighbours' module. Work: Inductor's
+    estimate for a Triton kernel (`costs`: kernel_costs), a matmul's module's own weights for
+    its first kernel."""
     if not graphs or not trees or not names:
         return [Replayed(None) for _ in names]
-    ours = [(i, kernel_name(n)) for i, n in enumerate(names) if kernel_name(n)]
-    graph = max(graphs, key=lambda g: len(_align(tuple(k for _, k in ours), g)))
-    keys = [""] * len(names)
-    anchors = [(-1, -1)]
-    for a, j in _align(tuple(k for _, k in ours), graph):
-        anchors.append((ours[a][0], j))
-        keys[ours[a][0]] = graph[j].key
-    anchors.append((len(names), len(graph)))
+    kinds = [_kind(n) for n in names]
+    graph = max(graphs, key=lambda g: len({_launch_kind(x.key) for x in g} & set(kinds)))
+    queues: dict[str, list[int]] = {}
+    for j, launch in enumerate(graph):
+        queues.setdefault(_launch_kind(launch.key), []).append(j)
     at: list[int | None] = [None] * len(names)
-    for (i0, j0), (i1, j1) in zip(anchors, anchors[1:], strict=False):
-        if i0 >= 0:
-            at[i0] = j0
-        externs = [j for j in range(j0 + 1, j1) if graph[j].key.startswith("extern:")]
-        gap = [i for i in range(i0 + 1, i1) if not kernel_name(names[i])]
-        for n, i in enumerate(gap):
-            if externs:
-                at[i] = externs[n * len(externs) // len(gap)]
-                keys[i] = graph[at[i]].key
+    first, gemm = [False] * len(names), None
+    for i, kind in enumerate(kinds):
+        if kind == "reduce":
+            at[i] = gemm
+        elif kind != "aten" and queues.get(kind):
+            at[i], first[i] = queues[kind].pop(0), True
+            gemm = at[i] if kind == "gemm" else gemm
     sites = _between([site(graph[j], trees) if j is not None else None for j in at])
-    out, seen = [], set()
+    out = []
     for i, (name, j) in enumerate(zip(names, at, strict=True)):
-        work = None
+        key, work = (graph[j].key if j is not None else ""), None
         if kernel_name(name) and costs and kernel_name(name) in costs:
             work = costs[kernel_name(name)]
-        elif j is not None and j not in seen and sites[i] is not None and keys[i].startswith("extern:"):
-            seen.add(j)
+        elif first[i] and kinds[i] == "gemm" and sites[i] is not None:
             w = next((w for t in trees if (w := t.weights_of(sites[i].module))), None)
             work = (0.0, w[0], w[1]) if w else None
-        out.append(Replayed(sites[i], keys[i], work))
+        out.append(Replayed(sites[i], key, work))
     return out
 
 

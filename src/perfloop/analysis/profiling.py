@@ -180,10 +180,15 @@ class Profile:
     def _work(self) -> dict | None:
         from perfloop.analysis.attribution import work_by_key
 
+        replayed = [i for i in self.items() if i.replayed and i.work is not None]
         if self._counted is None:
-            return self._given_work
-        records, counted_items, counted_calls = self._counted
-        return work_by_key(counted_items, records, self.calls / counted_calls)
+            out = self._given_work
+        else:
+            records, counted_items, counted_calls = self._counted
+            out = work_by_key(counted_items, records, self.calls / counted_calls)
+        if replayed:  # what a CUDA graph's replay ran, which no counted op or recorded launch says
+            out = work_by_key(replayed, [], 1.0) | (out or {})
+        return out
 
     def breakdown(self, by: str = "op", depth: int | None = None, ceilings: dict | None = None) -> list:
         """Device time by "module" (qualified name; backward charged to the forward module,
