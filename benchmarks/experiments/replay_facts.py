@@ -1,22 +1,27 @@
 """What a CUDA-graph replay leaves in the profiler, for attributing its kernels: the decode of
 examples/llama_decode.py compiled with reduce-overhead, profiled for a few tokens; written as JSON
-(the device kernels in order with the runtime call and ops above their launch, Inductor's
-provenance launches of each graph, and each generated kernel's inductor_meta keys).
+(the device kernels in order with the events above their launch, Inductor's provenance
+launches of each graph, and each generated kernel's estimated FLOPs and bytes).
 
     PYTHONPATH=src python3 benchmarks/experiments/replay_facts.py out.json [--benchmark-kernel]
 """
 
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
 
-sys.path.insert(0, "examples")
-import llama_decode as ld  # noqa: E402
+from perfloop.analysis.compilation import live_metrics
+from perfloop.analysis.inductor import graph_launches, kernel_costs, tracking_sources
 
-from perfloop.analysis.compilation import live_metrics  # noqa: E402
-from perfloop.analysis.inductor import graph_launches, tracking_sources  # noqa: E402
+_spec = importlib.util.spec_from_file_location(
+    "llama_decode", Path(__file__).resolve().parents[2] / "examples" / "llama_decode.py"
+)
+ld = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ld)
 
 
 def main(out: str, benchmark_kernel: bool) -> None:
@@ -59,24 +64,21 @@ def main(out: str, benchmark_kernel: bool) -> None:
         for e in sorted(events, key=lambda e: e.time_range.start)
         if e.device_type == DeviceType.CUDA
     ]
-    graphs = [[(la.key, la.traces[0][-300:] if la.traces else "") for la in g] for g in graph_launches(live_metrics())]
-    from torch._inductor.codecache import PyCodeCache
-
-    metas = {}
-    for mod in list(getattr(PyCodeCache, "modules", [])) + list(getattr(PyCodeCache, "modules_no_attr", {}).values()):
-        for name, obj in vars(mod).items():
-            meta = getattr(obj, "inductor_meta", None)
-            if isinstance(meta, dict):
-                metas[f"{getattr(mod, '__file__', '?')}::{name}"] = {
-                    k: v for k, v in meta.items() if k in ("kernel_num_gb", "kernel_flop", "kernel_name")
-                } | {"keys": sorted(meta)}
+    graphs = [
+        [(la.key, la.traces[0][-300:] if la.traces else "") for la in g]
+        for g in graph_launches(live_metrics())
+    ]
+    metas = kernel_costs()  # each Triton kernel's (FLOPs, bytes) as Inductor estimated them
     cpu_names = sorted({e.name for e in events if e.device_type == DeviceType.CPU})
-    json.dump(
-        {"kernels": kernels, "graphs": graphs, "metas": metas, "cpu_names": cpu_names, "torch": torch.__version__},
-        open(out, "w"),
-        indent=1,
-    )
-    print(len(kernels), "kernels;", len(graphs), "graphs;", len(metas), "kernel metas")
+    facts = {
+        "kernels": kernels,
+        "graphs": graphs,
+        "metas": metas,
+        "cpu_names": cpu_names,
+        "torch": torch.__version__,
+    }
+    Path(out).write_text(json.dumps(facts, indent=1))
+    print(len(kernels), "kernels;", len(graphs), "graphs;", len(metas), "kernel costs")
 
 
 if __name__ == "__main__":
