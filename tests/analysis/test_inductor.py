@@ -388,8 +388,15 @@ def test_a_replay_run_out_of_launch_order_is_matched_by_what_each_kernel_is():
         "extern:addmm",
         "extern:addmm",
     ]
-    assert [r.site.module for r in got] == ["blocks.*", "blocks.*.ln", "blocks.*.fc", "blocks.*.fc",
-                                            "blocks.*.fc", "blocks.*.proj", "blocks.*.proj"]  # fmt: skip
+    assert [r.site.module for r in got] == [
+        "blocks.*",
+        "blocks.*.ln",
+        "blocks.*.fc",
+        "blocks.*.fc",
+        "blocks.*.fc",
+        "blocks.*.proj",
+        "blocks.*.proj",
+    ]
     assert got[5].work is not None and got[6].work is None  # the proj call's split-K: counted once
 
 

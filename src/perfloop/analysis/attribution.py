@@ -291,8 +291,9 @@ def _replays(dev: list, launch_of: list, replays) -> dict[int, Replayed | None]:
     """Index of each replayed kernel -> what the compiled graph says of it (None where nothing
     does): each replay's kernels, in the order the device ran them, read together."""
     groups: dict[int, list[int]] = defaultdict(list)
+    replay: dict[int, bool] = {}  # each launching event looked at once: a replay's holds every kernel
     for n, launch in enumerate(launch_of):
-        if launch is not None and _is_replay(launch):
+        if launch is not None and replay.setdefault(id(launch), _is_replay(launch)):
             groups[id(launch)].append(n)
     out: dict[int, Replayed | None] = {}
     for idx in groups.values():

@@ -356,9 +356,10 @@ def _kind(name: str) -> str:
 
 
 def _launch_kind(key: str) -> str:
-    op = key.removeprefix("extern:")
+    """What a graph's launch is, in `_kind`'s terms."""
     if not key.startswith("extern:"):
         return key
+    op = key.removeprefix("extern:")
     if op in _EXTERN_GEMM:
         return "gemm"
     return "attention" if "attention" in op else "aten"
