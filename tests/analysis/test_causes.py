@@ -170,3 +170,18 @@ def test_on_the_gpu_sdpa_is_read_as_math_from_its_ops_and_as_fused_from_its_kern
     [f] = [f for f in rank(math, ceilings).findings if f.kind == Kind.SDPA_MATH]
     assert f.saves_ms == pytest.approx(0.9) and f.where == "attn"  # no records: nothing known to subtract
     assert not any(f.kind == Kind.SDPA_MATH for f in rank(fused, ceilings).findings)
+
+
+def test_recorded_on_the_gpu_a_graph_replays_matmuls_are_read_as_the_weights_an_fp32_decode_reads():
+    """The bf16 CUDA-graphed decode recorded on the H100, its rows as that code read them (replayed
+    kernels unmatched: `(CUDA graph)`, no op): read as fp32 weights, its matmul kernels are still the
+    weight matmuls (none were before: the finding predicted 0 and was not listed), ranked first and
+    halved; the bf16 control has no such finding."""
+    c, ceilings = load(HERE / "gpu-decode-cuda-graphs.json.gz")
+    assert not [f for f in rank(c, ceilings).findings if f.kind == Kind.DECODE_WEIGHTS]
+    fp32 = dataclasses.replace(c, model={**c.model, "dtypes": {"float32": c.model["weights"]}})
+    d = rank(fp32, ceilings)
+    top = d.findings[0]
+    assert top.kind == Kind.DECODE_WEIGHTS, str(d)
+    gemms = sum(i.ms for i in c.items if i.replayed and ("nvjet" in i.kernel or "splitK" in i.kernel)) / c.calls
+    assert top.saves_ms == pytest.approx(gemms / 2, rel=0.02), (top.saves_ms, gemms)

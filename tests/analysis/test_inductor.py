@@ -84,6 +84,25 @@ def test_a_stack_trace_is_read_down_the_module_tree_to_the_submodule_its_line_ca
     assert inductor.site(ln_and_add, [tree]).module == "blocks.*"  # fused across two places: where both are
 
 
+def step_of(model, x):  # a function compiled around the model, as gpt-fast's decode_one_token
+    return model(x) * 2
+
+
+def test_a_trace_from_a_function_that_calls_the_model_is_read_from_the_models_forward_down():
+    """Issue 54, seen on the H100: a graph compiled from `decode_one_token(model, x, pos)` has
+    traces whose outermost frame is that function; they are read from the model's forward down
+    (none was placed before)."""
+    tree = inductor.ModuleTree(Net(), "Net")
+    lines, first = inspect.getsourcelines(step_of)
+    n = next(i for i, x in enumerate(lines) if "model(x)" in x)
+    code = lines[n].rstrip("\n")
+    outer = f'  File "{__file__}", line {first + n}, in step_of\n{code}\n{" " * code.index("model(x)")}^^^^^^^^\n'
+    loop = _frame(Net, "x = block(x)", "block(x)")
+    fc = inductor.Launch("extern:addmm", (outer + loop + _frame(MLP, "self.proj(", "self.fc(h)"),))
+    assert inductor.site(fc, [tree]).module == "blocks.*.fc"
+    assert inductor.site(inductor.Launch("extern:mm", (outer,)), [tree]) is None  # the model never entered
+
+
 def test_a_trace_whose_line_no_longer_reads_so_is_not_placed():
     """A graph from Inductor's cache compiled before the file was edited keeps the old lines."""
     tree = inductor.ModuleTree(Net(), "Net")
@@ -236,6 +255,29 @@ def test_a_model_first_compiled_inside_pl_profile_has_its_kernels_placed_without
     torch._dynamo.reset()
     modules = {r.name for r in p.breakdown(by="module")}
     assert {"blocks.*.fc", "blocks.*.proj"} <= modules and "_orig_mod" not in modules, modules
+
+
+def test_a_compiled_function_given_the_model_has_its_kernels_placed_in_the_models_modules():
+    """Issue 54: `torch.compile(decode_one_token)(model, ...)` runs no module's forward eagerly, so
+    no hook names the model; the model the profiled call reaches (its arguments, its closure) is
+    read instead."""
+    import torch._inductor.config as inductor_config
+
+    torch.manual_seed(0)
+    with (
+        inductor_config.patch({"fx_graph_cache": False}),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        torch._dynamo.reset()
+        torch._dynamo.utils.clear_compilation_metrics()
+        net, x, fn = Net(), torch.randn(32, 64), torch.compile(step_of)
+        with torch.no_grad():
+            closed = pl.profile(lambda: fn(net, x), calls=1)
+            given = pl.profile(fn, net, x, calls=1)
+    torch._dynamo.reset()
+    for p in (closed, given):
+        modules = {r.name for r in p.breakdown(by="module")}
+        assert {"blocks.*.fc", "blocks.*.proj"} <= modules, modules
 
 
 def test_the_module_a_compiled_wrapper_holds_goes_by_the_models_name_not_orig_mod():

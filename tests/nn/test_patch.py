@@ -310,7 +310,10 @@ def test_measure_compiled_times_each_step_compiled_and_keeps_only_what_pays_ther
     torch._dynamo.reset()
     report = pl.patch(model, batch, measure=True, compiled=True, budget_s=0.2)
     assert seen and all(c for _, c, _ in seen)
-    assert all(graphs >= len(names) for names, _, graphs in seen), seen  # at least a graph a timed model
+    timed = set()
+    for names, _, graphs in seen:  # at least a graph a newly timed model: 'before', timed again with a
+        assert graphs >= len(set(names) - timed), seen  # second pair, may reuse its cached graph
+        timed |= set(names)
     assert "each step timed compiled" in str(report)
     cands = report.timing["candidates"]
     for kind in report.timing["kept"]:  # each kept kind paid compiled, alone or with the rest

@@ -200,11 +200,14 @@ class ModuleTree:
         return span is not None and span[0] == file and span[1] <= line <= span[2]
 
     def place(self, trace: str) -> tuple[str, str] | None:
-        """(module path, "file:line") of the innermost frame; None where the trace's outermost
-        frame is not this model's forward."""
+        """(module path, "file:line") of the innermost frame, read from the first frame in this
+        model's forward down (a compiled function that calls the model, gpt-fast's
+        `decode_one_token`, is above it); None where no frame is this model's forward."""
         frames = _frames(trace)
-        if not frames or not self._runs("", frames[0][0], frames[0][1]):
+        top = next((n for n, (file, line, _) in enumerate(frames) if self._runs("", file, line)), None)
+        if top is None:
             return None
+        frames = frames[top:]
         paths = [""]
         for n, (file, line, call) in enumerate(frames):
             below = [

@@ -9,6 +9,7 @@ under it by their attribute paths from it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 import weakref
@@ -87,3 +88,37 @@ def module_ranges(quiet=None):
             rf = t.open.pop()
             if rf is not None:
                 rf.__exit__(None, None, None)
+
+
+def reached_models(call, depth: int = 3) -> dict[str, weakref.ref]:
+    """The models a call reaches, by class name as `module_ranges` names roots: nn.Modules among a
+    partial's arguments, a function's closure and the globals its code names, a bound method's
+    object, down `depth` callables. For the code that runs no module eagerly (a compiled function
+    given the model, gpt-fast's `decode_one_token`), where no hook names one."""
+    found: dict[str, weakref.ref] = {}
+
+    def visit(obj, left: int) -> None:
+        if isinstance(obj, torch.nn.Module):
+            inner = getattr(obj, "_orig_mod", obj)
+            with contextlib.suppress(TypeError):
+                found.setdefault(type(inner).__name__, weakref.ref(inner))
+            return
+        if left <= 0 or not callable(obj):
+            return
+        if isinstance(obj, functools.partial):
+            for v in (obj.func, *obj.args, *obj.keywords.values()):
+                visit(v, left - 1)
+            return
+        visit(getattr(obj, "__self__", None), left - 1)
+        fn = getattr(obj, "__wrapped__", None) or getattr(obj, "__func__", None) or obj
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+        for cell in cells:
+            with contextlib.suppress(ValueError):  # an empty cell
+                visit(cell.cell_contents, left - 1)
+        names = getattr(fn, "__globals__", {})
+        for name in getattr(code, "co_names", ()):
+            if isinstance(names.get(name), torch.nn.Module) or callable(names.get(name)):
+                visit(names[name], left - 1)
+
+    visit(call, depth)
+    return found

@@ -24,7 +24,7 @@ from perfloop.analysis.compilation import live_break_reasons, live_cudagraph_ski
 from perfloop.analysis.counting import counted_call
 from perfloop.analysis.inductor import module_trees, placed, replays, tracking_sources, unplaced_note
 from perfloop.analysis.kernels import KernelStat, kernel_table, union_ms
-from perfloop.analysis.modules import module_ranges
+from perfloop.analysis.modules import module_ranges, reached_models
 from perfloop.analysis.recording import peak_memory, plain_wall_ms, timed_calls
 from perfloop.analysis.spans import Spans
 from perfloop.analysis.stacks import unsampled_launcher
@@ -486,7 +486,7 @@ def _profiled(call, calls, warmup, on_cuda, sync, memory_snapshot, cuda_profiler
     plain_ms = plain_wall_ms(call, calls, sync, fastest=not on_cuda)
     with module_ranges() as tracker:
         prof, wall_ms, host, samples, spans = timed_calls(call, calls, on_cuda, cuda_profiler_range, warnings)
-        trees = module_trees(tracker.roots)
+        trees = module_trees(reached_models(call) | tracker.roots)  # a compiled function's model too
         work_counted = counted_call(call, on_cuda, warnings, prof, trees) if count_work else None
 
     return build_profile(

@@ -70,11 +70,19 @@ def rank(c: Capture, ceilings: dict, analyzers: list | None = None) -> Diagnosis
     return out
 
 
+SKIPPED_ADVICE = (
+    "the step asks for CUDA graphs and Inductor skipped them (its finding): once what it skipped them for "
+    "is gone, the replay takes these launches away"
+)
+
+
 def _for_compiled_code(f: Finding, c: Capture) -> Finding:
     if f.kind not in COMPILED_ADVICE:
         return f
     advice = COMPILED_ADVICE[f.kind]
-    if f.kind in CUDA_GRAPHS:
+    if f.kind in CUDA_GRAPHS and c.code is not None and c.code.cudagraph_skips:  # asked for already
+        advice = SKIPPED_ADVICE + ("; mode='max-autotune' tries larger tiles" if f.kind == Kind.LATENCY else "")
+    elif f.kind in CUDA_GRAPHS:
         advice += graph_blockers(c)
     return replace(f, advice=advice)
 

@@ -6,7 +6,8 @@ compute-bound) is not one."""
 
 from __future__ import annotations
 
-from perfloop.analysis.attribution import category
+from perfloop.analysis.attribution import REPLAY_OP, category
+from perfloop.analysis.inductor import COMPILED_OP
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes.base import Findings, by_module
@@ -49,11 +50,11 @@ def matmuls(c: Capture) -> list:
 
 
 def _weight_matmul(i) -> bool:
-    """A forward matmul of the weights: by its op, or (compiled code, a graph's replay: no op)
-    by its kernel's name."""
+    """A forward matmul of the weights: by its op, or (compiled code, a graph's replay no compiled
+    graph said the call of) by its kernel's name."""
     if i.op in WEIGHT_OPS or i.outer_op in WEIGHT_OPS:
         return True
-    return (not i.op or i.op.startswith("(compiled)")) and category(i.kernel) == "matmul"
+    return (not i.op or i.op.startswith((COMPILED_OP, REPLAY_OP))) and category(i.kernel) == "matmul"
 
 
 def find(c: Capture, ceilings: dict) -> list[Finding]:
