@@ -96,7 +96,8 @@ def test_a_trace_from_a_function_that_calls_the_model_is_read_from_the_models_fo
     lines, first = inspect.getsourcelines(step_of)
     n = next(i for i, x in enumerate(lines) if "model(x)" in x)
     code = lines[n].rstrip("\n")
-    outer = f'  File "{__file__}", line {first + n}, in step_of\n{code}\n{" " * code.index("model(x)")}^^^^^^^^\n'
+    marks = " " * code.index("model(x)") + "^" * len("model(x)")
+    outer = f'  File "{__file__}", line {first + n}, in step_of\n{code}\n{marks}\n'
     loop = _frame(Net, "x = block(x)", "block(x)")
     fc = inductor.Launch("extern:addmm", (outer + loop + _frame(MLP, "self.proj(", "self.fc(h)"),))
     assert inductor.site(fc, [tree]).module == "blocks.*.fc"

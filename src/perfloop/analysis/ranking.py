@@ -81,7 +81,8 @@ def _for_compiled_code(f: Finding, c: Capture) -> Finding:
         return f
     advice = COMPILED_ADVICE[f.kind]
     if f.kind in CUDA_GRAPHS and c.code is not None and c.code.cudagraph_skips:  # asked for already
-        advice = SKIPPED_ADVICE + ("; mode='max-autotune' tries larger tiles" if f.kind == Kind.LATENCY else "")
+        tiles = "; mode='max-autotune' tries larger tiles" if f.kind == Kind.LATENCY else ""
+        advice = SKIPPED_ADVICE + tiles
     elif f.kind in CUDA_GRAPHS:
         advice += graph_blockers(c)
     return replace(f, advice=advice)

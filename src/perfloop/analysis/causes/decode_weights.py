@@ -7,11 +7,11 @@ compute-bound) is not one."""
 from __future__ import annotations
 
 from perfloop.analysis.attribution import REPLAY_OP, category
-from perfloop.analysis.inductor import COMPILED_OP
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes.base import Findings, by_module
 from perfloop.analysis.findings import Finding, Kind
+from perfloop.analysis.inductor import COMPILED_OP
 from perfloop.analysis.tokens import tokens_per_step
 from perfloop.harness.measurement import fmt_ms
 
