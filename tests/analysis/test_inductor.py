@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 import perfloop as pl
+from fixtures.record import compiled_afresh
 from perfloop.analysis import inductor
 from perfloop.analysis.attribution import COMPILED_OP
 from perfloop.analysis.work import WorkCounter
@@ -243,12 +244,7 @@ def test_a_model_first_compiled_inside_pl_profile_has_its_kernels_placed_without
     import torch._inductor.config as inductor_config
 
     torch.manual_seed(0)
-    with (
-        inductor_config.patch({"fx_graph_cache": False}),
-        torch._functorch.config.patch(enable_autograd_cache=False),
-    ):
-        torch._dynamo.reset()
-        torch._dynamo.utils.clear_compilation_metrics()
+    with compiled_afresh():
         assert not inductor_config.trace.provenance_tracking_level
         model, x = torch.compile(Net()), torch.randn(32, 64)
         p = pl.profile(lambda: model(x).backward(), calls=1)  # its warm-up compiles the model
@@ -262,15 +258,8 @@ def test_a_compiled_function_given_the_model_has_its_kernels_placed_in_the_model
     """Issue 54: `torch.compile(decode_one_token)(model, ...)` runs no module's forward eagerly, so
     no hook names the model; the model the profiled call reaches (its arguments, its closure) is
     read instead."""
-    import torch._inductor.config as inductor_config
-
     torch.manual_seed(0)
-    with (
-        inductor_config.patch({"fx_graph_cache": False}),
-        torch._functorch.config.patch(enable_autograd_cache=False),
-    ):
-        torch._dynamo.reset()
-        torch._dynamo.utils.clear_compilation_metrics()
+    with compiled_afresh():
         net, x, fn = Net(), torch.randn(32, 64), torch.compile(step_of)
         with torch.no_grad():
             closed = pl.profile(lambda: fn(net, x), calls=1)
