@@ -186,3 +186,13 @@ def test_recorded_on_the_gpu_a_graph_replays_matmuls_are_read_as_the_weights_an_
     gemm = ("nvjet", "splitK")
     gemms = sum(i.ms for i in c.items if i.replayed and any(g in i.kernel for g in gemm)) / c.calls
     assert top.saves_ms == pytest.approx(gemms / 2, rel=0.02), (top.saves_ms, gemms)
+
+
+def test_recorded_on_the_gpu_the_eager_decode_is_launch_bound_and_the_graphed_one_is_told_it_replays():
+    """The two decode captures of the H100 (run38): eager waits on its launches first; graphed, the
+    step says how much of it replays CUDA graphs, and nothing advises the CUDA graphs it has."""
+    eager = rank(*load(HERE / "gpu-decode-eager.json.gz"))
+    assert eager.findings[0].kind == Kind.LAUNCH and "reduce-overhead" in eager.findings[0].advice, str(eager)
+    graphed = rank(*load(HERE / "gpu-decode-cuda-graphs.json.gz"))
+    assert graphed.values["cuda_graphs_replayed"] > 0.9, str(graphed)
+    assert not any("reduce-overhead" in f.advice for f in graphed.findings), str(graphed)
