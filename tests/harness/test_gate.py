@@ -105,6 +105,22 @@ def test_a_reference_that_moved_alone_is_not_the_codes_change():
     assert v.adjusted > 1.2 and not v.regression and v.verdict.startswith("same")
 
 
+def test_a_reference_that_turns_a_faster_run_into_a_slower_one_is_not_an_alarm():
+    """Seen in CI under load: the code's raw times 3% faster, the reference 33% faster, so the
+    divided change read 1.44x slower and raised an alarm. Raw and divided pointing opposite ways,
+    each past the floor, is two measurements that disagree: the verdict says so, with no alarm."""
+    a, b = _samples(1.0, seed=1), _samples(0.968, seed=2)
+    a_ref, b_ref = _samples(0.2, seed=3), _samples(0.2 * 0.674, seed=4)
+    history = [5.0, 5.1, 5.2, 4.95]  # runs of the same code: a learned floor of 9%, as in that run
+    v = gate.judge(a, b, fail_above_pct=5, a_ref=a_ref, b_ref=b_ref, history=history)
+    assert v.divided and v.adjusted > 1.3, v
+    assert not v.regression and v.verdict.startswith("cannot judge"), v
+    assert "0.97x" in v.verdict and "1.4" in v.verdict, v.verdict
+    # a real slowdown on a machine that ran faster still reads slower raw: judged, and caught
+    v = gate.judge(a, _samples(1.1, seed=5), fail_above_pct=5, a_ref=a_ref, b_ref=b_ref, history=history)
+    assert v.regression and v.adjusted > 1.5, v
+
+
 def test_runs_taken_while_the_machine_changed_pace_are_not_judged():
     """One run with the machine 7x slower (a starved process): the code's own 34x after dividing
     that out is not a measurement; the verdict says why and raises no alarm."""

@@ -244,6 +244,16 @@ def judge(
                 "machine"
             )
             return Verdict(ratio, drift, adjusted, floor, source, p, False, why, divided)
+    if divided and significant and (ratio > 1) != (adjusted > 1):
+        # the raw times moved one way and, divided by the reference, the other: the reference's
+        # own move is the whole of the change, and the two measurements disagree on its sign
+        why = (
+            f"cannot judge: the raw times read {'slower' if ratio > 1 else 'faster'} ({ratio:.2f}x) "
+            f"and divided by the reference workload {'slower' if adjusted > 1 else 'faster'} "
+            f"({adjusted:.2f}x): the machine's pace moved {max(drift, 1 / drift):.2f}x between the "
+            "runs; run both again on a quiet machine"
+        )
+        return Verdict(ratio, drift, adjusted, floor, source, p, False, why, divided)
     if not significant and p >= alpha and abs(math.log(adjusted)) > math.log1p(floor) and raw_moved:
         # past the floor, but the runs' samples are too spread to tell it from noise: said, not "same"
         why = (
