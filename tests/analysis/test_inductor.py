@@ -432,6 +432,35 @@ def test_a_replay_run_out_of_launch_order_is_matched_by_what_each_kernel_is():
     assert got[5].work is not None and got[6].work is None  # the proj call's split-K: counted once
 
 
+def test_a_replayed_gemm_on_a_line_of_several_linears_reads_the_weights_of_the_one_it_calls():
+    """Seen on the H100 and H200 (torch 2.11, Python 3.12): the stack traces of a graph's nodes
+    carry no caret and stop at the user's line, `return self.w2(F.silu(self.w1(x)) * self.w3(x))`,
+    so the GEMMs were charged to the feed-forward module, which holds no weights itself, and
+    the decode's bytes a token read 0.1% of its weights. A line's calls are read in the order
+    Python makes them, and the n-th GEMM of that line in the graph is the n-th Linear called."""
+    net = Net()
+    tree = inductor.ModuleTree(net, "Net")
+    bare = lambda cls, text: _frame(cls, text, text).rsplit("\n", 2)[0] + "\n"  # no caret line
+    loop, line = bare(Net, "x = block(x)"), bare(MLP, "self.proj(")
+    assert "^" not in loop + line
+    graph = (
+        inductor.Launch("triton_per_fused_native_layer_norm_0", (loop + bare(MLP, "h = self.ln(x)"),)),
+        inductor.Launch("extern:addmm", (loop + line,)),
+        inductor.Launch("triton_poi_fused_gelu_1", (loop + line,)),
+        inductor.Launch("extern:addmm", (loop + line,)),
+    )
+    names = ["triton_per_fused_native_layer_norm_0", GEMM, "triton_poi_fused_gelu_1", GEMM]
+    got = inductor.replayed(names, [graph], [tree])
+    fc, proj = net.blocks[0].fc, net.blocks[0].proj
+    assert [r.site.module for r in got] == ["blocks.*.ln", "blocks.*.fc", "blocks.*", "blocks.*.proj"]
+    assert got[1].work == (0.0, (fc.weight.numel() + fc.bias.numel()) * 4.0, "float32")
+    assert got[3].work == (0.0, (proj.weight.numel() + proj.bias.numel()) * 4.0, "float32")
+    # the calls in the order Python makes them: arguments before the call they are passed to
+    assert inductor._self_calls("return self.w2(F.silu(self.w1(x)) * self.w3(x))") == ["w1", "w3", "w2"]
+    assert inductor._self_calls("q, k, v = self.wqkv(x).split(self.dim, dim=-1)") == ["wqkv"]
+    assert inductor._self_calls("self.a(x,") == ["a"]  # a statement cut at its line: read in text order
+
+
 def test_an_aten_op_inductor_calls_is_keyed_by_its_op_not_its_overload():
     assert inductor._key("aten.mul.Tensor") == "extern:mul"
     assert inductor._key("torch.ops.aten.view_as_real.default") == "extern:view_as_real"

@@ -271,10 +271,13 @@ def live_cudagraph_skips() -> list[tuple[str, str]]:
     return list(dict.fromkeys(_SKIPS.seen))
 
 
-def skips_of(skips: list, ran: list[tuple[float, float, str]]) -> tuple[str, ...]:
-    """The skip reasons of the compiled regions that ran (and those logged outside any compile)."""
+def skips_of(skips: list, ran: list[tuple[float, float, str]], launched: bool = True) -> tuple[str, ...]:
+    """The skip reasons of the compiled regions that ran. A reason logged outside any compile
+    (CUDA-graph trees find a mutated input at run time) names no region: it is kept only where
+    a region that ran `launched` kernels from the host, as a skipped graph does, not where every
+    kernel was a replay."""
     ids = {cid for *_, cid in ran}
-    return tuple(dict.fromkeys(msg for cid, msg in skips if not cid or cid in ids))
+    return tuple(dict.fromkeys(msg for cid, msg in skips if (launched if not cid else cid in ids)))
 
 
 def live_break_reasons() -> list[str]:

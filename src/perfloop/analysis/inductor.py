@@ -19,6 +19,7 @@ the module and source line they came from, and the bytes it moved.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import json
@@ -164,8 +165,46 @@ def _frames(trace: str) -> list[tuple[str, int, str]]:
         if linecache.getline(m.group(1), int(m.group(2))).strip() != code.strip():
             return []
         marks = lines[n + 2] if n + 2 < len(lines) and set(lines[n + 2].strip()) <= set("^~") else ""
-        start = len(marks) - len(marks.lstrip()) if marks.strip() else len(code) - len(code.lstrip())
+        if not marks.strip():  # no caret (Python 3.12 under torch 2.11 writes none): the one call it makes
+            calls = _self_calls(code)
+            call = f"self.{calls[0]}(" if len(calls) == 1 else code.strip()
+            out.append((m.group(1), int(m.group(2)), call))
+            continue
+        start = len(marks) - len(marks.lstrip())
         out.append((m.group(1), int(m.group(2)), code[start : len(marks.rstrip()) or None].strip()))
+    return out
+
+
+def _innermost_calls(trace: str) -> list[str]:
+    """The `self.NAME(...)` calls of a trace's innermost line where no caret says which one ran
+    ([] where one does)."""
+    lines = trace.splitlines()
+    n = max((i for i, text in enumerate(lines) if _FRAME.match(text)), default=None)
+    if n is None or n + 1 >= len(lines):
+        return []
+    if n + 2 < len(lines) and lines[n + 2].strip() and set(lines[n + 2].strip()) <= set("^~"):
+        return []
+    return _self_calls(lines[n + 1])
+
+
+def _self_calls(code: str) -> list[str]:
+    """The `self.NAME(...)` calls a line makes, in the order Python makes them (a call's
+    arguments before it); in text order where the line is not a whole statement."""
+    try:
+        tree = ast.parse(code.strip())
+    except SyntaxError:
+        return re.findall(r"\bself\.([A-Za-z_]\w*)\s*\(", code)
+    out: list[str] = []
+
+    def visit(node) -> None:
+        for child in ast.iter_child_nodes(node):  # a call's callee, then its arguments
+            visit(child)
+        f = getattr(node, "func", None)
+        on_self = isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "self"
+        if isinstance(node, ast.Call) and on_self:
+            out.append(f.attr)
+
+    visit(tree)
     return out
 
 
@@ -394,16 +433,44 @@ def replayed(
         elif kind != "aten" and queues.get(kind):
             at[i], first[i] = queues[kind].pop(0), True
             gemm = at[i] if kind == "gemm" else gemm
-    sites = _between([site(graph[j], trees) if j is not None else None for j in at])
+    reads = gemm_reads(graph, trees)
+    at_sites = [(reads[j][0] if j in reads else site(graph[j], trees)) if j is not None else None for j in at]
+    sites = _between(at_sites)
     out = []
     for i, (name, j) in enumerate(zip(names, at, strict=True)):
         key, work = (graph[j].key if j is not None else ""), None
         if kernel_name(name) and costs and kernel_name(name) in costs:
             work = costs[kernel_name(name)]
-        elif first[i] and kinds[i] == "gemm" and sites[i] is not None:
-            w = next((w for t in trees if (w := t.weights_of(sites[i].module))), None)
-            work = (0.0, w[0], w[1]) if w else None
+        elif first[i] and kinds[i] == "gemm" and j in reads:
+            work = reads[j][1]
         out.append(Replayed(sites[i], key, work))
+    return out
+
+
+def gemm_reads(graph: tuple[Launch, ...], trees: list[ModuleTree]) -> dict[int, tuple[Site, tuple]]:
+    """Each matmul launch of a graph (by index) -> (the Linear it is, (0, its weights' bytes,
+    dtype)): the module its trace is placed in where that holds weights, else, where the line
+    calls several of the module's children and no caret says which, the n-th GEMM of that line
+    in the graph is the n-th child called that holds weights (`self.w2(F.silu(self.w1(x)) *
+    self.w3(x))`: w1, w3, w2)."""
+    out: dict[int, tuple[Site, tuple]] = {}
+    seen: dict[tuple, int] = {}
+    for j, launch in enumerate(graph):
+        if _launch_kind(launch.key) != "gemm" or (at := site(launch, trees)) is None:
+            continue
+        n = seen[at.module, at.line] = seen.get((at.module, at.line), -1) + 1
+        for tree in trees:
+            if w := tree.weights_of(at.module):
+                out[j] = (at, (0.0, w[0], w[1]))
+                break
+            top = "" if at.module == tree.name else at.module
+            calls = _innermost_calls(launch.traces[0]) if launch.traces else []
+            called = [f"{top}.{c}" if top else c for c in calls]
+            held = [(p, w) for p in called if (w := tree.weights_of(p))]
+            if held:
+                path, w = held[n % len(held)]
+                out[j] = (Site(path, at.line), (0.0, w[0], w[1]))
+                break
     return out
 
 
