@@ -43,6 +43,7 @@ class Kind(str, Enum):
     CUDA_GRAPHS_SKIPPED = "cuda graphs skipped"  # reduce-overhead asked for, Inductor skipped it
     DECODE_WEIGHTS = "decode weights"  # fp32 weights read once a token in a generation step
     SDPA_MATH = "sdpa math"  # scaled_dot_product_attention run by its math backend
+    KV_CAT = "kv cache cat"  # a generation step's KV cache grown by torch.cat each token
 
     def __str__(self) -> str:
         return self.value

@@ -112,7 +112,7 @@ def run(args) -> int:
                 raise UsageError(str(exc)) from None
     store = open_store(args)
     err = console(True)
-    say = (lambda line: None) if args.json else (lambda line: err.print(f"tune: {line}", markup=False))
+    say = lambda line: err.print(f"tune: {line}", markup=False)  # on stderr: --json's stdout stays JSON
     try:
         result = tune(opts, say)
     except ValueError as exc:

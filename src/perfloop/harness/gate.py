@@ -236,22 +236,15 @@ def judge(
         p_raw = stats.independent_ratio(a_raw, b_raw)["p_value"] if len(a) > 1 and len(b) > 1 else 1.0
         raw_says = p_raw < alpha and abs(math.log(ratio)) > math.log1p(floor)
         if raw_says and not significant:  # a clear raw change the reference would silence: said
-            word = lambda yes, r: ("slower" if r > 1 else "faster") if yes else "the same"
-            why = (
-                f"cannot judge: with another process busy on a core, the raw times read "
-                f"{word(raw_says, ratio)} ({ratio:.2f}x) and divided by the reference "
-                f"{word(significant, adjusted)} ({adjusted:.2f}x); run both again on a quiet "
-                "machine"
+            why = _two_readings(
+                "with another process busy on a core, ", ratio, adjusted, raw_says, significant
             )
             return Verdict(ratio, drift, adjusted, floor, source, p, False, why, divided)
     if divided and significant and (ratio > 1) != (adjusted > 1):
         # the raw times moved one way and, divided by the reference, the other: the reference's
         # own move is the whole of the change, and the two measurements disagree on its sign
-        why = (
-            f"cannot judge: the raw times read {'slower' if ratio > 1 else 'faster'} ({ratio:.2f}x) "
-            f"and divided by the reference workload {'slower' if adjusted > 1 else 'faster'} "
-            f"({adjusted:.2f}x): the machine's pace moved {max(drift, 1 / drift):.2f}x between the "
-            "runs; run both again on a quiet machine"
+        why = _two_readings(
+            "", ratio, adjusted, True, True, f"the machine's pace moved {max(drift, 1 / drift):.2f}x"
         )
         return Verdict(ratio, drift, adjusted, floor, source, p, False, why, divided)
     if not significant and p >= alpha and abs(math.log(adjusted)) > math.log1p(floor) and raw_moved:
@@ -269,6 +262,16 @@ def judge(
     limit = max(floor, (fail_above_pct or 0) / 100)
     regression = bool(fail_above_pct is not None and significant and adjusted > 1 + limit)
     return Verdict(ratio, drift, adjusted, floor, source, p, regression, verdict, divided)
+
+
+def _two_readings(when: str, ratio: float, adjusted: float, raw: bool, divided: bool, why: str = "") -> str:
+    """A "cannot judge" where the raw times and the times divided by the reference disagree."""
+    word = lambda yes, r: ("slower" if r > 1 else "faster") if yes else "the same"
+    return (
+        f"cannot judge: {when}the raw times read {word(raw, ratio)} ({ratio:.2f}x) and divided by the "
+        f"reference {word(divided, adjusted)} ({adjusted:.2f}x){': ' + why if why else ''}; run both again "
+        "on a quiet machine"
+    )
 
 
 @functools.lru_cache(maxsize=2)

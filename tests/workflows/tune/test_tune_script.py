@@ -107,6 +107,8 @@ def test_compile_and_the_fused_optimizer_are_tried_verified_and_stored(tmp_path)
         assert r["loss_check"]["early_tol"] >= 2e-4 and "another seed" in r["loss_check"]["reason"]
         assert r["median_ms"] > 0 and r["ci"][0] <= r["speedup"] <= r["ci"][1]
     assert rows["compile"]["warmup_extra_s"] > 0.5  # compiling is paid in the warm-up, and said
+    assert rows["compile"]["run_s"][0] > rows["compile"]["warmup_extra_s"]  # each run's wall time
+    assert "tune: compile:" in err  # progress on stderr, --json or not
     assert rows["fused-optimizer"]["predicted_ms"] is not None  # the diagnosis named the loop
     if data["best"]:  # kept: verified and faster at 95%; never below compile's when compile is kept
         assert data["best_speedup"] >= (data["compile_speedup"] if rows["compile"]["kept"] else 0)
@@ -167,8 +169,16 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path):
     db = str(tmp_path / "tune.sqlite")
     cmd = [sys.executable, "-m", "perfloop", "tune", "--db", db, "--budget", "5m", "--steps", "6"]
     cmd += ["--warmup", "2", "--rounds", "3", "--try", "fused-optimizer", "--script", "train.py"]
+    # Ctrl-C as a terminal gives it: a suite started in the background (`make test &`) inherits
+    # SIGINT ignored, and Python then raises no KeyboardInterrupt (seen: the tune ran to its end)
     proc = subprocess.Popen(
-        cmd, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd,
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     seen, deadline = [], time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from perfloop.analysis.causes import (
     conv_layout,
     decode_weights,
     fusion,
+    kv_cat,
     layout,
     pageable,
     sdpa_math,
@@ -33,10 +34,10 @@ BATCH_NORM = (
 def kept(c: Capture, ceilings: dict) -> list:
     """The items no earlier finding explains: not the written-out attention's, the fused runs',
     the optimizer's, the pageable or the layout copies', the convolutions' transposes, a decode
-    step's fp32 weight matmuls, SDPA's math backend."""
+    step's fp32 weight matmuls, SDPA's math backend, a KV cache's growing cats."""
     taken = attention.covered(c) | fusion.covered(c, ceilings)
     moved = pageable.copies(c) + layout.copies(c, ceilings) + conv_layout.transposes(c)
-    moved += decode_weights.matmuls(c) + sdpa_math.math_calls(c)
+    moved += decode_weights.matmuls(c) + sdpa_math.math_calls(c) + kv_cat.cats(c)
     taken_items = {id(i) for i in moved}
     return [
         i

@@ -1,0 +1,91 @@
+"""A KV cache grown by torch.cat in a generation step: each token the past keys and values are read
+and written whole into a new tensor one position longer (hand-written decoders, transformers'
+DynamicCache), so the copy grows with the context and the shapes change every token (no CUDA
+graph, a recompile per length). A preallocated cache (gpt-fast's KVCache, transformers'
+StaticCache) writes only the new token's keys and values.
+
+Read from the step's eager `aten::cat` calls whose counted inputs are one large piece (the past)
+and small ones (the new token's): the saving is their time less the new pieces written once at
+the copy ceiling. Compiled code's cat is fused into Inductor's kernels and is not read here."""
+
+from __future__ import annotations
+
+from perfloop.analysis.bound import Bound
+from perfloop.analysis.capture import Capture
+from perfloop.analysis.causes.base import Findings, by_module
+from perfloop.analysis.causes.decode_weights import generation_tokens
+from perfloop.analysis.findings import Finding, Kind
+from perfloop.harness.measurement import fmt_ms
+
+CAT = "aten::cat"
+GROWN = 8.0  # the past at least this many times the new piece: a cache grown by a token or a few
+ADVICE = (
+    "preallocate the KV cache to the longest sequence and write each token's keys and values into "
+    "it in place (k_cache[:, :, pos] = k, or index_copy_; gpt-fast's KVCache, transformers' "
+    "cache_implementation='static'), attending over the filled part with a mask; the step then "
+    "copies one token, keeps its shapes, and can be compiled once and replayed as a CUDA graph"
+)
+
+
+def _grown(record) -> tuple[float, float] | None:
+    """(the past's bytes, the new pieces' bytes) of a cat that grows one large input by small
+    ones, else None."""
+    sizes = sorted((b for _, b in record.reads), reverse=True)
+    if len(sizes) < 2 or not sizes[-1] or sizes[0] < GROWN * sum(sizes[1:]):
+        return None
+    return float(sizes[0]), float(sum(sizes[1:]))
+
+
+def _grown_cats(c: Capture) -> tuple[list, float]:
+    """(the counted call's growing cats' items, the new pieces' bytes a call) where the step is a
+    generation step, else ([], 0)."""
+    if generation_tokens(c) is None:
+        return [], 0.0
+    records = c.records or ()
+    found, new = [], 0.0
+    for i in c.counted_items or ():
+        if i.op != CAT:
+            continue
+        got = [_grown(records[m]) for m in i.markers if m < len(records) and records[m] is not None]
+        if got and all(got):
+            found.append(i)
+            new += sum(n for _, n in got)
+    return found, new
+
+
+def cats(c: Capture) -> list:
+    """The step's cat items this finding explains (the ops finding leaves them out)."""
+    counted, _ = _grown_cats(c)
+    modules = {i.module for i in counted}
+    return [i for i in c.items if i.op == CAT and i.module in modules]
+
+
+def find(c: Capture, ceilings: dict) -> list[Finding]:
+    counted, new = _grown_cats(c)
+    items = cats(c)
+    if not items:
+        return []
+    f = Findings(c, ceilings)
+    cat_ms = sum(i.ms for i in items) / c.calls
+    keep_ms = f.at_copy_ms(new)  # a static cache still writes the new token's keys and values
+    where = ", ".join(m for m, _ in by_module(items, c.calls)[:3] if m)
+    f.add(
+        Kind.KV_CAT,
+        f"KV cache grown by torch.cat: {len(counted)} cat(s) a step copy the past keys and values",
+        max(cat_ms - keep_ms, 0.0),
+        Bound.MEMORY,
+        f"{len(counted)} cat(s) a step each copy a past {_past(c, counted)} to add "
+        f"{new / len(counted) / 1e3:,.1f} kB; {fmt_ms(cat_ms)} a step, growing with the context",
+        ADVICE,
+        where,
+        cats=len(counted),
+        cat_ms=cat_ms,
+        new_bytes=new,
+    )
+    return f.found
+
+
+def _past(c: Capture, counted: list) -> str:
+    records = c.records or ()
+    past = [g[0] for i in counted for m in i.markers if m < len(records) and (g := _grown(records[m]))]
+    return f"{max(past) / 1e6:,.2f} MB" if past else "cache"
