@@ -475,6 +475,32 @@ def test_a_replayed_gemm_on_a_line_of_several_linears_reads_the_weights_of_the_o
     assert inductor._self_calls("self.a(x,") == ["a"]  # a statement cut at its line: read in text order
 
 
+class Norm(nn.Module):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class PreNormBlock(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.norm1, self.norm2, self.mix, self.ff = Norm(), Norm(), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        x = x + self.mix(self.norm1(x))
+        return x + self.ff(self.norm2(x))
+
+
+def test_without_carets_a_frame_is_narrowed_to_the_modules_its_callers_line_calls():
+    """A norm's kernel: its frame is Norm.forward, which both of the block's norms run; the
+    caller's line, `x + self.mix(self.norm1(x))`, says which, though no caret marks the call."""
+    tree = inductor.ModuleTree(PreNormBlock(), "Block")
+    bare = lambda cls, text: _frame(cls, text, text).rsplit("\n", 2)[0] + "\n"
+    trace = bare(PreNormBlock, "self.mix(self.norm1(x))") + bare(Norm, "return x * torch.rsqrt")
+    assert tree.place(trace)[0] == "norm1"
+    trace = bare(PreNormBlock, "self.ff(self.norm2(x))") + bare(Norm, "return x * torch.rsqrt")
+    assert tree.place(trace)[0] == "norm2"
+
+
 def test_an_aten_op_inductor_calls_is_keyed_by_its_op_not_its_overload():
     assert inductor._key("aten.mul.Tensor") == "extern:mul"
     assert inductor._key("torch.ops.aten.view_as_real.default") == "extern:view_as_real"

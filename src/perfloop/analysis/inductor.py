@@ -247,15 +247,18 @@ class ModuleTree:
         if top is None:
             return None
         frames = frames[top:]
-        paths = [""]
+        paths, hint = [""], []
         for n, (file, line, call) in enumerate(frames):
             below = [
                 p for p in self.modules if self._runs(p, file, line) and any(_under(p, c) for c in paths)
             ]
+            # a caller's line with no caret: the modules it calls, of those that run this frame
+            below = [p for p in below if p.rsplit(".", 1)[-1] in hint] or below
             paths = (below if n else None) or paths
             m = _SELF_CALL.match(call)
             called = [f"{p}.{m.group(1)}" if p else m.group(1) for p in paths] if m else []
             paths = [p for p in called if p in self.modules] or paths
+            hint = [] if m else _self_calls(call)
         file, line, _ = frames[-1]
         return _pattern(paths), f"{file.rsplit('/', 1)[-1]}:{line}"
 
