@@ -3,6 +3,8 @@ that problem first, with the right bound. The steps are recorded once (tests/fix
 and ranked here from their captures, so a verdict does not hang on this machine's load; the GPU
 cases were recorded on the H200."""
 
+import dataclasses
+
 import pytest
 
 from fixtures.record import HERE
@@ -238,6 +240,12 @@ def test_a_kv_cache_grown_by_cat_is_told_first_with_the_saving_a_static_cache_re
     assert abs(top.saves_ms - realized) <= 0.3 * realized, (top.saves_ms, realized)
     assert not any(f.kind == "kv cache cat" for f in rank(*static).findings)
     assert not any(f.kind == "roofline" and "cat" in f.title for f in d.findings)  # one explanation
+    # the same cats of token ids (a generate loop appending each token to its context): no cache
+    ids = [dataclasses.replace(r, dtype="int64") if r and r.op == "aten::cat" else r for r in cat[0].records]
+    assert not any(
+        f.kind == "kv cache cat"
+        for f in rank(dataclasses.replace(cat[0], records=tuple(ids)), cat[1]).findings
+    )
 
 
 def test_sdpa_forced_to_its_math_backend_is_told_so_first_and_its_fused_control_is_not():

@@ -28,8 +28,10 @@ ADVICE = (
 
 
 def _grown(record) -> tuple[float, float] | None:
-    """(the past's bytes, the new pieces' bytes) of a cat that grows one large input by small
-    ones, else None."""
+    """(the past's bytes, the new pieces' bytes) of a cat that grows one large floating-point
+    input by small ones (keys and values; a generate loop's token ids are not a cache), else None."""
+    if not record.dtype.startswith(("fp", "bf", "tf")):
+        return None
     sizes = sorted((b for _, b in record.reads), reverse=True)
     if len(sizes) < 2 or not sizes[-1] or sizes[0] < GROWN * sum(sizes[1:]):
         return None
