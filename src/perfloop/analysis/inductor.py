@@ -164,8 +164,8 @@ def _frames(trace: str) -> list[tuple[str, int, str]]:
         code = lines[n + 1] if n + 1 < len(lines) else ""
         if linecache.getline(m.group(1), int(m.group(2))).strip() != code.strip():
             return []
-        marks = lines[n + 2] if n + 2 < len(lines) and set(lines[n + 2].strip()) <= set("^~") else ""
-        if not marks.strip():  # no caret (Python 3.12 under torch 2.11 writes none): the one call it makes
+        marks = lines[n + 2] if n + 2 < len(lines) and _carets(lines[n + 2]) else ""
+        if not marks:  # no caret (Python 3.12 under torch 2.11 writes none): the one call it makes
             calls = _self_calls(code)
             call = f"self.{calls[0]}(" if len(calls) == 1 else code.strip()
             out.append((m.group(1), int(m.group(2)), call))
@@ -175,6 +175,11 @@ def _frames(trace: str) -> list[tuple[str, int, str]]:
     return out
 
 
+def _carets(line: str) -> bool:
+    """Whether a traceback line is the carets under the call a frame made."""
+    return bool(line.strip()) and set(line.strip()) <= set("^~")
+
+
 def _innermost_calls(trace: str) -> list[str]:
     """The `self.NAME(...)` calls of a trace's innermost line where no caret says which one ran
     ([] where one does)."""
@@ -182,7 +187,7 @@ def _innermost_calls(trace: str) -> list[str]:
     n = max((i for i, text in enumerate(lines) if _FRAME.match(text)), default=None)
     if n is None or n + 1 >= len(lines):
         return []
-    if n + 2 < len(lines) and lines[n + 2].strip() and set(lines[n + 2].strip()) <= set("^~"):
+    if n + 2 < len(lines) and _carets(lines[n + 2]):
         return []
     return _self_calls(lines[n + 1])
 
