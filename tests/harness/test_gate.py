@@ -93,7 +93,9 @@ def test_a_real_slowdown_is_caught_run_after_run():
         # caught, or the verdict says the machine was too noisy to tell (under load same-code
         # runs can differ by more than the slowdown): never a quiet "same" on a quiet machine
         told = v.verdict.startswith("cannot judge") or v.floor > 0.3
-        assert (v.regression and v.adjusted > 1.2) or told, f"missed a 1.3x slowdown: {v}"
+        # caught: past the 5% threshold and the floor. How far past is the machine's (30% more
+        # elements read 1.14x in one CI run: the smaller call runs on fewer threads)
+        assert (v.regression and v.adjusted > 1.05) or told, f"missed a 1.3x slowdown: {v}"
 
 
 def test_a_reference_that_moved_alone_is_not_the_codes_change():
