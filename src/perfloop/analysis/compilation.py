@@ -9,6 +9,7 @@ A compile id `F/A` is frame F's attempt A: A > 0 is a recompile of F.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import functools
 import linecache
@@ -278,6 +279,21 @@ def skips_of(skips: list, ran: list[tuple[float, float, str]], launched: bool = 
     kernel was a replay."""
     ids = {cid for *_, cid in ran}
     return tuple(dict.fromkeys(msg for cid, msg in skips if (launched if not cid else cid in ids)))
+
+
+def host_launched(ran: list[tuple[float, float, str]], items: list) -> bool:
+    """Whether a compiled region that ran launched its kernels from the host: one with kernels
+    and no replay among them (a region that replays a CUDA graph still launches the copies into
+    its static inputs itself)."""
+    ran = sorted(ran)
+    starts = [a for a, _, _ in ran]
+    kernels, replays = [0] * len(ran), [0] * len(ran)
+    for i in items:
+        n = bisect.bisect_right(starts, i.launch_us) - 1
+        if n >= 0 and i.launch_us <= ran[n][1]:
+            kernels[n] += 1
+            replays[n] += i.replayed
+    return any(k and not r for k, r in zip(kernels, replays, strict=True))
 
 
 def live_break_reasons() -> list[str]:

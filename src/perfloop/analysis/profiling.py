@@ -9,7 +9,6 @@ On a CPU the same record holds CPU ops instead of kernels.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import os
 from collections.abc import Callable
@@ -373,7 +372,7 @@ class Profile:
         """compilation.CompiledCode of the profiled calls, None where nothing ran compiled: a
         region that ran no compiled graph (pl.patch's rewritten forwards, captured by Dynamo and
         run eager; a backend that runs the graph as captured) is eager code."""
-        from perfloop.analysis.compilation import CompiledCode
+        from perfloop.analysis.compilation import CompiledCode, host_launched
 
         ran, made = self.compiled_regions(), self.compiles()
         starts = [g[0] for g in self._graph_calls]  # a compiled graph's call, or AOTAutograd's function
@@ -383,7 +382,8 @@ class Profile:
         pace = 1.0
         if self.profiled_wall_ms_per_call:
             pace = min(1.0, self.wall_ms_per_call / self.profiled_wall_ms_per_call)
-        skips = skips_of(self.cudagraph_skips or [], ran, _host_launched(ran, self.items()))
+        launched = self.kind == "cuda" and host_launched(ran, self.items())  # CUDA graphs: CUDA only
+        skips = skips_of(self.cudagraph_skips or [], ran, launched)
         return CompiledCode(made, self.graph_breaks(), len(ran) / self.calls, pace, skips)
 
     def to_dict(self) -> dict:
@@ -401,21 +401,6 @@ class Profile:
             "kernels": [k.__dict__ | {"mean_us": k.mean_us} for k in self.kernels],
             "warnings": self.warnings,
         }
-
-
-def _host_launched(ran: list[tuple[float, float, str]], items: list) -> bool:
-    """Whether a compiled region that ran launched its kernels from the host: one with kernels
-    and no replay among them (a region that replays a CUDA graph still launches the copies into
-    its static inputs itself)."""
-    ran = sorted(ran)
-    starts = [a for a, _, _ in ran]
-    kernels, replays = [0] * len(ran), [0] * len(ran)
-    for i in items:
-        n = bisect.bisect_right(starts, i.launch_us) - 1
-        if n >= 0 and i.launch_us <= ran[n][1]:
-            kernels[n] += 1
-            replays[n] += i.replayed
-    return any(k and not r for k, r in zip(kernels, replays, strict=True))
 
 
 def _activity(events, on_cuda: bool, warnings: list[str], spans=None) -> tuple[str, list[tuple], int]:
