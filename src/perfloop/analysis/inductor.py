@@ -166,7 +166,7 @@ def _frames(trace: str) -> list[tuple[str, int, str]]:
             return []
         marks = lines[n + 2] if n + 2 < len(lines) and _carets(lines[n + 2]) else ""
         if not marks:  # no caret (Python 3.12 under torch 2.11 writes none): the one call it makes
-            calls = _self_calls(code)
+            calls = self_calls(code)
             call = f"self.{calls[0]}(" if len(calls) == 1 else code.strip()
             out.append((m.group(1), int(m.group(2)), call))
             continue
@@ -189,10 +189,10 @@ def _innermost_calls(trace: str) -> list[str]:
         return []
     if n + 2 < len(lines) and _carets(lines[n + 2]):
         return []
-    return _self_calls(lines[n + 1])
+    return self_calls(lines[n + 1])
 
 
-def _self_calls(code: str) -> list[str]:
+def self_calls(code: str) -> list[str]:
     """The `self.NAME(...)` calls a line makes, in the order Python makes them (a call's
     arguments before it); in text order where the line is not a whole statement."""
     try:
@@ -263,7 +263,7 @@ class ModuleTree:
             m = _SELF_CALL.match(call)
             called = [f"{p}.{m.group(1)}" if p else m.group(1) for p in paths] if m else []
             paths = [p for p in called if p in self.modules] or paths
-            hint = [] if m else _self_calls(call)
+            hint = [] if m else self_calls(call)
         file, line, _ = frames[-1]
         return _pattern(paths), f"{file.rsplit('/', 1)[-1]}:{line}"
 

@@ -38,36 +38,38 @@ def _grown(record) -> tuple[float, float] | None:
     return float(sizes[0]), float(sum(sizes[1:]))
 
 
-def _grown_cats(c: Capture) -> tuple[list, float]:
-    """(the counted call's growing cats' items, the new pieces' bytes a call) where the step is a
-    generation step, else ([], 0)."""
+def _grown_cats(c: Capture) -> list[tuple[object, float, float]]:
+    """(item, the past's bytes, the new pieces' bytes) of each of the counted call's cats that
+    grows a cache, where the step is a generation step, else []."""
     if generation_tokens(c) is None:
-        return [], 0.0
-    records = c.records or ()
-    found, new = [], 0.0
+        return []
+    records, found = c.records or (), []
     for i in c.counted_items or ():
         if i.op != CAT:
             continue
         got = [_grown(records[m]) for m in i.markers if m < len(records) and records[m] is not None]
         if got and all(got):
-            found.append(i)
-            new += sum(n for _, n in got)
-    return found, new
+            found.append((i, max(p for p, _ in got), sum(n for _, n in got)))
+    return found
+
+
+def _explained(c: Capture, counted: list) -> list:
+    modules = {i.module for i, _, _ in counted}
+    return [i for i in c.items if i.op == CAT and i.module in modules]
 
 
 def cats(c: Capture) -> list:
     """The step's cat items this finding explains (the ops finding leaves them out)."""
-    counted, _ = _grown_cats(c)
-    modules = {i.module for i in counted}
-    return [i for i in c.items if i.op == CAT and i.module in modules]
+    return _explained(c, _grown_cats(c))
 
 
 def find(c: Capture, ceilings: dict) -> list[Finding]:
-    counted, new = _grown_cats(c)
-    items = cats(c)
+    counted = _grown_cats(c)
+    items = _explained(c, counted)
     if not items:
         return []
     f = Findings(c, ceilings)
+    new, past = sum(n for _, _, n in counted), max(p for _, p, _ in counted)
     cat_ms = sum(i.ms for i in items) / c.calls
     keep_ms = f.at_copy_ms(new)  # a static cache still writes the new token's keys and values
     where = ", ".join(m for m, _ in by_module(items, c.calls)[:3] if m)
@@ -76,7 +78,7 @@ def find(c: Capture, ceilings: dict) -> list[Finding]:
         f"KV cache grown by torch.cat: {len(counted)} cat(s) a step copy the past keys and values",
         max(cat_ms - keep_ms, 0.0),
         Bound.MEMORY,
-        f"{len(counted)} cat(s) a step each copy a past {_past(c, counted)} to add "
+        f"{len(counted)} cat(s) a step each copy a past {past / 1e6:,.2f} MB to add "
         f"{new / len(counted) / 1e3:,.1f} kB; {fmt_ms(cat_ms)} a step, growing with the context",
         ADVICE,
         where,
@@ -85,9 +87,3 @@ def find(c: Capture, ceilings: dict) -> list[Finding]:
         new_bytes=new,
     )
     return f.found
-
-
-def _past(c: Capture, counted: list) -> str:
-    records = c.records or ()
-    past = [g[0] for i in counted for m in i.markers if m < len(records) and (g := _grown(records[m]))]
-    return f"{max(past) / 1e6:,.2f} MB" if past else "cache"
