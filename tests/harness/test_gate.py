@@ -94,7 +94,7 @@ def test_a_real_slowdown_is_caught_run_after_run():
         # runs can differ by more than the slowdown): never a quiet "same" on a quiet machine
         told = v.verdict.startswith("cannot judge") or v.floor > 0.3
         # caught: past the 5% threshold and the floor. How far past is the machine's (30% more
-        # elements read 1.14x in one CI run: the smaller call runs on fewer threads)
+        # elements read 1.14x in one CI run)
         assert (v.regression and v.adjusted > 1.05) or told, f"missed a 1.3x slowdown: {v}"
 
 
