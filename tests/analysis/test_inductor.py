@@ -446,6 +446,15 @@ def test_a_replay_run_out_of_launch_order_is_matched_by_what_each_kernel_is():
     assert got[5].work is not None and got[6].work is None  # the proj call's split-K: counted once
 
 
+class Head(nn.Module):
+    def __init__(self, d=64, vocab=100):
+        super().__init__()
+        self.norm, self.out = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x):
+        return self.out(self.norm(x))
+
+
 def test_a_replayed_gemm_on_a_line_of_several_linears_reads_the_weights_of_the_one_it_calls():
     """Seen on the H100 and H200 (torch 2.11, Python 3.12): the stack traces of a graph's nodes
     carry no caret and stop at the user's line, `return self.w2(F.silu(self.w1(x)) * self.w3(x))`,
@@ -466,13 +475,23 @@ def test_a_replayed_gemm_on_a_line_of_several_linears_reads_the_weights_of_the_o
     names = ["triton_per_fused_native_layer_norm_0", GEMM, "triton_poi_fused_gelu_1", GEMM]
     got = inductor.replayed(names, [graph], [tree])
     fc, proj = net.blocks[0].fc, net.blocks[0].proj
-    assert [r.site.module for r in got] == ["blocks.*.ln", "blocks.*.fc", "blocks.*", "blocks.*.proj"]
+    # the norm's kernel stays on the block: with no caret, its line's call is not surely its own
+    assert [r.site.module for r in got] == ["blocks.*", "blocks.*.fc", "blocks.*", "blocks.*.proj"]
     assert got[1].work == (0.0, (fc.weight.numel() + fc.bias.numel()) * 4.0, "float32")
     assert got[3].work == (0.0, (proj.weight.numel() + proj.bias.numel()) * 4.0, "float32")
     # the calls in the order Python makes them: arguments before the call they are passed to
     assert inductor.self_calls("return self.w2(F.silu(self.w1(x)) * self.w3(x))") == ["w1", "w3", "w2"]
     assert inductor.self_calls("q, k, v = self.wqkv(x).split(self.dim, dim=-1)") == ["wqkv"]
     assert inductor.self_calls("self.a(x,") == ["a"]  # a statement cut at its line: read in text order
+    assert inductor.self_calls("h = x + self.attention.forward(self.attention_norm(x))") == [
+        "attention_norm",
+        "attention",
+    ]  # llama2.c's form
+    # a norm called on the head's line holds a vector, not a matrix a GEMM reads: the head's GEMM
+    head = inductor.ModuleTree(Head(), "Head")
+    launch = inductor.Launch("extern:mm", (bare(Head, "return self.out(self.norm(x))"),))
+    [(at, work)] = inductor.gemm_reads((launch,), [head]).values()
+    assert at.module == "out" and work[1] == 64 * 100 * 4.0
 
 
 class Norm(nn.Module):

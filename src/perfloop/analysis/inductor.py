@@ -165,12 +165,7 @@ def _frames(trace: str) -> list[tuple[str, int, str]]:
         if linecache.getline(m.group(1), int(m.group(2))).strip() != code.strip():
             return []
         marks = lines[n + 2] if n + 2 < len(lines) and _carets(lines[n + 2]) else ""
-        if not marks:  # no caret (Python 3.12 under torch 2.11 writes none): the one call it makes
-            calls = self_calls(code)
-            call = f"self.{calls[0]}(" if len(calls) == 1 else code.strip()
-            out.append((m.group(1), int(m.group(2)), call))
-            continue
-        start = len(marks) - len(marks.lstrip())
+        start = len(marks) - len(marks.lstrip()) if marks else len(code) - len(code.lstrip())
         out.append((m.group(1), int(m.group(2)), code[start : len(marks.rstrip()) or None].strip()))
     return out
 
@@ -205,6 +200,8 @@ def self_calls(code: str) -> list[str]:
         for child in ast.iter_child_nodes(node):  # a call's callee, then its arguments
             visit(child)
         f = getattr(node, "func", None)
+        if isinstance(f, ast.Attribute) and f.attr == "forward":  # self.attention.forward(...)
+            f = f.value
         on_self = isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "self"
         if isinstance(node, ast.Call) and on_self:
             out.append(f.attr)
@@ -228,12 +225,13 @@ class ModuleTree:
     def __init__(self, root: torch.nn.Module, name: str):
         self.name = name
         self.modules = {path: type(m) for path, m in root.named_modules()}  # the classes: no model kept alive
-        self.weights = {path: _own_bytes(m) for path, m in root.named_modules()}
+        self.weights = {path: _matrix_bytes(m) for path, m in root.named_modules()}
 
     def weights_of(self, module: str) -> tuple[float, str] | None:
-        """(bytes, dtype) of the parameters and buffers module `module` holds itself (a pattern,
-        `layers.*.wq`: its first match; `module` may begin with the root's name); None where it
-        holds none."""
+        """(bytes, dtype) of the parameters and buffers module `module` holds itself, where one
+        is a matrix a matmul reads (a Linear's; not a norm's vector, not an embedding's table
+        looked up) (a pattern, `layers.*.wq`: its first match; `module` may begin with the
+        root's name); None where it holds none."""
         if module == self.name or module.startswith(self.name + "."):
             module = module[len(self.name) + 1 :]
         pattern = re.compile(re.escape(module).replace(r"\*", r"\d+") + "$")
@@ -268,9 +266,9 @@ class ModuleTree:
         return _pattern(paths), f"{file.rsplit('/', 1)[-1]}:{line}"
 
 
-def _own_bytes(m: torch.nn.Module) -> tuple[float, str] | None:
+def _matrix_bytes(m: torch.nn.Module) -> tuple[float, str] | None:
     ts = [t for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)) if t is not None]
-    if not ts:
+    if isinstance(m, torch.nn.Embedding) or not any(t.dim() >= 2 for t in ts):
         return None
     return float(sum(t.numel() * t.element_size() for t in ts)), str(ts[0].dtype).removeprefix("torch.")
 
