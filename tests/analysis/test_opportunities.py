@@ -281,3 +281,28 @@ def test_launch_gaps_in_a_step_that_replays_cuda_graphs_are_not_advised_cuda_gra
     assert "100% of the device time replayed from CUDA graphs" in str(d)
     assert d.to_dict()["cuda_graphs_replayed"] == 1.0
     assert "mode='reduce-overhead'" in rank(capture, ceilings).findings[0].advice  # the control
+
+
+def test_recorded_on_the_gpu_sdpa_math_in_a_decode_is_one_finding_not_also_written_out_attention():
+    """The eager bf16 decode under sdpa_kernel(SDPBackend.MATH), recorded on the H200 (run40): the
+    math path's bmm, softmax and matmuls are SDPA's, told once as SDPA's math backend; the
+    written-out attention finding is for attention the user wrote op by op."""
+    d = ranked("gpu-decode-sdpa-math")
+    [math] = [f for f in d.findings if f.kind == "sdpa math"]
+    assert "layers." in math.where and math.saves_ms > 0, str(d)
+    assert not any(f.kind == "attention" for f in d.findings), str(d)
+
+
+def test_recorded_on_the_gpu_cuda_graphs_skipped_for_a_mutated_input_are_told_and_the_control_is_not():
+    """record._cudagraph_skip on the H200 (run40, torch 2.11): reduce-overhead on a step that adds
+    into a tensor argument in place. Inductor skips its CUDA graphs and says why; the finding
+    carries the reason and no advice to ask for the graphs it asked for. The control returns the
+    sum instead, replays, and is told nothing of skipped graphs (the run-time reason CUDA-graph
+    trees logged for the other case is not its)."""
+    d = ranked("gpu-cudagraph-skip")
+    [skip] = [f for f in d.findings if f.kind == "cuda graphs skipped"]
+    assert "mutated inputs" in skip.title and "buffer" in skip.advice, str(d)
+    assert not any("mode='reduce-overhead'" in f.advice for f in d.findings), str(d)
+    control = ranked("gpu-cudagraph-control")
+    assert control.values["cuda_graphs_replayed"] > 0.9, str(control)
+    assert not any(f.kind == "cuda graphs skipped" for f in control.findings), str(control)

@@ -84,6 +84,20 @@ def test_allocator_calls_and_pageable_copies_are_named():
     assert r.by_cause["pageable host-to-device copy"] == pytest.approx(0.4)
 
 
+def test_a_long_stretch_inside_cudnn_attention_is_its_plan_being_built_and_a_short_one_is_launching():
+    """SDPA's cuDNN backend builds a plan (a cuDNN graph) for each shape it has not seen: 40 ms
+    of host time in the op, on the H200 for a KV cache grown a token at a time (run40). A few
+    microseconds inside the same op between its kernels are its launches."""
+    step = ev("step", 0, 50_000)
+    sdpa = ev("aten::scaled_dot_product_attention", 1_000, 42_000, step)
+    cudnn = ev("aten::_scaled_dot_product_cudnn_attention", 1_010, 41_990, sdpa)
+    again = ev("aten::_scaled_dot_product_cudnn_attention", 44_000, 44_030, step)
+    kernels = [(0, 1_000), (41_980, 42_100), (42_100, 44_010), (44_020, 50_000)]
+    r = idle([step, sdpa, cudnn, again], kernels)
+    assert r.by_cause["cuDNN building an attention plan"] == pytest.approx(40.98)
+    assert r.by_cause["host launch overhead"] == pytest.approx(0.01)  # 44,010 -> 44,020: launching
+
+
 def test_the_stretches_after_a_sync_while_the_host_is_behind_belong_to_the_sync():
     step = ev("step", 0, 2000)
     item = ev("aten::_local_scalar_dense", 90, 210, step)

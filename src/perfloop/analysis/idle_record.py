@@ -23,6 +23,7 @@ class Cause(str, Enum):
     OUTSIDE = "host work outside torch"
     COMPILE = "compilation (Dynamo, Inductor)"
     GRAPH_BREAK = "eager code between compiled graphs"
+    CUDNN_PLAN = "cuDNN building an attention plan"
 
     def __str__(self) -> str:
         return self.value

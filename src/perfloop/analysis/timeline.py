@@ -5,17 +5,18 @@ user's code (file:line).
 The causes, first match wins: a synchronizing call (.item(), a copy to the host, an explicit
 synchronize); a pageable host-to-device copy; the caching allocator asking the driver for memory
 (cudaMalloc, cudaFree); data loading (a DataLoader's iterator); the optimizer's host loop (inside
-optimizer.step()); host work outside torch (no op running for 100 us or more: Python, NumPy,
-logging; not a compiled graph's call, whose Python launches its kernels); before the first kernel;
-the stretches after a synchronizing call while the host, behind the emptied queue, launches each
-kernel only after the last one ended (charged to that call; and every launch gap, where the host's
-own time is less than the device's: without the syncs it would run ahead); and host launch overhead
-(the host issuing ops slower than the device runs them). A stretch that a synchronizing call ends is
-the call's only from when the call began: before it the host was doing other work (the NumPy whose
-result the copy moves), judged by the rules above. A synchronizing op's own host time (a
-boolean-mask index's nonzero, its allocation and copy) is the sync's as well, up to the idle time:
-the launch gaps behind the emptied queue that removing the op would close. On a CPU the same
-question is asked of the time between the step's ops.
+optimizer.step()); SDPA's cuDNN backend building a plan for a shape it has not seen (a stretch of
+a millisecond or more inside its op); host work outside torch (no op running for 100 us or more:
+Python, NumPy, logging; not a compiled graph's call, whose Python launches its kernels); before
+the first kernel; the stretches after a synchronizing call while the host, behind the emptied
+queue, launches each kernel only after the last one ended (charged to that call; and every launch
+gap, where the host's own time is less than the device's: without the syncs it would run ahead);
+and host launch overhead (the host issuing ops slower than the device runs them). A stretch that a
+synchronizing call ends is the call's only from when the call began: before it the host was doing
+other work (the NumPy whose result the copy moves), judged by the rules above. A synchronizing
+op's own host time (a boolean-mask index's nonzero, its allocation and copy) is the sync's as
+well, up to the idle time: the launch gaps behind the emptied queue that removing the op would
+close. On a CPU the same question is asked of the time between the step's ops.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ ALLOC_APIS = (
     "cuMemRelease",
     "cuMemAddressReserve",
 )
+PLAN_US = 1000.0  # a stretch this long inside cuDNN's attention is its plan being built, not launches
 OUTSIDE_US = 100.0  # a stretch this long with no torch op running is host work, not launch overhead
 # ops whose output's size is data: the host waits for the device to know it
 OVERLAPPED = (Cause.SYNC, Cause.LAUNCH, Cause.FIRST, Cause.GRAPH_BREAK)
@@ -58,6 +60,9 @@ RANGES = {
     "enumerate(DataLoader)": Cause.DATA,
     "Optimizer.step#": Cause.OPTIMIZER,
     "Optimizer.zero_grad#": Cause.OPTIMIZER,
+    # SDPA's cuDNN backend builds a plan (a cuDNN graph) for each shape it has not seen
+    "aten::_scaled_dot_product_cudnn_attention": Cause.CUDNN_PLAN,
+    "aten::_cudnn_attention": Cause.CUDNN_PLAN,
 }
 
 
@@ -305,7 +310,11 @@ class _Host:
         between compiled graphs covering most of it)."""
         blocking = [op for _, _, op, _ in self.syncs.meeting(s, e)]
         half = (e - s) / 2
-        inside = [(c, a, b) for a, b, c in self.ranges.meeting(s, e) if min(e, b) - max(s, a) > half]
+        inside = [
+            (c, a, b)
+            for a, b, c in self.ranges.meeting(s, e)
+            if min(e, b) - max(s, a) > half and (c != Cause.CUDNN_PLAN or e - s >= PLAN_US)
+        ]
         broken = [(a, b, r) for a, b, r, *_ in self.between.meeting(s, e) if min(e, b) - max(s, a) > half]
         if self.compiling.overlap(s, e) > half:
             cause = Cause.COMPILE

@@ -31,6 +31,13 @@ HOST = {  # the idle's cause -> (what the host was doing, what removes it)
         "no torch.cuda.empty_cache() in the step; steady shapes; "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
     ),
+    Cause.CUDNN_PLAN: (
+        "SDPA's cuDNN backend builds an attention plan for each shape it has not seen",
+        "keep the attention's shapes fixed: a KV cache preallocated to the longest sequence and "
+        "attended in full with a mask (gpt-fast's form), not one grown or sliced a token at a time; "
+        "or leave cuDNN out: with torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION, "
+        "SDPBackend.EFFICIENT_ATTENTION]) around the call, or torch.backends.cuda.enable_cudnn_sdp(False)",
+    ),
     Cause.DATA: (
         "data loading in the step's thread (the DataLoader's iterator)",
         "DataLoader(num_workers=N, pin_memory=True, persistent_workers=True): collate in "

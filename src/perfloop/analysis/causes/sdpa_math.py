@@ -17,9 +17,9 @@ from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes.base import Findings, by_module
 from perfloop.analysis.findings import Finding, Kind
+from perfloop.analysis.patterns import SDPA
 from perfloop.harness.measurement import fmt_ms, matmul_ceiling
 
-SDPA = "aten::scaled_dot_product_attention"
 FUSED = re.compile(r"_scaled_dot_product_(flash|efficient|cudnn|fused)|_(flash|efficient)_attention")
 MATH = re.compile(r"softmax")
 ADVICE = (
