@@ -196,3 +196,37 @@ def test_recorded_on_the_gpu_the_eager_decode_is_launch_bound_and_the_graphed_on
     graphed = rank(*load(HERE / "gpu-decode-cuda-graphs.json.gz"))
     assert graphed.values["cuda_graphs_replayed"] > 0.9, str(graphed)
     assert not any("reduce-overhead" in f.advice for f in graphed.findings), str(graphed)
+
+
+def test_cudnn_plans_built_each_token_are_told_at_the_sdpa_line_and_tune_proposes_leaving_cudnn_out():
+    """The eager decode recorded on the H100, its idle given 40 ms a call of cuDNN building SDPA
+    plans at the attention's line (what run40 measured on the H200 for a KV cache grown by cat):
+    told first, at that line, with the fixed shapes or cuDNN left out as the fix; tune then
+    proposes its sdpa-no-cudnn candidate, which turns cuDNN's SDPA off in the script's process."""
+    from perfloop.analysis.idle_record import Cause
+    from perfloop.workflows.tune.candidates import get
+    from perfloop.workflows.tune.tuner import Options, propose
+
+    c, ceilings = load(HERE / "gpu-decode-eager.json.gz")
+    plan = 40.0 * c.calls
+    idle = dataclasses.replace(
+        c.idle,
+        wall_ms=c.idle.wall_ms + plan,
+        by_cause={**c.idle.by_cause, Cause.CUDNN_PLAN: plan},
+        places=[(Cause.CUDNN_PLAN, "model.py:403 (forward)", plan), *c.idle.places],
+    )
+    d = rank(dataclasses.replace(c, idle=idle, wall_ms=c.wall_ms + 40.0), ceilings)
+    top = d.findings[0]
+    assert top.kind == Kind.CUDNN_PLAN and top.saves_ms == pytest.approx(40.0), str(d)
+    assert "model.py:403" in top.where and "enable_cudnn_sdp(False)" in top.advice
+    assert not any(f.kind == Kind.HOST for f in d.findings if "cuDNN" in f.title)  # told once
+    proposed = [k for k, _, _ in propose([{"kind": top.kind.value, "share": 0.8}], True, Options("x.py"))]
+    assert "sdpa-no-cudnn" in proposed
+    assert "sdpa-no-cudnn" not in [k for k, _, _ in propose([], True, Options("x.py"))]
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        get("sdpa-no-cudnn").apply(None)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)

@@ -133,4 +133,5 @@ def test_sdpa_forced_to_math_in_a_long_prefill_is_told_first_and_predicted_withi
     assert not any(f.kind in ("sdpa math", "attention") for f in free.diagnose().findings)
     realized = forced.capture().step_ms - free.capture().step_ms
     print(f"predicted {top.saves_ms:.3f} ms, realized {realized:.3f} ms a prefill")
+    print(d, free.diagnose(), sep="\n")  # run41 (H100) read 80.0 of 115.2 ms: what the rest was is not known
     assert abs(top.saves_ms - realized) <= 0.3 * realized, (top.saves_ms, realized)

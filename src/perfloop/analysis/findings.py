@@ -44,6 +44,7 @@ class Kind(str, Enum):
     DECODE_WEIGHTS = "decode weights"  # fp32 weights read once a token in a generation step
     SDPA_MATH = "sdpa math"  # scaled_dot_product_attention run by its math backend
     KV_CAT = "kv cache cat"  # a generation step's KV cache grown by torch.cat each token
+    CUDNN_PLAN = "cudnn plan"  # SDPA's cuDNN backend building a plan for each new shape
 
     def __str__(self) -> str:
         return self.value

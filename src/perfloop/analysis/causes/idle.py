@@ -91,7 +91,7 @@ def find(c: Capture, ceilings: dict) -> list[Finding]:
             + (" inside the compiled graphs' calls" if in_graphs else "")
             + (f"; busy {idle.busy_ms / idle.wall_ms:.0%}" if cause == Cause.LAUNCH else "")
         )
-        kind = Kind.LAUNCH if cause == Cause.LAUNCH else Kind.HOST
+        kind = {Cause.LAUNCH: Kind.LAUNCH, Cause.CUDNN_PLAN: Kind.CUDNN_PLAN}.get(cause, Kind.HOST)
         if cause == Cause.SYNC:
             kind, title, advice, evidence = _syncs(c, idle, title, advice, evidence)
         places = [(p, v / c.calls) for k, p, v in idle.places if k == cause and p][:3]

@@ -13,6 +13,7 @@ from perfloop.workflows.tune.candidates.compile import COMPILE, COMPILE_CUDA_GRA
 from perfloop.workflows.tune.candidates.conv import CHANNELS_LAST, CUDNN_BENCHMARK
 from perfloop.workflows.tune.candidates.fused_optimizer import FUSED_OPTIMIZER
 from perfloop.workflows.tune.candidates.patch import PATCH
+from perfloop.workflows.tune.candidates.sdpa import SDPA_NO_CUDNN
 from perfloop.workflows.tune.candidates.tf32 import TF32
 from perfloop.workflows.tune.candidates.weights import BF16_WEIGHTS
 
@@ -22,6 +23,7 @@ CANDIDATES: list[Candidate] = [
     PATCH,
     CHANNELS_LAST,
     CUDNN_BENCHMARK,
+    SDPA_NO_CUDNN,
     COMPILE,
     COMPILE_CUDA_GRAPHS,
     COMPILE_MAX_AUTOTUNE,
