@@ -230,3 +230,25 @@ def test_cudnn_plans_built_each_token_are_told_at_the_sdpa_line_and_tune_propose
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def test_sdpa_math_on_16_bit_inputs_is_read_against_a_fused_kernel_in_16_bits():
+    """SDPA's math backend upcasts bf16 q, k, v to fp32 and runs its matmuls there; a fused kernel
+    runs them in bf16 on tensor cores. run41 (H100, a prefill of 8,192 tokens) predicted 80 of
+    the 115 ms saved, its fused kernel timed at the fp32 ceiling. The bf16 decode recorded on the
+    H200 under SDPBackend.MATH, its matmuls' FLOPs made large enough to bound the fused kernel:
+    that kernel's time is their FLOPs at the bf16 ceiling."""
+    from perfloop.analysis.causes import sdpa_math
+
+    c, ceilings = load(HERE / "gpu-decode-sdpa-math.json.gz")
+    big = tuple(
+        dataclasses.replace(r, flops=r.flops * 2000) if r and r.op == "aten::bmm" else r for r in c.records
+    )
+    c = dataclasses.replace(c, records=big)
+    ran = sdpa_math._records(c, sdpa_math._counted(c))
+    assert {r.dtype for r in ran if r.op == "aten::bmm"} == {"fp32"}  # the math path's upcast
+    flops = sum(r.flops for r in ran if r.op == "aten::bmm")
+    [f] = sdpa_math.find(c, ceilings)
+    assert f.evidence.values["fused_ms"] == pytest.approx(
+        flops / (ceilings["matmul_bf16_tflops"] * 1e12) * 1e3
+    )

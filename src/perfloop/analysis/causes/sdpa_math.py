@@ -6,8 +6,9 @@ backend shows as one op (`_scaled_dot_product_flash_attention`, `_efficient_atte
 `_scaled_dot_product_cudnn_attention`, `..._for_cpu`), the math one as bmm and softmax.
 
 The saving is the math path's time less what a fused kernel needs: its inputs and output once
-at the copy ceiling, or its FLOPs at the matmul ceiling (half of them where the math path built a
-causal mask, is_causal=True: a fused kernel skips the masked blocks), whichever is longer."""
+at the copy ceiling, or its FLOPs at the matmul ceiling of q, k and v's dtype (the math path
+upcasts 16-bit ones; half the FLOPs where it built a causal mask, is_causal=True: a fused kernel
+skips the masked blocks), whichever is longer."""
 
 from __future__ import annotations
 
@@ -78,7 +79,9 @@ def _fused_ms(f: Findings, c: Capture, counted: list) -> tuple[float, float, flo
     nbytes = read_bytes + last_write
     if any(r.op == "aten::tril" for r in ran):  # is_causal: a fused kernel skips the masked half
         flops /= 2
-    dtype = next((r.dtype for r in ran if "mm" in r.op), None)
+    # the math path upcasts 16-bit q, k, v to fp32 for its matmuls: a fused kernel keeps their dtype
+    dtype = next((d for d in ("bf16", "fp16") if any(r.dtype == d for r in ran)), None)
+    dtype = dtype or next((r.dtype for r in ran if "mm" in r.op), None)
     tflops = matmul_ceiling(f.ceilings, dtype)
     ms = max(f.at_copy_ms(nbytes), flops / (tflops * 1e12) * 1e3 if tflops else 0.0)
     return ms, nbytes, flops
