@@ -108,6 +108,9 @@ def test_compile_and_the_fused_optimizer_are_tried_verified_and_stored(tmp_path)
         assert r["median_ms"] > 0 and r["ci"][0] <= r["speedup"] <= r["ci"][1]
     assert rows["compile"]["warmup_extra_s"] > 0.5  # compiling is paid in the warm-up, and said
     assert rows["compile"]["run_s"][0] > rows["compile"]["warmup_extra_s"]  # each run's wall time
+    # the candidate's own work on the model: torch.compile wraps it there and compiles at its first call
+    setup = rows["compile"]["setup_s"][0]  # its search run's
+    assert set(setup) == {"compile"} and 0 <= setup["compile"] < rows["compile"]["warmup_extra_s"], setup
     assert "tune: compile:" in err  # progress on stderr, --json or not
     assert rows["fused-optimizer"]["predicted_ms"] is not None  # the diagnosis named the loop
     if data["best"]:  # kept: verified and faster at 95%; never below compile's when compile is kept

@@ -49,6 +49,7 @@ class Child:
         self.current = ""  # the candidate whose apply() runs now
         self.dropout_seen = False
         self.t0 = time.perf_counter()
+        self.setup_s: dict[str, float] = {}
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -194,10 +195,13 @@ class Child:
                 return None
             handle.remove()
             for _, name, fn in sorted(self.on_first_model, key=lambda t: t[0]):
+                started = time.perf_counter()
                 try:
                     fn(module, args, {})
                 except Exception as exc:
                     raise _CandidateFailed(name, exc) from exc
+                if name:  # what the candidate's own work on the model took (pl.patch's checks, builds)
+                    self.setup_s[name] = self.setup_s.get(name, 0.0) + time.perf_counter() - started
             return None
 
         handle = torch.nn.modules.module.register_module_forward_pre_hook(first_call)
@@ -270,6 +274,7 @@ class Child:
             "warm_s": (self.host_marks[min(warm, len(self.host_marks)) - 1] - self.t0)
             if self.host_marks
             else None,
+            "setup_s": self.setup_s,  # candidate -> seconds its work on the model took
             "steps_seen": len(self.marks),
             "dropout_seen": self.dropout_seen,
             "dropout": self.spec.get("dropout", "on"),

@@ -31,6 +31,8 @@ def _row(t: Trial, base: Trial) -> dict:
         "warmup_extra_s": (warm[0] - base_warm[0]) if warm and base_warm else None,
         "run_s": [r.get("took_s") for r in t.runs],  # each search run's wall time, start-up included
         "confirm_s": [r.get("took_s") for r in t.final_runs],
+        # each run's candidates' own work on the model (pl.patch's checks and first builds)
+        "setup_s": [r.get("setup_s") or {} for r in [*t.runs, *t.final_runs]],
         "kept": t.kept,
         "error": t.error,
         "missed": missed(t) or None,
