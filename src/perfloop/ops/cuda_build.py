@@ -50,11 +50,16 @@ def arch_flags() -> list[str]:
     return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
 
 
+def build_path(name: str, *texts: str) -> Path:
+    """The cache folder of an extension built from these sources with this torch (not made)."""
+    key = hashlib.sha1(("".join(texts) + torch.__version__).encode()).hexdigest()[:12]
+    return cache_dir() / "cuda" / f"{name}_{key}"
+
+
 def build_dir(name: str, *texts: str) -> Path:
     """The cache folder of an extension built from these sources with this torch (made if
     missing); said on stderr when nothing is built there yet: the caller waits for a compile."""
-    key = hashlib.sha1(("".join(texts) + torch.__version__).encode()).hexdigest()[:12]
-    out = cache_dir() / "cuda" / f"{name}_{key}"
+    out = build_path(name, *texts)
     out.mkdir(parents=True, exist_ok=True)
     if not any(out.glob("*.so")):
         print(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from perfloop.ops.cuda_build import build_dir
+from perfloop.ops.cuda_build import build_dir, build_path
 
 HERE = Path(__file__).parent
 _WHY: dict[str, str] = {}
@@ -35,13 +35,72 @@ def why_not(op: str) -> str | None:
     return _WHY.get(op)
 
 
+OPS = tuple(sorted(p.parent.name for p in HERE.glob("*/native.cpp")))  # the ops with a C++ Function
+
+
+def _sources(op: str) -> tuple[str, str]:
+    return (HERE / op / "native.cpp").read_text(), (HERE / "native_launch.h").read_text()
+
+
+def built(op: str) -> bool:
+    """Whether op's C++ extension is in the cache for this torch (loading it is then quick)."""
+    return any(build_path(f"native_{op}", *_sources(op)).glob("*.so"))
+
+
+def prebuild(ops: tuple[str, ...] = OPS, timeout_s: float = 900.0) -> dict[str, str]:
+    """Build the extensions of `ops` not in the cache yet, each in its own process, all at once:
+    a build is one compiler parsing torch's headers (20-60 s on one core), so on a machine with
+    cores to spare the first fused model waits for one build, not one per op. {op: why} for
+    those that did not build (loading one then builds it again in-process and says why)."""
+    import subprocess
+    import sys
+
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise ValueError(f"ops: {', '.join(unknown)} has no C++ Function; those with one: {', '.join(OPS)}")
+    missing = [op for op in ops if not built(op)]
+    if not missing:
+        return {}
+    print(
+        f"perfloop: compiling the C++ Functions of {', '.join(missing)} at once (once per machine and "
+        "torch version, about a minute)",
+        file=sys.stderr,
+    )
+    src_root = str(Path(__file__).resolve().parents[2])  # the folder holding the perfloop package
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (src_root, os.environ.get("PYTHONPATH")) if p),
+    }
+    code = "import sys; from perfloop.ops import native; native.build(sys.argv[1])"
+    procs = {
+        op: subprocess.Popen([sys.executable, "-c", code, op], stderr=subprocess.PIPE, text=True, env=env)
+        for op in missing
+    }
+    failed = {}
+    for op, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            err = f"{err}\nnot built in {timeout_s:.0f} s"
+        if proc.returncode != 0:
+            failed[op] = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1][:300]
+    return failed
+
+
+@functools.cache
+def _prebuilt() -> None:
+    prebuild()
+
+
 @functools.cache
 def build(op: str):
     """Compile and load ops/<op>/native.cpp as a torch extension (raises if it cannot)."""
     from torch.utils.cpp_extension import load
 
     src = HERE / op / "native.cpp"
-    out = build_dir(f"native_{op}", src.read_text(), (HERE / "native_launch.h").read_text())
+    out = build_dir(f"native_{op}", *_sources(op))
     return load(
         name=f"perfloop_{out.name}",
         sources=[str(src)],
@@ -63,6 +122,8 @@ def extension(op: str):
         _WHY[op] = "no CUDA GPU"
         return None
     try:
+        if not built(op):
+            _prebuilt()  # every op's at once, the first time one is missing
         return build(op)
     except Exception as e:  # a missing compiler or ninja, a failed build: the Python path still runs
         _WHY[op] = f"its C++ did not build ({type(e).__name__}: {str(e).strip().splitlines()[-1][:300]})"
