@@ -232,7 +232,7 @@ def test_a_kv_cache_grown_by_cat_is_told_first_with_the_saving_a_static_cache_re
     cat, static = (load(HERE / f"kv-cache-{n}.json.gz") for n in ("cat", "static"))
     d = rank(*cat)
     top = d.findings[0]
-    assert top.kind == "kv cache cat" and "preallocate" in top.advice, str(d)
+    assert top.kind == "kv cache cat" and "preallocate" in top.advice and "not a slice" in top.advice, str(d)
     assert top.evidence.values["cats"] == 4  # a key and a value cat in each of the 2 layers
     assert top.where and "layers." in top.where
     busy = lambda c: sum(i.ms for i in c.items) / c.calls  # the ops' time a call (a CPU's "device")

@@ -22,8 +22,10 @@ GROWN = 8.0  # the past at least this many times the new piece: a cache grown by
 ADVICE = (
     "preallocate the KV cache to the longest sequence and write each token's keys and values into "
     "it in place (k_cache[:, :, pos] = k, or index_copy_; gpt-fast's KVCache, transformers' "
-    "cache_implementation='static'), attending over the filled part with a mask; the step then "
-    "copies one token, keeps its shapes, and can be compiled once and replayed as a CUDA graph"
+    "cache_implementation='static'), attending over the whole cache with a mask that hides the "
+    "unfilled part (not a slice of it: a slice is a new shape every token, which SDPA's cuDNN backend "
+    "plans anew); the step then copies one token, keeps its shapes, and can be compiled once and "
+    "replayed as a CUDA graph"
 )
 
 
