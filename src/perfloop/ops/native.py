@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -24,6 +25,13 @@ from perfloop.ops.cuda_build import build_dir, build_path
 
 HERE = Path(__file__).parent
 _WHY: dict[str, str] = {}
+_BUILDING_S = [0.0]  # seconds this process waited for C++ builds (a machine pays them once)
+
+
+def build_seconds() -> float:
+    """Seconds this process has waited for C++ Functions to compile: a later process on the
+    same machine loads them from the cache instead."""
+    return _BUILDING_S[0]
 
 
 def enabled() -> bool:
@@ -91,7 +99,9 @@ def prebuild(ops: tuple[str, ...] = OPS, timeout_s: float = 900.0) -> dict[str, 
 
 @functools.cache
 def _prebuilt() -> None:
+    started = time.perf_counter()
     prebuild()
+    _BUILDING_S[0] += time.perf_counter() - started
 
 
 @functools.cache
@@ -124,7 +134,11 @@ def extension(op: str):
     try:
         if not built(op):
             _prebuilt()  # every op's at once, the first time one is missing
-        return build(op)
+        started, missing = time.perf_counter(), not built(op)
+        ext = build(op)
+        if missing:  # built here after all (its prebuild failed): waited for as well
+            _BUILDING_S[0] += time.perf_counter() - started
+        return ext
     except Exception as e:  # a missing compiler or ninja, a failed build: the Python path still runs
         _WHY[op] = f"its C++ did not build ({type(e).__name__}: {str(e).strip().splitlines()[-1][:300]})"
         warnings.warn(

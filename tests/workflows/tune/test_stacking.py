@@ -24,15 +24,21 @@ STEP_MS = {
 }
 
 
-def _fake_child(clock: list, step_ms: dict, wrong: set, calls: list | None):
+def _fake_child(clock: list, step_ms: dict, wrong: set, calls: list | None, builds: dict | None = None):
     rng = np.random.default_rng(0)
+    built: set = set()  # the machine's cache of C++ builds: each paid by the first run that needs it
 
     def run_child(spec, timeout_s, logs):
         names = tuple(sorted(spec.get("candidates", [])))
         if calls is not None:
             calls.append((names, spec.get("dropout", "on")))
         # a run's wall time: start-up, and compiling (compile, or patch's kernels) where it has them
-        clock[0] += 10.0 + 40.0 * any("compile" in n for n in names) + 70.0 * ("patch" in names)
+        waited = sum(s for n, s in (builds or {}).items() if n in names and n not in built)
+        built.update(n for n in names if n in (builds or {}))
+        if builds is None:
+            clock[0] += 10.0 + 40.0 * any("compile" in n for n in names) + 70.0 * ("patch" in names)
+        else:  # patch: its checks each run, its C++ builds once a machine
+            clock[0] += 10.0 + 40.0 * any("compile" in n for n in names) + 10.0 * ("patch" in names) + waited
         ms = step_ms[names]
         steps = spec["warmup"] + spec["steps"]
         off = spec.get("seed_offset", 0)
@@ -42,6 +48,7 @@ def _fake_child(clock: list, step_ms: dict, wrong: set, calls: list | None):
         times = [ms * 3] * spec["warmup"] + list(ms * rng.lognormal(0, 0.01, spec["steps"]))
         return {
             "ok": True,
+            "builds_s": waited,
             "step_ms": times,
             "losses": losses,
             "peak_mb": 100.0,
@@ -55,9 +62,9 @@ def _fake_child(clock: list, step_ms: dict, wrong: set, calls: list | None):
 
 @pytest.fixture
 def simulated(monkeypatch):
-    def use(step_ms=STEP_MS, wrong=frozenset(), calls=None):
+    def use(step_ms=STEP_MS, wrong=frozenset(), calls=None, builds=None):
         clock = [0.0]  # simulated seconds: each run moves it by its wall time
-        monkeypatch.setattr(trials_mod, "run_child", _fake_child(clock, step_ms, wrong, calls))
+        monkeypatch.setattr(trials_mod, "run_child", _fake_child(clock, step_ms, wrong, calls, builds))
         monkeypatch.setattr(trials_mod, "now", lambda: clock[0])
 
     return use
@@ -128,3 +135,23 @@ def test_a_stack_that_does_not_fit_is_passed_over_for_one_that_does(simulated, m
     assert r.best.label == "tf32 + compile-reduce-overhead" and r.best.step["taken"]
     assert r.best.final_runs and r.trials[0].final_runs  # the best confirmed, interleaved
     assert r.elapsed_s <= 300
+
+
+def test_a_stack_is_budgeted_without_the_c_builds_its_parts_already_paid(simulated, monkeypatch):
+    """run41: patch's first run on a fresh machine took 133 s, mostly C++ builds the machine then
+    keeps. Here its first run waits 60 s for them (its checks take 10 s every run): a stack of
+    patch and compile is costed at what a run of it takes now (10 + 40 + 10 s), not at patch's
+    first run again, so it fits the time left and is run, taken and confirmed (costed with
+    patch's first run, it would not)."""
+    table = {(): 40.0, ("patch",): 30.0, ("compile",): 35.0, ("compile", "patch"): 20.0}
+    simulated(step_ms=table, builds={"patch": 60.0})
+    monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
+    said = []
+    opts = _opts(budget_s=350)
+    opts.tried, opts.rounds = ["patch", "compile"], 1
+    r = tuner.tune(opts, say=said.append)
+    by = {t.label: t for t in r.trials}
+    assert by["patch"].took_s == 80 and by["patch"].rerun_s == 20  # its first run, and another
+    assert "patch + compile" in by and by["patch + compile"].step["taken"], said
+    assert r.best.label == "patch + compile" and r.best.final_runs
+    assert r.elapsed_s <= 350

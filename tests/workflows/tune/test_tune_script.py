@@ -111,6 +111,7 @@ def test_compile_and_the_fused_optimizer_are_tried_verified_and_stored(tmp_path)
     # the candidate's own work on the model: torch.compile wraps it there and compiles at its first call
     setup = rows["compile"]["setup_s"][0]  # its search run's
     assert set(setup) == {"compile"} and 0 <= setup["compile"] < rows["compile"]["warmup_extra_s"], setup
+    assert rows["compile"]["builds_s"][0] == 0.0  # no C++ Function is built on a CPU: none waited for
     assert "tune: compile:" in err  # progress on stderr, --json or not
     assert rows["fused-optimizer"]["predicted_ms"] is not None  # the diagnosis named the loop
     if data["best"]:  # kept: verified and faster at 95%; never below compile's when compile is kept

@@ -275,12 +275,19 @@ class Child:
             if self.host_marks
             else None,
             "setup_s": self.setup_s,  # candidate -> seconds its work on the model took
+            "builds_s": _builds_s(),  # of which C++ builds: a later run on this machine skips them
             "steps_seen": len(self.marks),
             "dropout_seen": self.dropout_seen,
             "dropout": self.spec.get("dropout", "on"),
             "device": "cuda" if cuda else "cpu",
             "notes": self.notes,
         }
+
+
+def _builds_s() -> float:
+    """Seconds this run waited for perfloop's C++ Functions to compile (0 where none did)."""
+    native = sys.modules.get("perfloop.ops.native")
+    return native.build_seconds() if native is not None else 0.0
 
 
 def _run_script(path: str, argv: list[str]) -> None:

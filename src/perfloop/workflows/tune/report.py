@@ -33,6 +33,7 @@ def _row(t: Trial, base: Trial) -> dict:
         "confirm_s": [r.get("took_s") for r in t.final_runs],
         # each run's candidates' own work on the model (pl.patch's checks and first builds)
         "setup_s": [r.get("setup_s") or {} for r in [*t.runs, *t.final_runs]],
+        "builds_s": [r.get("builds_s", 0.0) for r in [*t.runs, *t.final_runs]],  # of it, C++ builds
         "kept": t.kept,
         "error": t.error,
         "missed": missed(t) or None,

@@ -211,18 +211,19 @@ def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -
     """From the best verified candidate, each other verified one added in turn (best alone
     first; one of a group), taken where the stack is verified and faster than without it at 95%
     confidence. One whose run and confirmation would not fit in the budget left is passed over
-    (a cheaper one after it may fit)."""
+    (a cheaper one after it may fit); a part's C++ builds are not counted again (the machine
+    keeps them: Trial.rerun_s)."""
     group = {k: c.group or k for k, c, _ in proposed}
     order = [k for k, _, _ in proposed]
     ok = [t for t in trials if len(t.names) == 1 and t.verified and t.stats]
     ok.sort(key=lambda t: -t.stats["speedup"])
     if len(ok) < 2:
         return
-    current, base_s = ok[0], baseline.took_s
+    current, base_s = ok[0], baseline.rerun_s
     for t in ok[1:]:
         if group[t.names[0]] in {group[n] for n in current.names}:
             continue
-        cost = current.took_s + max(t.took_s - base_s, 0.0)
+        cost = current.rerun_s + max(t.rerun_s - base_s, 0.0)
         if clock.left < cost + rounds * (base_s + cost):  # its run, and its confirmation's
             say(f"{t.label} not stacked on {current.label}: its run and confirmation do not fit")
             continue
@@ -248,7 +249,7 @@ def _confirm(baseline, best, compile_alone, spec, rounds, clock, logs, say) -> N
     if best is None:
         return
     with_compile = compile_alone not in (None, best)
-    if with_compile and clock.left < rounds * (baseline.took_s + best.took_s + compile_alone.took_s):
+    if with_compile and clock.left < rounds * (baseline.rerun_s + best.rerun_s + compile_alone.rerun_s):
         say("compile alone not confirmed: the budget left fits the best's confirmation only")
         with_compile = False
     who = [baseline] + ([compile_alone] if with_compile else []) + [best]
