@@ -99,9 +99,7 @@ def prebuild(ops: tuple[str, ...] = OPS, timeout_s: float = 900.0) -> dict[str, 
 
 @functools.cache
 def _prebuilt() -> None:
-    started = time.perf_counter()
     prebuild()
-    _BUILDING_S[0] += time.perf_counter() - started
 
 
 @functools.cache
@@ -132,12 +130,12 @@ def extension(op: str):
         _WHY[op] = "no CUDA GPU"
         return None
     try:
-        if not built(op):
-            _prebuilt()  # every op's at once, the first time one is missing
-        started, missing = time.perf_counter(), not built(op)
-        ext = build(op)
-        if missing:  # built here after all (its prebuild failed): waited for as well
-            _BUILDING_S[0] += time.perf_counter() - started
+        if built(op):
+            return build(op)
+        started = time.perf_counter()
+        _prebuilt()  # every op's at once, the first time one is missing
+        ext = build(op)  # loaded from that build, or built here where it failed
+        _BUILDING_S[0] += time.perf_counter() - started
         return ext
     except Exception as e:  # a missing compiler or ninja, a failed build: the Python path still runs
         _WHY[op] = f"its C++ did not build ({type(e).__name__}: {str(e).strip().splitlines()[-1][:300]})"
