@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from perfloop.workflows.tune.trials import CheckedOn, Trial
+from perfloop.workflows.tune.tuner import reference
 from perfloop.workflows.tune.verify import judge_tokens
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llama_decode.py"
@@ -44,6 +46,15 @@ def test_tokens_are_judged_equal_up_to_where_the_scripts_own_runs_part():
     assert judge_tokens([5], [], []).ok and "not checked" in judge_tokens([5], [], []).reason
 
 
+def test_a_generation_script_is_read_against_compile_reduce_overhead_where_it_was_tried():
+    default, graphed, tf32 = Trial(("compile",)), Trial(("compile-reduce-overhead",)), Trial(("tf32",))
+    trials = [tf32, default, graphed]
+    assert reference(trials, CheckedOn.TOKENS) is graphed  # gpt-fast's decode: CUDA graphs
+    assert reference(trials, CheckedOn.LOSS) is default
+    assert reference([tf32, default], CheckedOn.TOKENS) is default  # on the CPU: no CUDA graphs
+    assert reference([tf32], CheckedOn.TOKENS) is None
+
+
 @pytest.mark.slow
 def test_a_generation_script_is_tuned_on_its_decode_range_and_checked_on_its_tokens(tmp_path):
     folder = tmp_path / "user"
@@ -64,4 +75,6 @@ def test_a_generation_script_is_tuned_on_its_decode_range_and_checked_on_its_tok
     assert rows["skewed-head"]["verified"] is False and "refused: greedy token" in skewed["reason"], skewed
     assert rows["compile"]["verified"] is True and "greedy tokens equal the script's" in compiled["reason"]
     assert rows["compile"]["median_ms"] > 0 and rows["compile"]["runs"] == 1
+    assert data["compile_reference"] == "compile" and data["tokens_per_step"] == 1  # batch 1, a token a call
+    assert rows["compile"]["tokens_per_s"] == pytest.approx(1e3 / rows["compile"]["median_ms"])
     assert sorted(os.listdir(folder)) == before

@@ -45,6 +45,7 @@ class Child:
         self.losses: list = []  # (step index, the loss tensor)
         self.tokens: list = []  # a generation run: each model call's greedy tokens (on the device)
         self.tokens_kept = 0
+        self.call_tokens = 0  # the tokens the model's last call picked (a decode call's: its batch)
         self.optimizer = None
         self.current = ""  # the candidate whose apply() runs now
         self.dropout_seen = False
@@ -154,6 +155,8 @@ class Child:
         def greedy(module, inputs, out) -> None:
             first = out[0] if isinstance(out, (tuple, list)) and out else out
             logits = isinstance(first, torch.Tensor) and first.is_floating_point() and first.dim() > 0
+            if logits and first.shape[-1] > 1:
+                self.call_tokens = first.shape[:-1].numel()
             if logits and first.shape[-1] > 1 and self.tokens_kept < MAX_TOKENS:
                 picked = first.detach().argmax(-1).flatten()[: MAX_TOKENS - self.tokens_kept]
                 self.tokens.append(picked)
@@ -269,6 +272,7 @@ class Child:
             "step_ms": step_ms,  # step i -> i+1; the first `warmup` of them include compiling
             "losses": losses,  # the mean loss backpropagated in each step, from the first
             "tokens": tokens,  # a generation run's greedy tokens, each model call's in turn
+            "tokens_per_step": self.call_tokens or None,  # a generation step's (its last call's)
             "peak_mb": peak_mb,
             "first_step_s": (self.host_marks[0] - self.t0) if self.host_marks else None,
             "warm_s": (self.host_marks[min(warm, len(self.host_marks)) - 1] - self.t0)

@@ -8,7 +8,11 @@ from perfloop.workflows.tune.trials import CheckedOn
 from perfloop.workflows.tune.tuner import Result, Trial, lines_to_add, missed
 
 
-def _row(t: Trial, base: Trial) -> dict:
+def _per_s(tokens: int | None, ms: float | None) -> float | None:
+    return tokens * 1e3 / ms if tokens and ms else None
+
+
+def _row(t: Trial, base: Trial, tokens: int | None = None) -> dict:
     s = t.stats or {}
     runs = [r for r in t.runs if r.get("ok")]
     peak = max((r["peak_mb"] for r in runs), default=None)
@@ -19,6 +23,7 @@ def _row(t: Trial, base: Trial) -> dict:
         "names": list(t.names),
         "runs": len(runs),
         "median_ms": s.get("median_ms"),
+        "tokens_per_s": _per_s(tokens, s.get("median_ms")),  # a generation script's
         "speedup": s.get("speedup"),
         "ci": list(s["ci"]) if s else None,
         "p_value": s.get("p_value"),
@@ -40,16 +45,17 @@ def _row(t: Trial, base: Trial) -> dict:
         "stacked_on": t.step["over"] if t.step else None,
         "over_stacked_on": t.step.get("speedup") if t.step else None,
         "taken": t.step["taken"] if t.step else None,
-        "confirmed": _final(t),
+        "confirmed": _final(t, tokens),
     }
 
 
-def _final(t: Trial) -> dict | None:
+def _final(t: Trial, tokens: int | None = None) -> dict | None:
     if not t.final:
         return None
     return {
         "runs": len(t.final_runs),
         "median_ms": t.final["median_ms"],
+        "tokens_per_s": _per_s(tokens, t.final["median_ms"]),
         "speedup": t.final["speedup"],
         "ci": list(t.final["ci"]),
         "p_value": t.final["p_value"],
@@ -62,6 +68,7 @@ def payload(r: Result) -> dict:
     best, comp = r.speedup(r.best), r.speedup(r.compile_alone)
     ratio = (best / comp) if best and comp else None
     b, c = r.best, r.compile_alone
+    tokens = next((x["tokens_per_step"] for x in base.runs if x.get("tokens_per_step")), None)
     if b is not None and c is not None and bool(b.final) != bool(c.final) and b.stats and c.stats:
         ratio = b.stats["speedup"] / c.stats["speedup"]  # one regime: the search's, where both ran
     return {
@@ -71,11 +78,13 @@ def payload(r: Result) -> dict:
         "warmup": r.warmup,
         "baseline_ms": _base_median(r),
         "findings": [{k: f.get(k) for k in ("kind", "title", "saves_ms", "share")} for f in r.findings],
-        "candidates": [_row(t, base) for t in r.trials[1:]],
+        "tokens_per_step": tokens,  # a generation script's: the tokens one step (model call) picks
+        "candidates": [_row(t, base, tokens) for t in r.trials[1:]],
         "speedups": speed,
         "best": r.best.label if r.best else None,
         "best_speedup": best,
         "compile_speedup": comp,
+        "compile_reference": c.label if c else None,  # the torch.compile mode read against
         "best_over_compile": ratio,
         "confirmed": bool(r.best and r.best.final),
         "confirmation_baseline_ms": _base_median(r, final=True),
@@ -107,7 +116,11 @@ _CHECK = {  # what a candidate is checked on -> (its column, the checks' heading
 
 def text(r: Result) -> list[str]:
     data = payload(r)
-    out = [f"perfloop tune {r.script} on {r.device}: baseline {_fmt(data['baseline_ms'], '.3f')} ms/step"]
+    rate = _per_s(data["tokens_per_step"], data["baseline_ms"])
+    out = [
+        f"perfloop tune {r.script} on {r.device}: baseline {_fmt(data['baseline_ms'], '.3f')} ms/step"
+        + (f" ({rate:.1f} tokens/s)" if rate else "")
+    ]
     if any(t.step for t in r.trials):
         out.append("search: each candidate alone, then stacked on the best (+: taken over what it adds to)")
     head = (
@@ -148,16 +161,17 @@ def _verdict_lines(data: dict) -> list[str]:
             f"confirmed, interleaved with the unchanged script as written "
             f"({_fmt(data['confirmation_baseline_ms'], '.3f')} ms/step):"
         )
-        for name in dict.fromkeys(n for n in ("compile", data["best"]) if n in rows):
+        for name in dict.fromkeys(n for n in (data["compile_reference"], data["best"]) if n in rows):
             c = rows[name]["confirmed"]
             if c:
+                rate = f" ({c['tokens_per_s']:.1f} tokens/s)" if c["tokens_per_s"] else ""
                 out.append(
-                    f"  {name}: {c['median_ms']:.3f} ms/step, {c['speedup']:.3f}x "
+                    f"  {name}: {c['median_ms']:.3f} ms/step{rate}, {c['speedup']:.3f}x "
                     f"[{c['ci'][0]:.3f}, {c['ci'][1]:.3f}] over {c['runs']} run(s)"
                 )
     if data["best"]:
         vs = (
-            f"; torch.compile alone {data['compile_speedup']:.3f}x, "
+            f"; torch.compile alone ({data['compile_reference']}) {data['compile_speedup']:.3f}x, "
             f"so {data['best_over_compile']:.2f}x compile's"
             if data["compile_speedup"]
             else ""
