@@ -168,3 +168,18 @@ def test_a_prefill_step_is_read_as_the_time_to_first_token_and_a_decode_step_is_
     assert decode.ttft_ms is None and "first token" not in "\n".join(decode.lines())
     unknown = Tokens(per_step=48, step_ms=6.0, source=TokensFrom.GIVEN, **common)
     assert unknown.ttft_ms is None  # no cache: how many sequences is not known
+
+
+def test_the_decode_model_compiles_inlined_into_a_function_defined_elsewhere():
+    """record.sampled_decode compiles a function of its own that calls the example's model:
+    Dynamo imports the module the model's globals come from, by name (run42's GPU test failed
+    on 'No module named llama_decode')."""
+    from fixtures.record import _decode_model
+
+    _gen, model, _device = _decode_model(1, 128, torch.float32)
+    x, pos = torch.tensor([[7]]), torch.tensor([3])
+    with torch.no_grad():
+        eager = model(x, pos)[:, -1]
+        model.setup_caches(1, 256)  # the first call wrote position 3 of the cache: afresh
+        compiled = torch.compile(lambda m, x, p: m(x, p)[:, -1], fullgraph=True)(model, x, pos)
+    torch.testing.assert_close(compiled, eager)
