@@ -137,19 +137,29 @@ def test_sdpa_forced_to_math_in_a_long_prefill_is_told_first_and_predicted_withi
     assert abs(top.saves_ms - realized) <= 0.3 * realized, (top.saves_ms, realized)
 
 
-def test_a_sampling_sync_in_a_graphed_decode_is_told_first_and_predicted_within_30_percent():
-    """record.sampled_decode: the 8-layer bf16 decode replayed as CUDA graphs, the token drawn by
-    torch.multinomial (its probability check syncs the host each token) is told the sampling
-    sync first; the saving it predicts is what gpt-fast's exponential race (no sync) saves a
-    token, within 30%; the control has no such finding."""
+@pytest.mark.parametrize("mode", ["reduce-overhead", None])
+def test_a_sampling_sync_is_told_first_where_it_costs_and_predicted_within_30_percent(mode):
+    """record.sampled_decode: the 8-layer bf16 decode compiled, the token drawn by
+    torch.multinomial (its probability check syncs the host each token) against gpt-fast's
+    exponential race (no sync). Replayed as CUDA graphs (reduce-overhead) the host has almost
+    nothing to overlap: run42 (H100) measured 1.698 against 1.685 ms a token, and perfloop told
+    no sampling sync -- right. Compiled without graphs the host launches each kernel, and the
+    sync stops it from queuing the next token's while the device runs: the case where it costs,
+    told first with its saving within 30%. Either way the control has no such finding."""
     from fixtures.record import sampled_decode
 
-    synced, free = (dataclasses.replace(p, **extra) for p, extra in map(sampled_decode, (False, True)))
+    runs = [sampled_decode(no_sync, mode) for no_sync in (False, True)]
+    synced, free = (dataclasses.replace(p, **extra) for p, extra in runs)
     d = synced.diagnose()
-    top = d.findings[0]
     print(d, free.diagnose(), sep="\n")
-    assert top.kind == "sampling sync" and "multinomial" in top.title + top.evidence, str(d)
     assert not any(f.kind == "sampling sync" for f in free.diagnose().findings)
     realized = synced.capture().step_ms - free.capture().step_ms
-    print(f"predicted {top.saves_ms:.3f} ms, realized {realized:.3f} ms a token")
+    told = [f for f in d.findings if f.kind == "sampling sync"]
+    print(f"realized {realized:.3f} ms a token; told {[round(f.saves_ms, 3) for f in told]}")
+    if mode == "reduce-overhead":  # no finding may claim a saving the replay does not have
+        assert realized < 0.05 * synced.capture().step_ms, realized
+        assert all(f.saves_ms < 0.05 * synced.capture().step_ms for f in told), str(d)
+        return
+    top = d.findings[0]
+    assert top.kind == "sampling sync" and "multinomial" in top.title + top.evidence, str(d)
     assert abs(top.saves_ms - realized) <= 0.3 * realized, (top.saves_ms, realized)
