@@ -24,8 +24,14 @@ for arg in sys.argv[1:]:
 device = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(1337)
 model = Transformer(
-    ModelArgs(dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], vocab_size=32000,
-              multiple_of=256, max_seq_len=cfg["max_seq_len"])  # fmt: skip
+    ModelArgs(
+        dim=cfg["dim"],
+        n_layers=cfg["n_layers"],
+        n_heads=cfg["n_heads"],
+        vocab_size=32000,
+        multiple_of=256,
+        max_seq_len=cfg["max_seq_len"],
+    )  # fmt: skip
 ).to(device)
 x = torch.randint(32000, (cfg["batch_size"], cfg["max_seq_len"]), device=device)
 ctx = torch.autocast(device_type=device, dtype=torch.bfloat16) if device == "cuda" else nullcontext()
