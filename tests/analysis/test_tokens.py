@@ -156,6 +156,38 @@ def test_a_generation_script_without_a_step_is_told_how_to_mark_a_token(tmp_path
     assert main([*db, "--range", "prefill", "--skip", "0", "--steps", "1", "--script", str(script)]) == 0
 
 
+CAPTURE_FAILS = """
+import torch
+m = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 100))
+tok = torch.tensor([[1]])
+with torch.no_grad():
+    for _ in range(8):  # the eager decode, then the capture of its graph
+        with torch.profiler.record_function("decode"):
+            tok = m(tok)[:, -1].argmax(-1, keepdim=True)
+    raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+"""
+
+
+def test_a_cuda_graph_capture_that_fails_is_said_with_its_reason_and_the_eager_profile_kept(tmp_path, capsys):
+    """Issue 54's bad input: the capture's CUDA error (what torch raises when a sync or a host
+    copy runs inside torch.cuda.graph) is named as a capture failure with what breaks one, and the
+    eager decode profiled before it is kept in the history."""
+    from perfloop.cli import main
+    from perfloop.results.store import Store
+
+    script = tmp_path / "gen.py"
+    script.write_text(CAPTURE_FAILS)
+    db = tmp_path / "r.db"
+    status = main(["profile", "--db", str(db), "--range", "decode", "--steps", "2", "--script", str(script)])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert "operation not permitted when stream is capturing" in err, err
+    assert "a CUDA graph capture failed" in err and ".item()" in err, err
+    assert "the profile taken before it is kept" in err, err
+    [art] = Store(db).artifacts(kind="profile")  # the eager decode's profile, in the history
+    assert art["op"] == "script:gen.py" and art["payload"]["modules"], art
+
+
 def test_a_prefill_step_is_read_as_the_time_to_first_token_and_a_decode_step_is_not():
     from perfloop.analysis.tokens import Tokens, TokensFrom
 

@@ -79,7 +79,24 @@ class ScriptError(Exception):
                 )
             )
         else:
-            super().__init__(f"the script raised {type(original).__name__}: {original}")
+            said = f"the script raised {type(original).__name__}: {original}"
+            super().__init__(said + (CAPTURE_FAILED if _capture_failed(original) else ""))
+
+
+CAPTURE_FAILED = (
+    "; a CUDA graph capture failed: what runs inside torch.cuda.graph must stay on the device "
+    "(no .item(), .cpu(), .tolist(), print of a tensor, torch.multinomial's check, or a new "
+    "allocation outside the graph's pool). Run it a few times on a side stream before capturing, "
+    "or let torch.compile(mode='reduce-overhead') capture it: that mode skips a region it cannot "
+    "capture and says why"
+)
+
+
+def _capture_failed(exc: BaseException) -> bool:
+    """Whether exc is CUDA's refusal of work inside a stream capture (cudaErrorStreamCapture*:
+    "operation not permitted when stream is capturing", "... invalidated ...") or torch's."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and "captur" in text and ("stream" in text or "graph" in text)
 
 
 def _perfloops_import(exc: BaseException) -> bool:
