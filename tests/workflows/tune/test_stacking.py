@@ -118,8 +118,9 @@ def test_a_candidate_that_changes_the_loss_is_never_stacked(simulated, monkeypat
 
 def test_a_stack_that_does_not_fit_is_passed_over_for_one_that_does(simulated, monkeypatch):
     """Baselines (4 x 10 s) and singles (50 + 80 + 10 s) leave 120 s of 300: patch on the best
-    (an 80 s run, and its confirmation) does not fit and is passed over; TF32 on it (a 50 s run,
-    60 s to confirm) fits and is taken; compile alone is not confirmed (no time): said."""
+    (an 80 s run, and its confirmation) does not fit and is passed over, with the budget that would
+    try it in the notes; TF32 on it (a 50 s run, 60 s to confirm) fits and is taken; compile alone
+    is not confirmed (no time): said."""
     table = dict(STEP_MS) | {
         ("compile-reduce-overhead",): 30.0,
         ("patch",): 33.0,
@@ -132,6 +133,10 @@ def test_a_stack_that_does_not_fit_is_passed_over_for_one_that_does(simulated, m
     opts.tried, opts.rounds = ["tf32", "patch", "compile-reduce-overhead"], 1
     r = tuner.tune(opts, say=said.append)
     assert any(s.startswith("patch not stacked on compile-reduce-overhead") for s in said), said
+    # the user is told what it would take: the stack's run (compile's 50 s + patch's 70 s past a
+    # baseline's), and its confirmation beside a 10 s baseline run: 250 s, where 120 s were left
+    [note] = [n for n in r.notes if n.startswith("patch was not stacked")]
+    assert "need about 250 s, 120 s were left; --budget 430s would try it" in note, note
     assert r.best.label == "tf32 + compile-reduce-overhead" and r.best.step["taken"]
     assert r.best.final_runs and r.trials[0].final_runs  # the best confirmed, interleaved
     assert r.elapsed_s <= 300

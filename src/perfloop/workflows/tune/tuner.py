@@ -123,7 +123,7 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
         for t in list(trials):
             run(t, search, clock, logs, say)
         judged()
-        _stack(trials, baseline, proposed, search, clock, logs, say, judged, opts.rounds)
+        notes += _stack(trials, baseline, proposed, search, clock, logs, say, judged, opts.rounds)
         best = _best(trials)
         _confirm(baseline, best, reference(trials, on), base_spec, opts.rounds, clock, logs, say)
         judged()
@@ -216,25 +216,33 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
     return checks
 
 
-def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -> None:
+def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -> list[str]:
     """From the best verified candidate, each other verified one added in turn (best alone
     first; one of a group), taken where the stack is verified and faster than without it at 95%
     confidence. One whose run and confirmation would not fit in the budget left is passed over
     (a cheaper one after it may fit); a part's C++ builds are not counted again (the machine
-    keeps them: Trial.rerun_s)."""
+    keeps them: Trial.rerun_s). Returns, for each stack passed over, what budget would try it."""
+    passed: list[str] = []
     group = {k: c.group or k for k, c, _ in proposed}
     order = [k for k, _, _ in proposed]
     ok = [t for t in trials if len(t.names) == 1 and t.verified and t.stats]
     ok.sort(key=lambda t: -t.stats["speedup"])
     if len(ok) < 2:
-        return
+        return passed
     current, base_s = ok[0], baseline.rerun_s
     for t in ok[1:]:
         if group[t.names[0]] in {group[n] for n in current.names}:
             continue
         cost = current.rerun_s + max(t.rerun_s - base_s, 0.0)
-        if clock.left < cost + rounds * (base_s + cost):  # its run, and its confirmation's
+        need = cost + rounds * (base_s + cost)  # its run, and its confirmation's
+        if clock.left < need:
             say(f"{t.label} not stacked on {current.label}: its run and confirmation do not fit")
+            more = need - clock.left
+            passed.append(
+                f"{t.label} was not stacked on {current.label}: its run and confirmation need about "
+                f"{need:.0f} s, {max(clock.left, 0):.0f} s were left; --budget {clock.budget_s + more:.0f}s "
+                "would try it"
+            )
             continue
         names = tuple(sorted((*current.names, *t.names), key=order.index))
         shares = [x.predicted_share for x in trials if len(x.names) == 1 and x.names[0] in names]
@@ -250,6 +258,7 @@ def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -
         say(f"{s.label}: {'taken' if taken else 'not taken'} over {current.label}")
         if taken:
             current = s
+    return passed
 
 
 def _confirm(baseline, best, compile_alone, spec, rounds, clock, logs, say) -> None:
