@@ -215,3 +215,30 @@ def test_the_decode_model_compiles_inlined_into_a_function_defined_elsewhere():
         model.setup_caches(1, 256)  # the first call wrote position 3 of the cache: afresh
         compiled = torch.compile(lambda m, x, p: m(x, p)[:, -1], fullgraph=True)(model, x, pos)
     torch.testing.assert_close(compiled, eager)
+
+
+WARMS_UP = """
+import time
+import torch
+m = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 100))
+tok = torch.tensor([[1]])
+with torch.no_grad():
+    for i in range(40):
+        with torch.profiler.record_function("decode"):
+            time.sleep(0.6 if i == 0 else 0.01)  # the first token's warm-up (lazy loading, first plans)
+            tok = m(tok)[:, -1].argmax(-1, keepdim=True)
+"""
+
+
+def test_a_profile_that_ends_the_script_does_not_read_the_first_tokens_warm_up_as_the_step(tmp_path):
+    """tune's profile ends the script once taken (exit_after), so the step's time without the
+    profiler comes from the skipped occurrences' pace; the first of them pays the warm-up (run42:
+    511 ms a token read for a 5 ms eager decode on the H100). That one is left out."""
+    from perfloop.workflows.script import profile_script
+
+    script = tmp_path / "gen.py"
+    script.write_text(WARMS_UP)
+    for exit_after in (True, False):
+        p = profile_script(str(script), [], "decode", skip=None, steps=3, exit_after=exit_after)
+        # a token is ~10 ms; the warm-up 600 ms
+        assert p.wall_ms_per_call < 200 and p.diagnose().wall_ms < 200, (exit_after, p.wall_ms_per_call)
