@@ -354,8 +354,10 @@ def test_the_unprofiled_pace_is_the_steps_after_the_profile_where_the_script_run
     p = profile_script(script, ["12"], skip=2, steps=2)
     _clean()
     assert p.calls == 2 and p.wall_ms_per_call < 50, p.wall_ms_per_call  # not the sleeping steps' 100
-    short = profile_script(script, ["5"], skip=2, steps=2)  # no step after the profile: the skipped ones'
-    assert short.wall_ms_per_call > 50
+    # no step after the profile: the skipped ones' pace, the first of them (its warm-up: here the
+    # sleeps) left out where a later one exists (run42: 511 ms read for a 5 ms token from it)
+    short = profile_script(script, ["5"], skip=2, steps=2)
+    assert short.wall_ms_per_call < 50, short.wall_ms_per_call
 
 
 @pytest.mark.slow
