@@ -31,7 +31,7 @@ model = Transformer(
         vocab_size=32000,
         multiple_of=256,
         max_seq_len=cfg["max_seq_len"],
-    )  # fmt: skip
+    )
 ).to(device)
 x = torch.randint(32000, (cfg["batch_size"], cfg["max_seq_len"]), device=device)
 ctx = torch.autocast(device_type=device, dtype=torch.bfloat16) if device == "cuda" else nullcontext()

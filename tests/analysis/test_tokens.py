@@ -206,9 +206,9 @@ def test_the_decode_model_compiles_inlined_into_a_function_defined_elsewhere():
     """record.sampled_decode compiles a function of its own that calls the example's model:
     Dynamo imports the module the model's globals come from, by name (run42's GPU test failed
     on 'No module named llama_decode')."""
-    from fixtures.record import _decode_model
+    from fixtures.record import decode_model
 
-    _gen, model, _device = _decode_model(1, 128, torch.float32)
+    _gen, model, _device = decode_model(1, 128, torch.float32)
     x, pos = torch.tensor([[7]]), torch.tensor([3])
     with torch.no_grad():
         eager = model(x, pos)[:, -1]
@@ -242,3 +242,14 @@ def test_a_profile_that_ends_the_script_does_not_read_the_first_tokens_warm_up_a
         p = profile_script(str(script), [], "decode", skip=None, steps=3, exit_after=exit_after)
         # a token is ~10 ms; the warm-up 600 ms
         assert p.wall_ms_per_call < 200 and p.diagnose().wall_ms < 200, (exit_after, p.wall_ms_per_call)
+
+
+def test_only_cudas_capture_refusals_are_said_as_a_failed_capture():
+    """torch's and CUDA's words for a refused capture; a Dynamo error about graphs is not one."""
+    from perfloop.workflows.script import ScriptError
+
+    said = lambda exc: "a CUDA graph capture failed" in str(ScriptError(exc))
+    assert said(RuntimeError("CUDA error: operation failed due to a previous error during capture"))
+    assert said(RuntimeError("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture."))
+    assert not said(RuntimeError("Dynamo failed to capture the graph: graph break in user code"))
+    assert not said(ValueError("stream is capturing"))  # not a RuntimeError: not CUDA's

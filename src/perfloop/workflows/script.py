@@ -92,11 +92,20 @@ CAPTURE_FAILED = (
 )
 
 
+# CUDA's refusals of work inside a stream capture (cudaErrorStreamCapture*), and torch's own
+CAPTURE_MARKERS = (
+    "stream is capturing",  # cudaErrorStreamCaptureUnsupported
+    "error during capture",  # cudaErrorStreamCaptureInvalidated
+    "streamcapture",  # the error's name, where torch prints it
+    "during cuda graph capture",  # torch: "Cannot call ... during CUDA graph capture"
+)
+
+
 def _capture_failed(exc: BaseException) -> bool:
-    """Whether exc is CUDA's refusal of work inside a stream capture (cudaErrorStreamCapture*:
-    "operation not permitted when stream is capturing", "... invalidated ...") or torch's."""
+    """Whether exc is a CUDA graph capture refused, not any error that speaks of graphs (Dynamo's
+    are RuntimeErrors that do)."""
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and "captur" in text and ("stream" in text or "graph" in text)
+    return isinstance(exc, RuntimeError) and any(m in text for m in CAPTURE_MARKERS)
 
 
 def _perfloops_import(exc: BaseException) -> bool:

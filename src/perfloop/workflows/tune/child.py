@@ -155,9 +155,10 @@ class Child:
         def greedy(module, inputs, out) -> None:
             first = out[0] if isinstance(out, (tuple, list)) and out else out
             logits = isinstance(first, torch.Tensor) and first.is_floating_point() and first.dim() > 0
-            if logits and first.shape[-1] > 1:
-                self.call_tokens = first.shape[:-1].numel()
-            if logits and first.shape[-1] > 1 and self.tokens_kept < MAX_TOKENS:
+            if not (logits and first.shape[-1] > 1):
+                return
+            self.call_tokens = first.shape[:-1].numel()
+            if self.tokens_kept < MAX_TOKENS:
                 picked = first.detach().argmax(-1).flatten()[: MAX_TOKENS - self.tokens_kept]
                 self.tokens.append(picked)
                 self.tokens_kept += picked.numel()  # shapes are known on the host: no sync
