@@ -45,6 +45,7 @@ class Kind(str, Enum):
     SDPA_MATH = "sdpa math"  # scaled_dot_product_attention run by its math backend
     KV_CAT = "kv cache cat"  # a generation step's KV cache grown by torch.cat each token
     CUDNN_PLAN = "cudnn plan"  # SDPA's cuDNN backend building a plan for each new shape
+    SMALL_BATCH = "small batch"  # a generation step bound by its weights' read, few tokens a step
 
     def __str__(self) -> str:
         return self.value

@@ -23,6 +23,7 @@ from perfloop.analysis.causes import (
     optimizer,
     pageable,
     sdpa_math,
+    small_batch,
 )
 
 ANALYZERS = [
@@ -37,6 +38,7 @@ ANALYZERS = [
     conv_layout.find,
     decode_weights.find,
     kv_cat.find,
+    small_batch.find,
     optimizer.find,
     ops.find,
     idle.find,
