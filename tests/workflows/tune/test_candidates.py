@@ -4,7 +4,7 @@ import pytest
 
 from perfloop.analysis.findings import Kind
 from perfloop.workflows.tune.candidates import CANDIDATES, get
-from perfloop.workflows.tune.tuner import Options, propose
+from perfloop.workflows.tune.tuner import Options, propose, untried
 
 
 def _keys(findings, cuda, **kw):
@@ -58,3 +58,17 @@ def test_pl_tune_names_its_bad_arguments():
         pl.tune(__file__, steps=0)
     with pytest.raises(ValueError, match="--try tf23: no such candidate"):
         pl.tune(__file__, tried=["tf23"])
+
+
+def test_a_finding_no_candidate_answers_is_said_as_the_users_own_change_with_its_share():
+    """The small-batch finding of a graphed decode (the batch is the script's to choose) and a
+    sync in the loop: said with their share and advice; what a candidate tries (fusion: patch)
+    and what saves little are not."""
+    findings = [
+        {"kind": "small batch", "title": "1 token(s) a step", "share": 0.97, "advice": "batch the requests"},
+        {"kind": "fusion", "title": "a run of ops", "share": 0.4, "advice": "pl.patch"},
+        {"kind": "sync", "title": "the GPU waits", "share": 0.02, "advice": "no .item()"},
+    ]
+    [note] = untried(findings)
+    assert "1 token(s) a step (97% of the profiled step); batch the requests" in note, note
+    assert not untried(findings[1:])

@@ -95,6 +95,22 @@ def propose(findings: list[dict], cuda: bool, opts: Options) -> list[tuple[str, 
     return [(k, c, c.predicted_share(findings)) for k, c in chosen if cuda or not c.needs_cuda]
 
 
+UNTRIED_SHARE = 0.05  # findings this share of the step or more that no candidate answers are said
+
+
+def untried(findings: list[dict]) -> list[str]:
+    """A note for each finding of UNTRIED_SHARE or more that no candidate makes from outside the
+    script (the batch a generation script serves, a sync in its loop): the user's own change,
+    with the diagnosis's prediction, so the report says it rather than drop it."""
+    answered = {k.value for c in CANDIDATES for k in c.advised_by}
+    return [
+        f"told, not tried (no candidate makes it from outside the script): {f['title']} "
+        f"({f['share']:.0%} of the profiled step); {f.get('advice', '')}".rstrip("; ")
+        for f in findings
+        if str(f.get("kind")) not in answered and (f.get("share") or 0) >= UNTRIED_SHARE
+    ]
+
+
 def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
     """Run the loop on `opts.script`; `say` gets one line per run as it ends."""
     clock, notes = Clock(opts.budget_s), []
@@ -108,6 +124,7 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
     }
     findings, cuda = _diagnose(opts, base_spec, clock, logs, say, notes)
     proposed = propose(findings, cuda, opts)
+    notes += untried(findings)
     baseline = Trial(())
     trials = [Trial((k,), predicted_share=p) for k, _, p in proposed]
     floors = {k: c.numerics for k, c, _ in proposed}
