@@ -13,6 +13,7 @@ from perfloop.workflows.tune.candidates.compile import COMPILE, COMPILE_CUDA_GRA
 from perfloop.workflows.tune.candidates.conv import CHANNELS_LAST, CUDNN_BENCHMARK
 from perfloop.workflows.tune.candidates.fused_optimizer import FUSED_OPTIMIZER
 from perfloop.workflows.tune.candidates.patch import PATCH
+from perfloop.workflows.tune.candidates.pinned import PINNED_MEMORY
 from perfloop.workflows.tune.candidates.sdpa import SDPA_NO_CUDNN
 from perfloop.workflows.tune.candidates.tf32 import TF32
 from perfloop.workflows.tune.candidates.weights import BF16_WEIGHTS
@@ -23,6 +24,7 @@ CANDIDATES: list[Candidate] = [
     PATCH,
     CHANNELS_LAST,
     CUDNN_BENCHMARK,
+    PINNED_MEMORY,
     SDPA_NO_CUDNN,
     COMPILE,
     COMPILE_CUDA_GRAPHS,
