@@ -10,7 +10,8 @@ from __future__ import annotations
 from perfloop.analysis.findings import Kind
 from perfloop.workflows.tune.candidates.base import Candidate, Numerics
 
-LOADER_PIN_ARG = 8  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory)
+# DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory)
+LOADER_PIN_ARG = 8
 
 
 def to_cuda(args: tuple, kwargs: dict) -> bool:
