@@ -158,14 +158,16 @@ def test_sdpa_forced_to_math_in_a_long_prefill_is_told_first_and_predicted_withi
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", None])
-def test_a_sampling_sync_is_told_first_where_it_costs_and_predicted_within_30_percent(mode):
+def test_a_sampling_sync_that_costs_little_is_not_told_as_a_saving(mode):
     """record.sampled_decode: the 8-layer bf16 decode compiled, the token drawn by
     torch.multinomial (its probability check syncs the host each token) against gpt-fast's
-    exponential race (no sync). Replayed as CUDA graphs (reduce-overhead) the host has almost
-    nothing to overlap: run42 (H100) measured 1.698 against 1.685 ms a token, and perfloop told
-    no sampling sync -- right. Compiled without graphs the host launches each kernel, and the
-    sync stops it from queuing the next token's while the device runs: the case where it costs,
-    told first with its saving within 30%. Either way the control has no such finding."""
+    exponential race (no sync). A sync costs the host work between it and the next token's first
+    launch, no more: replayed as CUDA graphs that is the sampling's few ops (run42: 13 us, run43:
+    57 us of 1.75 ms a token); compiled without graphs the host launches slower than the device
+    runs (5.1 ms against 1.6 ms of device time), so the device waits either way (run43: -15 us).
+    Predicted at stop 64 to cost close to min(host, device) there: missed, so the planted case is
+    this one -- perfloop must not tell a saving the sync does not have, and compiled without
+    graphs the launches come first. The control (no sync) has no such finding either way."""
     from fixtures.record import sampled_decode
 
     runs = [sampled_decode(no_sync, mode) for no_sync in (False, True)]
@@ -173,13 +175,11 @@ def test_a_sampling_sync_is_told_first_where_it_costs_and_predicted_within_30_pe
     d = synced.diagnose()
     print(d, free.diagnose(), sep="\n")
     assert not any(f.kind == "sampling sync" for f in free.diagnose().findings)
-    realized = synced.capture().step_ms - free.capture().step_ms
+    step = synced.capture().step_ms
+    realized = step - free.capture().step_ms
     told = [f for f in d.findings if f.kind == "sampling sync"]
     print(f"realized {realized:.3f} ms a token; told {[round(f.saves_ms, 3) for f in told]}")
-    if mode == "reduce-overhead":  # no finding may claim a saving the replay does not have
-        assert realized < 0.05 * synced.capture().step_ms, realized
-        assert all(f.saves_ms < 0.05 * synced.capture().step_ms for f in told), str(d)
-        return
-    top = d.findings[0]
-    assert top.kind == "sampling sync" and "multinomial" in top.title + top.evidence, str(d)
-    assert abs(top.saves_ms - realized) <= 0.3 * realized, (top.saves_ms, realized)
+    assert realized < 0.05 * step, realized
+    assert all(f.saves_ms < max(realized, 0.0) + 0.05 * step for f in told), str(d)
+    if mode is None:
+        assert d.findings[0].kind == "launch", str(d)
