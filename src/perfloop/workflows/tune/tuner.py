@@ -113,6 +113,10 @@ def untried(findings: list[dict]) -> list[str]:
 
 def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
     """Run the loop on `opts.script`; `say` gets one line per run as it ends."""
+    # the judgement's statistics loaded before any run: a Ctrl-C landing inside scipy's first
+    # import leaves it half-loaded, and the judgement that keeps what was measured then fails
+    import scipy.stats  # noqa: F401
+
     clock, notes = Clock(opts.budget_s), []
     logs = tempfile.mkdtemp(prefix="perfloop-tune-")
     base_spec = {
