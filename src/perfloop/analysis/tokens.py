@@ -150,18 +150,26 @@ def _size(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
-def batch_bound(models: dict, ceilings: dict) -> float | None:
-    """B* = bytes a parameter x FLOP/s / (2 FLOPs a parameter a token x bytes/s): the tokens a
-    step where the matmuls' time reaches the weights' read time."""
+def weights_matmul(models: dict, ceilings: dict) -> tuple[int, float] | None:
+    """(bytes a parameter, the matmul TFLOP/s ceiling) of the dtype most of the weights' bytes
+    are in; None where neither is known."""
     import torch
 
     dtypes = models.get("dtypes") or {}
     main = max(dtypes, key=dtypes.get, default=None)
     dtype = getattr(torch, main, None) if main else None
-    flops, copy = matmul_ceiling(ceilings, main) if dtype else None, ceilings.get("copy_gbps")
-    if not flops or not copy:
+    flops = matmul_ceiling(ceilings, main) if dtype else None
+    return (dtype.itemsize, flops) if flops else None
+
+
+def batch_bound(models: dict, ceilings: dict) -> float | None:
+    """B* = bytes a parameter x FLOP/s / (2 FLOPs a parameter a token x bytes/s): the tokens a
+    step where the matmuls' time reaches the weights' read time."""
+    main, copy = weights_matmul(models, ceilings), ceilings.get("copy_gbps")
+    if not main or not copy:
         return None
-    return dtype.itemsize * flops * 1e12 / (2 * copy * 1e9)
+    itemsize, flops = main
+    return itemsize * flops * 1e12 / (2 * copy * 1e9)
 
 
 def model_bytes(model) -> dict:

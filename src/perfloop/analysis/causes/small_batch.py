@@ -14,15 +14,13 @@ what a step's tokens cost now less what they would cost in the larger step."""
 
 from __future__ import annotations
 
-import torch
-
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes import decode_weights
 from perfloop.analysis.causes.base import Findings
 from perfloop.analysis.findings import Finding, Kind
-from perfloop.analysis.tokens import read
-from perfloop.harness.measurement import fmt_ms, matmul_ceiling
+from perfloop.analysis.tokens import read, weights_matmul
+from perfloop.harness.measurement import fmt_ms
 
 MIN_SHARE = 0.5  # of the copy ceiling: below it the step is held by something other than the read
 QUARTER = 4  # the batch proposed: at most the napkin batch over this
@@ -47,7 +45,6 @@ def find(c: Capture, ceilings: dict) -> list[Finding]:
     t = read(c, ceilings or {})
     if t is None or decode_weights.generation_tokens(c) is None or decode_weights.matmuls(c):
         return []
-    model = c.model or {}
     if not t.batch_bound or t.share is None or t.share < MIN_SHARE or not t.weights_bytes:
         return []
     n = proposed(t.per_step, t.batch_bound)
@@ -56,10 +53,8 @@ def find(c: Capture, ceilings: dict) -> list[Finding]:
     grow = n / t.per_step  # the sequences a step serves grow by this
     cache = t.cache_bytes or 0
     read_now, read_then = t.weights_bytes + cache, t.weights_bytes + cache * grow
-    dtypes = model.get("dtypes") or {}
-    main = max(dtypes, key=dtypes.get)
-    itemsize = getattr(torch, main).itemsize
-    flops_ms = 2 * t.weights_bytes / itemsize * n / (matmul_ceiling(ceilings, main) * 1e12) * 1e3
+    itemsize, tflops = weights_matmul(c.model or {}, ceilings)  # known: t.batch_bound is
+    flops_ms = 2 * t.weights_bytes / itemsize * n / (tflops * 1e12) * 1e3
     then_ms = max(t.step_ms * read_then / read_now, flops_ms)
     saves = t.step_ms - then_ms / grow
     f = Findings(c, ceilings)
