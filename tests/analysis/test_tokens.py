@@ -140,15 +140,17 @@ with torch.no_grad():
 """
 
 
-def test_a_generation_script_without_a_step_is_told_how_to_mark_a_token(tmp_path, capsys):
+def test_a_generation_script_without_a_step_is_stepped_by_its_models_decode_calls(tmp_path, capsys):
+    """Issue 65: no optimizer and no range: a step is one decode call of the model (a token a
+    sequence), the prompt's call told apart; a range seen once says the flags that take it."""
     from perfloop.cli import main
 
     script = tmp_path / "gen.py"
     script.write_text(GEN)
     db = ["profile", "--db", str(tmp_path / "r.db")]
-    assert main([*db, "--script", str(script)]) == 2
-    err = capsys.readouterr().err
-    assert 'record_function("decode")' in err and "--range decode" in err, err
+    assert main([*db, "--script", str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "one decode call of Sequential" in out and "prefill (1 call, 3 tokens) left out" in out, out
     # seen once: the flags that take it
     assert main([*db, "--range", "prefill", "--script", str(script)]) == 2
     err = capsys.readouterr().err

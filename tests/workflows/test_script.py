@@ -85,7 +85,7 @@ def test_the_cli_prints_modules_ops_and_opportunities_and_stores_the_profile(scr
     db = tmp_path / "r.db"
     assert main(["profile", "--db", str(db), "--steps", "2", "--script", str(script), "5"]) == 0
     out = capsys.readouterr().out
-    assert "module" in out and "optimizer" in out and "opportunities, largest first" in out
+    assert "module" in out and "optimizer" in out and "opportunit" in out and "step: wall" in out
     [art] = Store(db).artifacts(kind="profile")
     assert art["op"] == "script:train.py" and art["payload"]["modules"]
     assert main(["profile", "--db", str(db), "--json", "--script", str(script), "5"]) == 0

@@ -46,6 +46,7 @@ class Kind(str, Enum):
     KV_CAT = "kv cache cat"  # a generation step's KV cache grown by torch.cat each token
     CUDNN_PLAN = "cudnn plan"  # SDPA's cuDNN backend building a plan for each new shape
     SMALL_BATCH = "small batch"  # a generation step bound by its weights' read, few tokens a step
+    DATA_PREP = "data preparation"  # a training step's batch built op by op before the forward
 
     def __str__(self) -> str:
         return self.value

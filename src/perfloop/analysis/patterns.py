@@ -21,8 +21,6 @@ ADVICE = {
     "elementwise": "fuse it into its neighbours: torch.compile, or a Triton kernel",
     "reduction": "fuse the reduction with the ops around it (torch.compile), or a Triton kernel "
     "that keeps each row in registers",
-    "matmul": "shapes in multiples of 64 (or 128), bf16/fp16 operands, bias and activation fused "
-    "into the matmul's epilogue (torch.compile)",
     "attention": "F.scaled_dot_product_attention with a flash backend (bf16/fp16, head dim <= 256)",
     "optimizer": "a fused optimizer: torch.optim.AdamW(..., fused=True)",
     "other": "look at its kernels (perfloop asm, ncu)",

@@ -213,9 +213,19 @@ def tokens_per_step(c, given: int | None = None) -> tuple[int, TokensFrom] | Non
     return None
 
 
+def training_step(capture) -> bool:
+    """Whether the step trains: its ops run backward or step an optimizer. Its embedding's input
+    is a batch of training tokens, not tokens it generates."""
+    items = getattr(capture, "items", ())  # a capture read for its work alone holds no ops
+    return any(i.phase in ("backward", "optimizer") for i in items)
+
+
 def read(capture, ceilings: dict, given: int | None = None) -> Tokens | None:
     """The step read per token (tokens_per_step says how many), against what its models must
-    read (capture.model) and the copy ceiling; None where it is not a generation step."""
+    read (capture.model) and the copy ceiling; None where it is not a generation step: a
+    training step (one that runs backward or steps an optimizer) reads no tokens unless `given`."""
+    if given is None and training_step(capture):
+        return None
     found = tokens_per_step(capture, given)
     if found is None:
         return None

@@ -3,9 +3,9 @@
 and one line in ANALYZERS (and its Kind).
 
 Where two could count the same time, the later one asks the earlier what it explains (the ops
-finding leaves out the fused runs' and the written-out attention's ops: `fusion.covered`,
-`attention.covered`), so each analyzer reads the capture alone and the order below is only the
-order the findings are made in; the ranking sorts them.
+finding leaves out the fused runs', the written-out attention's and the data preparation's ops:
+`fusion.covered`, `attention.covered`, `data_prep.items`), so each analyzer reads the capture
+alone and the order below is only the order the findings are made in; the ranking sorts them.
 """
 
 from perfloop.analysis.causes import (
@@ -13,6 +13,7 @@ from perfloop.analysis.causes import (
     compiles,
     conv_layout,
     cudagraph_skips,
+    data_prep,
     decode_weights,
     fusion,
     graph_breaks,
@@ -39,6 +40,7 @@ ANALYZERS = [
     decode_weights.find,
     kv_cat.find,
     small_batch.find,
+    data_prep.find,
     optimizer.find,
     ops.find,
     idle.find,

@@ -10,6 +10,7 @@ from collections import defaultdict
 from perfloop.analysis import roofline
 from perfloop.analysis.bound import Bound
 from perfloop.analysis.capture import Capture
+from perfloop.analysis.causes import data_prep
 from perfloop.analysis.causes.base import Findings
 from perfloop.analysis.findings import Finding, Kind, Site
 from perfloop.analysis.patterns import (
@@ -27,11 +28,16 @@ FUSE_PASSES = 1.5  # a run that moves at least this many times the bytes it need
 
 
 def _runs(c: Capture) -> list[tuple[dict, str | None]]:
-    """(chain, its kind) of each run outside the written-out attention's modules."""
+    """(chain, its kind) of each run outside the written-out attention's modules and the batch's
+    preparation (data_prep's)."""
+    prep = {id(i) for i in data_prep.items(c.items)}
     a_ms: dict = defaultdict(float)
     for i in c.items:
-        a_ms[(i.module, i.phase, i.op)] += i.ms / c.calls
-    found = chains(c.records or [], c.counted_items or [], a_ms)
+        if id(i) not in prep:
+            a_ms[(i.module, i.phase, i.op)] += i.ms / c.calls
+    counted = c.counted_items or []
+    prep_counted = {id(i) for i in data_prep.items(counted)}
+    found = chains(c.records or [], [i for i in counted if id(i) not in prep_counted], a_ms)
     written = [mods for mods, _, _ in written_attention_modules(c.items).values()]
     return [
         (ch, kind)

@@ -11,6 +11,7 @@ from perfloop.analysis.capture import Capture
 from perfloop.analysis.causes import (
     attention,
     conv_layout,
+    data_prep,
     decode_weights,
     fusion,
     kv_cat,
@@ -34,10 +35,11 @@ BATCH_NORM = (
 def kept(c: Capture, ceilings: dict) -> list:
     """The items no earlier finding explains: not the written-out attention's, the fused runs',
     the optimizer's, the pageable or the layout copies', the convolutions' transposes, a decode
-    step's fp32 weight matmuls, SDPA's math backend, a KV cache's growing cats."""
+    step's fp32 weight matmuls, SDPA's math backend, a KV cache's growing cats, the batch's
+    preparation."""
     taken = attention.covered(c) | fusion.covered(c, ceilings)
     moved = pageable.copies(c) + layout.copies(c, ceilings) + conv_layout.transposes(c)
-    moved += decode_weights.matmuls(c) + sdpa_math.math_calls(c) + kv_cat.cats(c)
+    moved += decode_weights.matmuls(c) + sdpa_math.math_calls(c) + kv_cat.cats(c) + data_prep.items(c.items)
     taken_items = {id(i) for i in moved}
     return [
         i
@@ -156,6 +158,12 @@ def _below_ceiling(f: Findings, row, cat: str, site: Site | None = None) -> None
         else "fewer, larger ops: fuse (torch.compile) or batch them"
     )
     advice = ADVICE.get(cat, ADVICE["other"]) if row.bound != Bound.LATENCY else latency
+    if cat == "matmul" and row.bound != Bound.LATENCY:
+        dims = matmul_dims(f.c, row.name)
+        advice = _matmul_advice(f, row, dims)
+        if advice is None:  # aligned, in the fastest dtype measured: no fix of a matmul's claims the gap
+            return
+        ev += "".join(f", {m}x{n}x{k} (MxNxK)" for m, n, k in sorted(dims)[:3])
     if (
         cat == "normalization" and "batch_norm" in row.name and row.bound != Bound.LATENCY
     ):  # not perfloop.nn's
@@ -175,3 +183,57 @@ def _below_ceiling(f: Findings, row, cat: str, site: Site | None = None) -> None
         str(site) if site else where_any(chain_kind([row.name.rsplit(" (", 1)[0]]), f.c.sites),
         site,
     )
+
+
+TILE = 64  # a dimension this large fills a matmul kernel's tiles whole where it is a multiple of it
+VECTOR = 8  # ... a smaller one its vector loads
+
+
+def matmul_dims(c: Capture, row: str) -> set[tuple[int, int, int]]:
+    """The (M, N, K) of the counted matmuls behind op/phase row `row` (empty where the step's
+    work was not counted): from the shapes of the two matrices each record read."""
+    out: set = set()
+    records = c.records or ()
+    for i in c.counted_items or ():
+        if attr.key_of(i, "op/phase") != row:
+            continue
+        for m in i.markers:
+            r = records[m] if m < len(records) else None
+            mats = [k[2] for k, _ in r.reads if len(k) == 3 and len(k[2]) >= 2] if r and r.flops else []
+            if len(mats) >= 2 and mats[-2][-1] == mats[-1][-2]:
+                a, b = mats[-2], mats[-1]
+                out.add((a[-2], b[-1], a[-1]))
+    return out
+
+
+def off_tile(dims: set) -> list[str]:
+    """The N and K (the weights' dimensions, the operands' leading ones) that are no multiple of
+    the tile (of the vector width, below a tile), each with the size it pads to."""
+    said = set()
+    for _, n, k in dims:
+        for name, d in (("N", n), ("K", k)):
+            unit = TILE if d >= TILE else VECTOR
+            if d >= VECTOR and d % unit:
+                said.add(f"{name}={d} to {-(-d // unit) * unit}")
+    return sorted(said)
+
+
+def _faster_dtype(f: Findings, row) -> str:
+    """The narrower operands' advice, where a much faster matmul ceiling was measured for them."""
+    own = (matmul_ceiling(f.ceilings, row.dtype) or 0) if row.dtype in ("fp32", "tf32") else 0
+    half = f.ceilings.get("matmul_bf16_tflops") or 0
+    if not own or half <= 1.5 * own:
+        return ""
+    return f"bf16/fp16 operands (autocast): the measured bf16 ceiling is {half:.0f} TFLOP/s against {own:.0f}"
+
+
+def _matmul_advice(f: Findings, row, dims: set) -> str | None:
+    """What closes a matmul's gap to its ceiling, only what applies to its shapes and dtype: the
+    dimensions off the tile padded, narrower operands; None where neither does."""
+    off = off_tile(dims)
+    parts = [f"pad {', '.join(off)}: shapes in multiples of {TILE} fill the kernels' tiles"] if off else []
+    if not dims:  # not counted: the shapes are not known here
+        parts.append(f"where a dimension is not a multiple of {TILE} (or 128), pad it")
+    if faster := _faster_dtype(f, row):
+        parts.append(faster)
+    return "; ".join(parts) or None
