@@ -361,11 +361,69 @@ def site_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
             continue
         aliases = functional_aliases(fn)
         names = {n for c in _codes(fn.__code__) for n in c.co_names}
-        if any(v != "F" for v in aliases.values()) or (
-            any(v == "F" for v in aliases.values()) and names & {*CALLS, *GATES}
+        if (
+            any(v != "F" for v in aliases.values())
+            or (any(v == "F" for v in aliases.values()) and names & {*CALLS, *GATES})
+            or _gates_modules(fn, module_activations(m, names))
         ):
             out.append((name, m))
     return out
+
+
+def module_activations(module: torch.nn.Module, names=None) -> dict[str, tuple[str, str]]:
+    """{attribute: (activation, GELU's approximate form)} of the module's children that compute
+    SiLU or GELU (torch's, or a model's own such as Hugging Face's ACT2FN["silu"], checked on a
+    float64 probe) and carry no hooks: `self.act_fn(a) * b` in its forward is a gate. `names`:
+    only those attributes."""
+    out = {}
+    children = module.__dict__.get("_modules", {})  # none while a pickled module is being rebuilt
+    for attr, child in children.items():
+        if names is not None and attr not in names:
+            continue
+        form = _activation(child)
+        if form is not None:
+            out[attr] = form
+    return out
+
+
+def _activation(m: torch.nn.Module) -> tuple[str, str] | None:
+    hooked = any(getattr(m, h, None) for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks"))
+    if hooked or next(m.parameters(), None) is not None or next(m.children(), None) is not None:
+        return None
+    if isinstance(m, torch.nn.SiLU):
+        return ("silu", "none")
+    if isinstance(m, torch.nn.GELU):
+        return ("gelu", m.approximate)
+    if type(m).__module__.startswith("torch."):  # torch's others (Dropout, ReLU, ...) are no gate
+        return None
+    probe = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)
+    try:  # the random state as it was, whatever the module draws
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            y = m(probe)
+    except Exception:  # not an elementwise function of one tensor
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != probe.shape or y.dtype != probe.dtype:
+        return None
+    for act, form, want in (
+        ("silu", "none", F.silu(probe)),
+        ("gelu", "tanh", F.gelu(probe, approximate="tanh")),
+        ("gelu", "none", F.gelu(probe)),
+    ):
+        if torch.allclose(y, want, rtol=1e-10, atol=1e-12):
+            return (act, form)
+    return None
+
+
+_GATED: dict = {}  # (code, activations) -> whether gated_code finds a gate: read once per class
+
+
+def _gates_modules(fn, activations: dict) -> bool:
+    if not activations:
+        return False
+    key = (fn.__code__, tuple(sorted(activations.items())))
+    if key not in _GATED:
+        _GATED[key] = gated_code(fn, {}, activations) is not None
+    return _GATED[key]
 
 
 def call_lines(fn, names) -> dict[str, list[int]]:
@@ -395,11 +453,12 @@ class _Proxy:
 GATE_CALL = "__perfloop_gate__"
 
 
-def gated_code(fn, aliases: dict[str, str]):
+def gated_code(fn, aliases: dict[str, str], activations: dict | None = None):
     """fn's code with each activation-times-gate it writes out (`F.silu(a) * b`, `b * F.gelu(a)`,
-    ...) made one call, `__perfloop_gate__(activation, line, gated_first, left, right, **kw)`,
-    its operands evaluated in their written order; the source lines kept. None where fn writes
-    none, or its source or closure cannot be had again."""
+    ..., or `self.act_fn(a) * b` where `activations` names act_fn: module_activations) made one
+    call, `__perfloop_gate__(activation, line, gated_first, left, right, **kw)`, its operands
+    evaluated in their written order; the source lines kept. None where fn writes none, or its
+    source or closure cannot be had again."""
     import ast
     import inspect
     import textwrap
@@ -412,6 +471,7 @@ def gated_code(fn, aliases: dict[str, str]):
         return None
     f_names = {a for a, what in aliases.items() if what == "F"}
     bare = {a: what for a, what in aliases.items() if what in GATES}
+    activations = activations or {}
 
     def activation(node) -> str | None:
         if not (
@@ -421,6 +481,13 @@ def gated_code(fn, aliases: dict[str, str]):
         ):
             return None
         f = node.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == owner:
+            if f.attr not in activations or node.keywords:
+                return None
+            act, form = activations[f.attr]
+            if act == "gelu":  # the module's form, said to the gate
+                node.keywords = [ast.keyword("approximate", ast.Constant(form))]
+            return act
         on_f = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in f_names
         act = f.attr if on_f else bare.get(f.id) if isinstance(f, ast.Name) else None
         allowed = {"approximate"} if act == "gelu" else set()
@@ -447,6 +514,7 @@ def gated_code(fn, aliases: dict[str, str]):
     fdef = tree.body[0]
     if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
+    owner = fdef.args.args[0].arg if fdef.args.args else None  # `self`
     first = min([fdef.lineno, *(d.lineno for d in fdef.decorator_list)])
     ast.increment_lineno(tree, fn.__code__.co_firstlineno - first)  # the file's lines, as the code's
     fdef.decorator_list = []
@@ -525,7 +593,10 @@ class Rerouted:
         aliases = functional_aliases(fn)
         bound = {a: proxy if w == "F" else self._bare(w) for a, w in aliases.items()}
         self._eager = rewrap(
-            self.outer, _function(fn, bound | {GATE_CALL: self._gate}, gated_code(fn, aliases))
+            self.outer,
+            _function(
+                fn, bound | {GATE_CALL: self._gate}, gated_code(fn, aliases, module_activations(owner))
+            ),
         )
         whole = {n for n, lines in sites.items() if lines and _loads(fn, n) <= lines}
         bound = {}

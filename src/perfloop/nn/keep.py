@@ -10,10 +10,11 @@ import torch.nn as nn
 
 from perfloop.nn import functional as _functional
 from perfloop.nn import heads as _heads
+from perfloop.nn import loss_function as _loss_function
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn import verify as _verify
 from perfloop.nn.modules import fused_like
-from perfloop.nn.swapping import named, route_sites, run_step, set_module
+from perfloop.nn.swapping import named, route_sites, run_step, set_module, step_loss
 
 SMALLER = 0.9  # a step whose peak memory is at most this share of the unpatched one's is smaller
 
@@ -44,6 +45,8 @@ def keep_what_pays(
         if s.replaced and s.kind not in keep:
             if s.site is not None:
                 _functional.restore(model.get_submodule(s.site[0]))
+            elif s.kind == _loss_function.KIND:
+                _loss_function.restore(model)
             elif s.kind == _heads.KIND:
                 _heads.unmerge(named(model, s.name))
             elif s.rewritten:
@@ -86,6 +89,8 @@ def _with(before: nn.Module, report, kinds: set) -> nn.Module:
     for s in report.swaps:
         if s.replaced and s.kind in kinds and s.kind == _heads.KIND:
             _heads.merge(named(m, s.name), **s.options)
+        elif s.replaced and s.kind in kinds and s.kind == _loss_function.KIND:
+            _loss_function.apply(m)
         elif s.replaced and s.kind in kinds and s.rewritten:
             _rewrite.rewrite(named(m, s.name), logits=s.options.get("logits"))
         elif s.replaced and s.kind in kinds and s.site is None:
@@ -103,8 +108,7 @@ def measure(models: dict, batch, loss_fn, budget_s: float, compiled: bool = Fals
 
     def step(m):
         def run():
-            out = run_step(m, batch, loss_fn)
-            (out if out.ndim == 0 else out.float().mean()).backward()
+            step_loss(run_step(m, batch, loss_fn))[0].backward()
 
         return run
 

@@ -20,8 +20,8 @@ shared module goes by pointing at the one fused module; a call that fails swaps 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,12 +29,21 @@ import torch.nn as nn
 
 from perfloop.nn import functional as _functional
 from perfloop.nn import heads as _heads
+from perfloop.nn import loss_function as _loss_function
 from perfloop.nn import registry
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn import verify as _verify
 from perfloop.nn.keep import keep_what_pays as _keep_what_pays
 from perfloop.nn.modules import why_not
-from perfloop.nn.swapping import candidates, named, restore_forward, route_sites, run_step, set_module
+from perfloop.nn.swapping import (
+    candidates,
+    named,
+    restore_forward,
+    route_sites,
+    run_step,
+    set_module,
+    step_loss,
+)
 from perfloop.nn.verify import Swap
 
 
@@ -43,6 +52,8 @@ class PatchReport:
     swaps: list[Swap]
     timing: dict | None = None  # measure=True: the step before and after
     compiled: bool = False  # the model given was compiled (torch.compile's OptimizedModule)
+    # what patch did not check, by where, and why (the step: it gave no loss to time)
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def replaced(self) -> list[str]:
@@ -54,6 +65,7 @@ class PatchReport:
 
     def __str__(self) -> str:
         lines = [f"patched {len(self.replaced)} of {len(self.swaps)} candidate modules"]
+        lines += [f"  skipped  {where}: {why}" for where, why in self.skipped.items()]
         for s in self.swaps:
             worst = max(s.errors.items(), key=lambda kv: kv[1][0], default=None)
             err = (
@@ -133,10 +145,11 @@ def _preserved(model: nn.Module):
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
-def _capture(model, batch, loss_fn, modules: dict, sites: list) -> tuple[dict, dict, object]:
+def _capture(model, batch, loss_fn, modules: dict, sites: list, loss=None) -> tuple:
     """One run of the step on the example batch, torch's own code computing: (each candidate
     module's first call by id, each functional call site's first call by (module name, function,
-    line) -- both as _verify.recorded gives them --, the step's output)."""
+    line) -- both as _verify.recorded gives them --, the step's output, the first calls of the
+    model's `loss` function and its cross entropy, a _loss_function.Recording)."""
     seen: dict = {}
     calls: dict = {}
 
@@ -155,15 +168,16 @@ def _capture(model, batch, loss_fn, modules: dict, sites: list) -> tuple[dict, d
 
         _functional.reroute(m, {}).record = record
         routed.append(m)
+    recording = _loss_function.recording(model, loss) if loss else contextlib.nullcontext()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), recording as rec:
             out = run_step(model, batch, loss_fn)
     finally:
         for h in handles:
             h.remove()
         for m in routed:
             _functional.restore(m)
-    return seen, calls, out
+    return seen, calls, out, rec
 
 
 def _adopt(original: nn.Module, fused: nn.Module) -> nn.Module:
@@ -229,19 +243,19 @@ def _check_arguments(model, example_batch, loss_fn) -> None:
             "its parameters are on the meta device (shapes without values), so no swap can be "
             "checked: materialize it first (model.to_empty(device=...) and load its weights)",
         )
-    batch = example_batch if isinstance(example_batch, (tuple, list)) else (example_batch,)
-    for i, t in enumerate(batch):
+    batch = example_batch if isinstance(example_batch, (tuple, list, Mapping)) else (example_batch,)
+    for i, t in batch.items() if isinstance(batch, Mapping) else enumerate(batch):
         if isinstance(t, torch.Tensor) and t.numel() == 0:
             raise ArgumentError(
                 "example_batch",
-                f"tensor {i} has no elements (shape {tuple(t.shape)}); patch checks each swap on "
+                f"tensor {i!r} has no elements (shape {tuple(t.shape)}); patch checks each swap on "
                 "the model's activations: give a batch with at least one row",
             )
 
 
 def patch(
     model: nn.Module,
-    example_batch: tuple | list | torch.Tensor,
+    example_batch: tuple | list | Mapping | torch.Tensor,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     *,
     measure: bool = False,
@@ -251,9 +265,11 @@ def patch(
 ) -> PatchReport:
     """Replace the modules of `model` that have a fused perfloop.nn version, each only after it
     matched the original on this model's own activations and gradients (see the module
-    docstring). `loss_fn(model, example_batch)` runs one step's forward (default:
-    `model(*example_batch)`). With `measure=True` the training step (forward, backward) is
-    timed before and after, interleaved (`compare`), with peak memory both ways; where more
+    docstring). `loss_fn(model, example_batch)` runs one step's forward (default: the model
+    called as its docs call it, `model(**batch)` for a dict or BatchEncoding, `model(*batch)`
+    for a tuple or list, `model(batch)` for a tensor). With `measure=True` the training step
+    (forward, backward on the loss wherever the output holds it: swapping.step_loss) is timed
+    before and after, interleaved (`compare`), with peak memory both ways; where more
     than one kind of module was swapped, each kind alone is timed too, and a kind whose swap
     does not make the step faster is put back (the report says so). `compiled=True` (for a
     model that will run under torch.compile): each of those steps is timed compiled
@@ -310,13 +326,11 @@ def _patch(
     before = _verify.copy_module(model) if measure else None
     groups = [(n or type(m).__name__, m) for n, m in _heads.find(model)]
     watched = {n: m for n, m, _ in cands} | dict(rewrites) | dict(groups)
-    seen, calls, out = _capture(model, example_batch, loss_fn, watched, sites)
-    if measure and not (isinstance(out, torch.Tensor) and out.is_floating_point()):
-        raise ValueError(
-            f"loss_fn: measure=True times forward and backward of the step, which must give a "
-            f"float tensor; the step gave a {type(out).__name__}. Pass loss_fn=lambda m, b: "
-            "m(*b)[0] (or whichever part is the loss)"
-        )
+    loss = _loss_function.find(model)
+    seen, calls, out, recorded_loss = _capture(model, example_batch, loss_fn, watched, sites, loss)
+    scalar, why = step_loss(out)
+    if measure and scalar is None:  # nothing swapped yet: the model stays as it was
+        return PatchReport([], skipped={"step": f"measure=True times its forward and backward, but {why}"})
     swaps, originals = [], {}
     for name, original, fused in cands:
         aliases = [n for n in names[id(original)] if n != name and n]
@@ -365,10 +379,33 @@ def _patch(
             _rewrite.rewrite(m)
             swapped.append((None, m))
         swaps.append(swap)
+    if loss is not None:
+        swaps.append(_check_loss_function(model, loss, recorded_loss, swapped))
     report = PatchReport(swaps)
     if measure and report.replaced:
         report.timing = _keep_what_pays(report, originals, before, model, example_batch, loss_fn, **measure)
     return report
+
+
+def _check_loss_function(model, fn, recorded: _loss_function.Recording, swapped) -> Swap:
+    """Check the model's loss function with its cross entropy fused on its own first call
+    (the logits' gradient too), and set it where it matches."""
+    name, kind = "loss_function", _loss_function.KIND
+    via = f"{fn.__name__} -> F.cross_entropy -> perfloop's fused cross entropy"
+    if recorded.call is None or recorded.cross_entropy is None:
+        why = "not called by the example batch (a batch without labels computes no loss)"
+        return Swap(name, kind, False, why, via=via)
+    why = _functional.why_not_call("cross_entropy", *recorded.cross_entropy[:2])
+    if why:
+        return Swap(name, kind, False, f"its F.cross_entropy call has no fused kernel: {why}", via=via)
+    args, kwargs, autocast_dtype = recorded.call
+    fused = _Call(_loss_function.FusedLoss(fn))
+    swap = _verify.check(name, _Call(fn), fused, args, kwargs, autocast_dtype, "cross_entropy", kind)
+    swap.via = via
+    if swap.replaced:
+        _loss_function.apply(model)
+        swapped.append((None, model))
+    return swap
 
 
 def _merge_heads(groups, seen, swapped) -> list[Swap]:

@@ -20,7 +20,7 @@ from torch.fx import GraphModule
 
 from perfloop.nn import head, pointwise, rotary, sdpa
 from perfloop.nn.compiled import all_in_graph
-from perfloop.nn.fxnodes import Found, values_of
+from perfloop.nn.fxnodes import Found, calls, values_of
 from perfloop.nn.head import LOSS as LOSS
 from perfloop.nn.pointwise import GELU as GELU  # the kinds nn.patch names
 from perfloop.nn.pointwise import NORM as NORM
@@ -95,10 +95,12 @@ class Backend:
     def __init__(self, fn) -> None:
         self.found: list[Found] = []
         self.graphs = 0  # captures so far
+        self.sdpa = 0  # F.scaled_dot_product_attention calls they made (transformers' "sdpa")
         self.lines = sdpa.softmax_lines(fn)
 
     def __call__(self, gm: GraphModule, example_inputs: list):
         self.graphs += 1
+        self.sdpa += sum(calls(n, *_SDPA) for n in gm.graph.nodes)
         try:
             self.found += rewrite_graph(gm, example_inputs, self.lines)
         except Exception as exc:
@@ -106,6 +108,7 @@ class Backend:
         return gm.forward
 
 
+_SDPA = (torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 _BACKENDS: dict = {}
 
 

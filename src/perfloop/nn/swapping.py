@@ -3,10 +3,15 @@ step run on the example batch, and a swap made or undone by name."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
+import torch
 import torch.nn as nn
 
 from perfloop.nn import functional as _functional
 from perfloop.nn import heads as _heads
+from perfloop.nn import loss_function as _loss_function
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn.modules import fused_like
 
@@ -21,9 +26,35 @@ def candidates(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
 
 
 def run_step(model, batch, loss_fn):
+    """The step on the batch: `loss_fn(model, batch)`, or the model called as its docs call it
+    with such a batch (a dict or BatchEncoding by keywords, a tuple or list by position, anything
+    else as the one argument)."""
     if loss_fn is not None:
         return loss_fn(model, batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
     return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+
+
+def step_loss(out) -> tuple[torch.Tensor | None, str]:
+    """(the scalar a step's output gives to backpropagate, "") or (None, why there is none): a
+    float tensor (its mean where not a scalar); the `loss` of a ModelOutput, dataclass or dict,
+    else a ModelOutput's or dict's `logits`; a tuple's or list's first element."""
+    if isinstance(out, torch.Tensor):
+        if not out.is_floating_point() or out.numel() == 0:
+            return None, f"the step gave a {out.dtype} tensor of shape {tuple(out.shape)}, no loss"
+        return (out if out.ndim == 0 else out.float().mean()), ""
+    if isinstance(out, (tuple, list)) and out:
+        return step_loss(out[0])
+    fields = out if isinstance(out, Mapping) else vars(out) if dataclasses.is_dataclass(out) else None
+    for key in ("loss", "logits"):
+        if fields is not None and fields.get(key) is not None:
+            return step_loss(fields[key])
+    return None, (
+        f"the step gave a {type(out).__name__}, with no loss in it (a float tensor, a tuple whose first "
+        "element is one, or a ModelOutput, dataclass or dict with a loss or logits): pass "
+        "loss_fn=lambda m, b: ... that returns the loss"
+    )
 
 
 def named(model: nn.Module, name: str) -> nn.Module:
@@ -52,5 +83,6 @@ def route_sites(model: nn.Module, swaps) -> list:
 
 def restore_forward(module: nn.Module) -> None:
     _functional.restore(module)
+    _loss_function.restore(module)
     _rewrite.restore(module)
     _heads.unmerge(module)

@@ -37,11 +37,46 @@ def first_device(args, kwargs) -> str:
 
 
 def recorded(args, kwargs) -> tuple:
-    """(args, kwargs, autocast dtype or None) of a call, its tensors copied."""
-    keep = lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a
+    """(args, kwargs, autocast dtype or None) of a call, its tensors copied (in its tuples,
+    lists and dicts too), the state of the other objects it was given (a KV cache) as it was."""
+    keep = lambda a: a.detach().clone()
     dev = first_device(args, kwargs)
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-    return tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}, dtype
+    return tuple(tree_map(keep, a) for a in args), {k: tree_map(keep, v) for k, v in kwargs.items()}, dtype
+
+
+def tree_map(fn, a):
+    """`a` with fn applied to each tensor in it, its tuples, lists and dicts rebuilt; any other
+    object of the model's (a Hugging Face Cache, which each forward appends to) a copy of its state."""
+    if isinstance(a, torch.Tensor):
+        return fn(a)
+    if isinstance(a, tuple) and hasattr(a, "_fields"):  # a namedtuple
+        return type(a)(*(tree_map(fn, x) for x in a))
+    if type(a) in (tuple, list):
+        return type(a)(tree_map(fn, x) for x in a)
+    if type(a) is dict:
+        return {k: tree_map(fn, v) for k, v in a.items()}
+    return state_copy(a)
+
+
+def state_copy(a, depth: int = 3):
+    """A copy of an object a forward may change (a cache), `depth` levels of its attributes,
+    lists and dicts copied, the tensors in it shared (a cache rebinds them: `keys = cat(...)`),
+    so that each checked run starts from the state the recorded call saw. Torch's and Python's
+    own objects (modules, dtypes, numbers) are themselves."""
+    if isinstance(a, list) and depth:
+        return [state_copy(x, depth - 1) for x in a]
+    if isinstance(a, dict) and type(a) is dict and depth:
+        return {k: state_copy(v, depth - 1) for k, v in a.items()}
+    own = type(a).__module__.split(".")[0] not in ("builtins", "torch", "enum", "types", "functools")
+    if not (depth and own and hasattr(a, "__dict__")) or isinstance(a, nn.Module) or callable(a):
+        return a
+    try:
+        out = copy.copy(a)
+        out.__dict__.update({k: state_copy(v, depth - 1) for k, v in vars(a).items()})
+    except Exception:  # an object that cannot be copied: given as it is
+        return a
+    return out
 
 
 def copy_module(model: nn.Module) -> nn.Module:
@@ -63,8 +98,8 @@ def forward_backward(module, args, kwargs, autocast_dtype, seed: int, frozen=(),
     those it returns; every floating input takes a gradient but those `frozen` names ("input 1")."""
 
     def fresh(name, a):
-        if not isinstance(a, torch.Tensor):
-            return a
+        if not isinstance(a, torch.Tensor):  # tensors inside tuples (a rotary's cos and sin) are not learned
+            return tree_map(lambda t: t.detach().clone(), a)
         return a.detach().clone().requires_grad_(a.is_floating_point() and f"input {name}" not in frozen)
 
     args = [fresh(i, a) for i, a in enumerate(args)]
@@ -169,7 +204,7 @@ def check(
         return Swap(name, kind, False, f"the fused module failed on this input: {exc}")
     keep = None if not dropped else set(got_y)
     ref = copy_module(original).double()
-    dbl = lambda a: a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+    dbl = lambda a: tree_map(lambda t: t.double() if t.is_floating_point() else t, a)
     try:
         with _modules.recording_fallbacks():  # fused modules already inside the original: unsaid
             dargs, dkwargs = [dbl(a) for a in args], {k: dbl(v) for k, v in kwargs.items()}
@@ -282,15 +317,27 @@ def _check_written(name: str, original: nn.Module, recorded, rerouted: list, log
     finally:
         _head.disallow(r.heads)
     done = [f for f in r.backend.found if f.replaced]
+    sdpa = _attention_as_sdpa(original, r.backend)
     if not done:
         why = "; ".join(dict.fromkeys(f"{f.line or f.pattern}: {f.reason}" for f in r.backend.found))
-        if not why:
+        if not why and not sdpa:
             captured = "its captured graph holds none of the written forms"
             why = captured if r.backend.graphs else "Dynamo captured no graph of its forward"
+        why = "; ".join(w for w in (sdpa, why) if w)
         return Swap(name, kind, False, f"nothing one fused call can take: {why}", swap.errors)
     swap.kind = _rewrite.written_kind({f.pattern for f in done})
-    swap.via = "; ".join(dict.fromkeys(_said(f) for f in done))
+    swap.via = "; ".join(dict.fromkeys([*(_said(f) for f in done), *([sdpa] if sdpa else [])]))
     return swap
+
+
+def _attention_as_sdpa(original: nn.Module, backend) -> str:
+    """Where the forward may write attention out but its captures call SDPA instead (a Hugging
+    Face attention under attn_implementation="sdpa"), that said; else ""."""
+    if _rewrite.ATTENTION not in _rewrite.writes(original) or not backend.sdpa:
+        return ""
+    if any(f.pattern == _rewrite.ATTENTION for f in backend.found):
+        return ""
+    return "its attention is one F.scaled_dot_product_attention call already (nothing to fuse)"
 
 
 def _said(f) -> str:
