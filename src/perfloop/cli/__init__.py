@@ -13,9 +13,9 @@ import importlib
 import math
 import os
 import sys
-import warnings
 
 from perfloop import __version__
+from perfloop.cli import notes
 from perfloop.cli.args import USAGE_ERROR, UsageError
 
 VERBS = (
@@ -78,26 +78,6 @@ def runs_own_kernels(args) -> bool:
     return args.verb in KERNEL_VERBS and not (
         getattr(args, "script", None) or getattr(args, "trace_file", None)
     )
-
-
-def _say_warnings(seen: list) -> None:
-    """Warnings raised during the command, each once, as notes on stderr; a library's own
-    deprecation notices (torch's about its internals, Triton's), which the user cannot act on,
-    only with PERFLOOP_VERBOSE=1."""
-    said = set()
-    verbose = os.environ.get("PERFLOOP_VERBOSE", "") not in ("", "0")
-    for w in seen:
-        text = str(w.message).strip().splitlines()[0]
-        if text in said:
-            continue
-        said.add(text)
-        origin = w.filename.split("site-packages/")[-1].split("/")[0] if "site-packages" in w.filename else ""
-        internal = origin in ("torch", "triton") and issubclass(
-            w.category, (DeprecationWarning, FutureWarning)
-        )
-        if internal and not verbose:
-            continue
-        print(f"note ({origin or 'perfloop'} {w.category.__name__}): {text}", file=sys.stderr)
 
 
 def build_parser(settings=None) -> argparse.ArgumentParser:
@@ -192,12 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     if runs_own_kernels(args):
         _prepare_triton()
     try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("default")
+        with notes.recording(getattr(args, "script", None)) as seen:
             try:
                 return args.fn(args)
             finally:
-                _say_warnings(seen)
+                notes.say(seen)
     except UsageError as exc:
         print(f"perfloop {args.verb}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR

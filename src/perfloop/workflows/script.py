@@ -34,7 +34,7 @@ from perfloop.analysis.inductor import tracking_sources
 from perfloop.analysis.modules import module_ranges
 from perfloop.workflows.compiled_script import compile_callbacks, say_compiled
 from perfloop.workflows.models_seen import models_seen
-from perfloop.workflows.step_sources import OPTIMIZER_STEP, nvtx_sources, step_sources
+from perfloop.workflows.step_sources import MODEL_CALL, OPTIMIZER_STEP, nvtx_sources, step_sources
 from perfloop.workflows.window import AUTO, Taken, Window
 
 
@@ -79,7 +79,7 @@ class ScriptError(Exception):
                 )
             )
         else:
-            said = f"the script raised {type(original).__name__}: {original}"
+            said = f"{how_it_ended(original)}: {original}"
             super().__init__(said + (CAPTURE_FAILED if _capture_failed(original) else ""))
 
 
@@ -108,12 +108,30 @@ def _capture_failed(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in text for m in CAPTURE_MARKERS)
 
 
+def how_it_ended(failed: BaseException | None) -> str:
+    """Who ended the script, told truly: the script itself, or perfloop's code raising inside it
+    (its hooks, or a perfloop call the script made)."""
+    if failed is None:
+        return "the script ended"
+    if isinstance(failed, (SystemExit, _Exit)):
+        how = "os._exit" if isinstance(failed, _Exit) else "sys.exit"
+        return f"the script exited with {how}({failed.code!r})"
+    if isinstance(failed, KeyboardInterrupt):
+        return "the script was interrupted (Ctrl-C)"
+    if _raised_in_perfloop(failed):
+        return f"perfloop's own code raised {type(failed).__name__} inside the script"
+    return f"the script raised {type(failed).__name__}"
+
+
 def _perfloops_import(exc: BaseException) -> bool:
     """Whether exc is an ImportError of an import statement in perfloop's own code (not the
-    script's): the innermost frame of code that ran it, the import machinery's and the runner's
-    own frames aside, is perfloop's."""
-    if not isinstance(exc, ImportError):
-        return False
+    script's)."""
+    return isinstance(exc, ImportError) and _raised_in_perfloop(exc)
+
+
+def _raised_in_perfloop(exc: BaseException) -> bool:
+    """Whether the innermost frame of code that raised exc, the import machinery's and the
+    runner's own frames aside, is perfloop's."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the perfloop package
     frames, tb = [], exc.__traceback__
     while tb is not None:
@@ -204,6 +222,7 @@ def profile_script(
             nvtx_sources(w),
         ):
             w.read_sites = lambda: models_seen(tracker.roots, w.warnings)
+            w.module_stack = lambda: tracker.open
             failed = _run(path, w)
     finally:
         hook.remove()
@@ -214,7 +233,7 @@ def profile_script(
     if w.sites is None:
         w.sites, w.trees, w.model_bytes = models_seen(tracker.roots, w.warnings)
     if failed is not None:  # the profile, where it was taken before, is kept with the error
-        raise ScriptError(failed, _result(w, w.sites) if w.state == "done" else None) from failed
+        raise ScriptError(failed, _result(w, w.sites, failed) if w.state == "done" else None) from failed
     return _result(w, w.sites)
 
 
@@ -280,11 +299,11 @@ def _exit_in_main_thread():
         os._exit = real
 
 
-def _result(w: Window, sites: dict | None = None) -> profiling.Profile:
+def _result(w: Window, sites: dict | None = None, failed: BaseException | None = None) -> profiling.Profile:
     _check_taken(w)
     if w.ended_at is not None:
         w.warnings.append(
-            f"--window: the script ended {w.ended_at:.3g} s into the window of "
+            f"--window: {how_it_ended(failed)} {w.ended_at:.3g} s into the window of "
             f"{w.window[1]:g} s: profiled {w.ended_at:.3g} s only"
         )
     if w.count_work and w.range_name and w.counted_prof is None:
@@ -300,8 +319,10 @@ def _result(w: Window, sites: dict | None = None) -> profiling.Profile:
     say_compiled(w)
     plain = _plain_ms(w)
     # the profile's own copies of the range bound it where the trace has them (not NVTX's, not
-    # optimizer steps': there the profiled span is the steps)
+    # optimizer steps': there the profiled span is the steps; a model call's: its module range)
     traced = {OPTIMIZER_STEP: None, "ProfilerStep": "ProfilerStep#*"}.get(w.range_name, w.range_name)
+    if w.range_name == MODEL_CALL:
+        traced = w.model_calls.traced()
     samples = w.sampler.align(w.prof.events(), w.sampler_mark) if w.sampler is not None else None
     p = profiling.build_profile(
         profiling.Recording(
@@ -340,12 +361,14 @@ def _check_taken(w: Window) -> None:
     """Raise, saying why and what to pass instead, where the window took no profile of a step."""
     if w.range_name == AUTO:
         seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"
+        calls = w.model_calls.why_none() if w.model_calls else "not looked for"
         raise ValueError(
             "no step found: looked for optimizer.step() of a torch.optim optimizer and for a "
-            f"range named 'step' (pl.annotate, record_function, NVTX); ranges seen: {seen}. "
+            f"range named 'step' (pl.annotate, record_function, NVTX); ranges seen: {seen}; "
+            f"and for a generation loop's decode calls: {calls}. "
             "Pass --range NAME for one of them, or --window START:DURATION. A generation loop "
-            'has no optimizer: mark one token\'s call with `with torch.profiler.record_function("decode"):` '
-            "(or pl.annotate) and pass --range decode"
+            "whose model runs compiled: mark one token's call with "
+            '`with torch.profiler.record_function("decode"):` (or pl.annotate) and pass --range decode'
         )
     if w.range_name is not None and w.seen[w.range_name] == 0:
         seen = ", ".join(f"{n} (x{c})" for n, c in w.seen.most_common(8)) or "none"

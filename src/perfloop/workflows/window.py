@@ -16,9 +16,10 @@ import torch
 from perfloop.analysis import compilation, recording
 from perfloop.analysis.stacks import Sampler
 from perfloop.analysis.work import WorkCounter
-from perfloop.workflows.step_sources import OPTIMIZER_STEP
+from perfloop.workflows.step_sources import AUTO, MODEL_CALL, OPTIMIZER_STEP
 
-AUTO = "auto"  # the step: "step" ranges or optimizer.step() boundaries, whichever occurs first
+# AUTO's step: "step" ranges, optimizer.step() boundaries or the model's decode calls, whichever occurs first
+AUTO_STEPS = ("step", OPTIMIZER_STEP, MODEL_CALL)
 
 
 class Taken(BaseException):
@@ -65,6 +66,9 @@ class Window:
     # a profiler stopped while a record_function range begun under it is still open corrupted
     # torch's heap (a segfault later): such a stop waits until those ranges have closed
     begun_since: object = None  # begun_since(mark): is a range begun after `mark` still open?
+    # the module ranges (module_ranges') open on this thread, a list to edit: one begun with no
+    # profiler on has no guard, and exited under one fails torch's assert ("no guard is set")
+    module_stack: object = None
     mark: object = None  # () -> the newest range's mark
     started_mark: int = -1
     stop_due: str | None = None  # "timed" or "counting": to stop at the next safe point
@@ -82,6 +86,7 @@ class Window:
     sites: dict | None = None  # ... read when the window closed, while those models live
     model_bytes: dict | None = None  # ... and the bytes a step of theirs must read
     tokens: dict = field(default_factory=dict)  # profiled occurrence -> its first embedding lookup's size
+    model_calls: object = None  # step_sources.ModelCalls: the script's model calls, where no step was found
 
     def check_taken(self) -> None:
         """Once the profile is taken, at the next hook in the script's main thread: end the script
@@ -110,7 +115,7 @@ class Window:
         self.compiling = self.has_compiled = True
 
     def _enter(self, name: str) -> None:
-        if name == self.range_name or (self.range_name == AUTO and name in ("step", OPTIMIZER_STEP)):
+        if name == self.range_name or (self.range_name == AUTO and name in AUTO_STEPS):
             if self.compiling and self.seen[name]:
                 self.compiled.append(self.seen[name])
             self.compiling = False
@@ -118,7 +123,7 @@ class Window:
         if self.range_name is None:
             self.tick()
             return
-        if self.range_name == AUTO and name in ("step", OPTIMIZER_STEP):
+        if self.range_name == AUTO and name in AUTO_STEPS:
             self.range_name = name  # the first of the two to occur is the step
         if name != self.range_name:
             return
@@ -138,12 +143,13 @@ class Window:
             and not recurring
             and n <= self.skip + 1 + MORE_SKIPS
         )
-        if self.state == "before" and n >= self.skip + 1 and not waiting:
+        on_main = threading.get_ident() == self.main_thread  # else at the next occurrence there
+        if self.state == "before" and n >= self.skip + 1 and not waiting and on_main:
             self.first_timed = n
             self._start_timed()
         elif self.state == "timed_done" and self.count_work and self.theirs_ran:
             self.count_blocked, self.state = True, "done"
-        elif self.state == "timed_done" and self.count_work:
+        elif self.state == "timed_done" and self.count_work and on_main:
             self._start_counting()
 
     def _start_counting(self) -> None:
@@ -197,7 +203,7 @@ class Window:
             return False
         self._sync()
         self._end_sampling()
-        recording.stop_profiler(self.prof)
+        self._stop(self.prof)
         self.prof, self.calls, self.state = None, 0, "before"
         self.retaken.append(n)
         return True
@@ -206,18 +212,19 @@ class Window:
     @compilation.eager_hook  # traced into a graph, its state read would be a guard
     def tick(self, module=None, args=()) -> None:
         self._note_tokens(module, args)
-        if self.range_name is not None or self.window is None or self.forked():
+        if self.forked() or threading.get_ident() != self.main_thread:
+            return  # torch.profiler records the thread that starts it: the script's main thread
+        if self.stop_due:
+            self.settle()
+            return
+        if self.range_name is not None or self.window is None:
             return
         with self.lock:
             now = time.perf_counter() - self.t0
             start, duration = self.window
             if self.state == "before" and now >= start:
                 self._start_timed()
-            elif (
-                self.state == "timed"
-                and time.perf_counter() - self.timed_at >= duration
-                and not self.stop_due
-            ):
+            elif self.state == "timed" and time.perf_counter() - self.timed_at >= duration:
                 self.calls = 1
                 self._stop_timed()
         self.check_taken()
@@ -240,6 +247,7 @@ class Window:
 
     def _start(self, warnings: list, shapes: bool = False):
         self.started_mark = self.mark() if self.mark else -1
+        self._forget_module_ranges()
         self.starting = True
         try:
             return recording.start_profiler(self.on_cuda, warnings, shapes)
@@ -257,6 +265,25 @@ class Window:
         self.timed_at = time.perf_counter()
         self.state = "timed"
 
+    def _forget_module_ranges(self) -> None:
+        """This thread's module ranges open, begun with no profiler on, are let go unexited: a
+        profiler starting now would make their exit fail torch's assert (they have no guard)."""
+        if self.module_stack is not None:
+            stack = self.module_stack()
+            stack[:] = [None] * len(stack)
+
+    def _stop(self, prof) -> None:
+        """Stop perfloop's profiler, ending first this thread's module ranges begun under it
+        (they end at the window's edge): ended after, their exit would write into the stopped
+        profiler's freed state, or meet the next profiler's with no guard of its own."""
+        if self.module_stack is not None:
+            stack = self.module_stack()
+            for i in reversed(range(len(stack))):
+                if stack[i] is not None:
+                    stack[i].__exit__(None, None, None)
+                    stack[i] = None
+        recording.stop_profiler(prof)
+
     def _end_sampling(self) -> None:
         if self.sampler is not None and self.sampler.running:
             self.sampler.__exit__(None, None, None)
@@ -267,12 +294,12 @@ class Window:
         with self.lock:
             if self.state == "timed":
                 self._end_sampling()
-                recording.stop_profiler(self.prof)
+                self._stop(self.prof)
                 self.prof, self.calls, self.state = None, 0, "before"
                 self.blocked = True
             elif self.state == "counting":
                 self.counter.__exit__(None, None, None)
-                recording.stop_profiler(self.counted_prof)
+                self._stop(self.counted_prof)
                 self.counted_prof, self.state, self.count_blocked = None, "done", True
 
     # ---- the script's own torch.profiler (any torch.autograd.profiler.profile not perfloop's)
@@ -287,6 +314,7 @@ class Window:
                 w.theirs_ran = True
                 if w.state in ("timed", "counting"):
                     w._give_way()
+                w._forget_module_ranges()  # begun with no profiler on: the script's starts now
             return prepare(prof)
 
         cls._prepare_trace = _prepare_trace
@@ -296,9 +324,11 @@ class Window:
             cls._prepare_trace = prepare
 
     def _unsafe(self, what: str) -> bool:
-        """Whether stopping now would leave a range begun under the profiler open (then the stop
-        is due, made by settle() once they have closed)."""
-        if self.begun_since is not None and self.begun_since(self.started_mark):
+        """Whether stopping now would leave a range begun under the profiler open, or is on
+        another thread than the one that started it (then the stop is due, made by settle() once
+        those ranges have closed, in the script's main thread)."""
+        off_main = threading.get_ident() != self.main_thread
+        if off_main or (self.begun_since is not None and self.begun_since(self.started_mark)):
             if self.stop_due is None:
                 self._sync()
                 self.stop_due, self.due_at = what, time.perf_counter()
@@ -320,10 +350,20 @@ class Window:
         if self.state != "timed" or (not force and self._unsafe("timed")):
             return
         self._sync()
-        self.wall_ms = ((self.due_at if self.stop_due else time.perf_counter()) - self.timed_at) * 1e3
+        # a time window's profile holds all it recorded, so its wall time runs to the real stop
+        late = self.stop_due is not None and self.range_name is None
+        end = self.due_at if self.stop_due and not late else time.perf_counter()
+        self.wall_ms = (end - self.timed_at) * 1e3
+        if late:
+            self.warnings.append(
+                f"--window: recorded {self.wall_ms / 1e3:.3g} s, {end - self.due_at:.3g} s past the "
+                "window's end: a record_function range the script began inside the window was still "
+                "open there, and the profiler stops only once those have closed (stopped under an "
+                "open one, torch's profiler corrupts memory)"
+            )
         self.stop_due = None
         self._end_sampling()
-        recording.stop_profiler(self.prof)
+        self._stop(self.prof)
         self.state = "timed_done" if self.count_work and self.range_name else "done"
         if self.read_sites is not None and self.sites is None:
             self.sites, self.trees, self.model_bytes = self.read_sites()
@@ -334,7 +374,7 @@ class Window:
         self.stop_due = None
         self.counter.__exit__(None, None, None)
         self._sync()
-        recording.stop_profiler(self.counted_prof)
+        self._stop(self.counted_prof)
         self.state = "done"
 
     def abandon(self):
@@ -345,7 +385,7 @@ class Window:
             self._stop_counting(force=True)
         elif self.state == "counting":
             self.counter.__exit__(None, None, None)
-            recording.stop_profiler(self.counted_prof)
+            self._stop(self.counted_prof)
             self.counted_prof = None
         elif self.state == "timed" and self.stop_due:
             self._stop_timed(force=True)
@@ -355,6 +395,6 @@ class Window:
                 self._stop_timed(force=True)
             else:
                 self._end_sampling()
-                recording.stop_profiler(self.prof)
+                self._stop(self.prof)
                 self.state = "abandoned"
         self._end_sampling()
