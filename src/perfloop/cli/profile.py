@@ -53,8 +53,9 @@ def register(verb) -> None:
         default=None,
         help="what one step is: optimizer.step (the work between two "
         "optimizer.step() calls), or a range's name: pl.annotate, record_function, NVTX, "
-        "ProfilerStep (default: a range named step if the script has one, else "
-        "optimizer.step)",
+        "ProfilerStep (default: a range named step, optimizer.step, or -- a generation loop with "
+        "neither -- one decode call of its model, one token a sequence, its prefill left out; "
+        "whichever comes first)",
     )
     s.add_argument(
         "--skip",
@@ -384,9 +385,19 @@ def _what_was_profiled(args, p, range_name) -> str:
     if args.trace_file:
         return f"its {p.calls} ProfilerStep range(s)" if p.step_ms else "the whole trace"
     what = f"{p.calls} occurrence(s) of {range_name!r}" if range_name else f"the window {args.window} s"
+    said = _step_said(p)
+    if said:  # the step perfloop chose where the script names none: which model, its prefill apart
+        what = f"{p.calls} decode call(s) of {said.split(' of ', 1)[1].split(' (', 1)[0]}"
     if p.window_cut_s is not None:
         what += f" (cut short: the script ended {p.window_cut_s:.3g} s into it)"
     return what
+
+
+def _step_said(p) -> str | None:
+    """The line saying which model call a step is, where the model-call source chose it."""
+    from perfloop.workflows.step_sources import MODEL_CALL, STEP_SAID
+
+    return next((w for w in p.warnings if w.startswith(STEP_SAID)), None) if p.step == MODEL_CALL else None
 
 
 def _step_payload(args, p, what: str, tables: dict, d, idle) -> dict:
@@ -427,6 +438,8 @@ def _print_step(args, p, what, tables, d, idle, run_id, name, page, tokens=None)
 
     out = console()
     out.print(f"{args.script or args.trace_file}: profiled {what}", style="bold")
+    if _step_said(p):
+        out.print(_step_said(p), markup=False, highlight=False, soft_wrap=True)
     out.print(table(tables["modules"], p.calls, "module", top=args.top), markup=False, highlight=False)
     out.print(table(tables["ops"], p.calls, "op", top=args.top), markup=False, highlight=False)
     if idle is not None:
@@ -460,7 +473,8 @@ def _print_step(args, p, what, tables, d, idle, run_id, name, page, tokens=None)
         if not triton_installed():  # it would keep every one: say why before the user tries
             out.print(f"  but here: {TRITON_MISSING}", style="yellow")
     for w in p.warnings:
-        out.print(w, style="yellow")
+        if w != _step_said(p):  # said in the heading
+            out.print(w, style="yellow")
     out.print(f"stored as run {run_id} ({name}); compare two runs op by op: perfloop compare RUN_A RUN_B")
     if args.trace:
         out.print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")

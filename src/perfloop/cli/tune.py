@@ -41,7 +41,8 @@ def register(verb) -> None:
         metavar="NAME",
         help="a generation script: a step is one occurrence of this range (record_function or "
         "pl.annotate around one token's call), and each candidate is checked on the greedy tokens "
-        "(the argmax of the model's outputs) instead of a loss",
+        "(the argmax of the model's outputs) instead of a loss; without it, a script with no "
+        "optimizer is stepped so by its model's decode calls",
     )
     p.add_argument(
         "--warmup",

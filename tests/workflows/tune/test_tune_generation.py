@@ -15,7 +15,7 @@ import pytest
 
 from perfloop.workflows.tune.trials import CheckedOn, Trial
 from perfloop.workflows.tune.tuner import reference
-from perfloop.workflows.tune.verify import judge_tokens
+from perfloop.workflows.tune.verify import Logits, judge_tokens
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llama_decode.py"
 
@@ -36,14 +36,19 @@ PLANT = textwrap.dedent(
 )
 
 
+def _run(*tokens):  # each position's logits: its token 1.0, the others 0
+    return Logits(list(tokens), [[1.0, 0.0]] * len(tokens), [[t, t + 1] for t in tokens], [1.0] * len(tokens))
+
+
 def test_tokens_are_judged_equal_up_to_where_the_scripts_own_runs_part():
-    assert judge_tokens([5, 6, 7], [5, 6, 7], [5, 6, 7]).ok
-    bad = judge_tokens([5, 9, 7], [5, 6, 7], [5, 6, 7])
-    assert not bad.ok and "greedy token 1 is 9 where the script's is 6" in bad.reason
-    own = judge_tokens([5, 6, 1], [5, 6, 7], [5, 6, 8])  # the script itself parts at token 2
-    assert own.ok and "part at token 2" in own.reason
-    assert not judge_tokens([], [5], [5]).ok
-    assert judge_tokens([5], [], []).ok and "not checked" in judge_tokens([5], [], []).reason
+    assert judge_tokens(_run(5, 6, 7), _run(5, 6, 7), _run(5, 6, 7), 2e-4).ok
+    bad = judge_tokens(_run(5, 9, 7), _run(5, 6, 7), _run(5, 6, 7), 2e-4)
+    assert not bad.ok and "greedy token 9 at position 1 where the script's is 6" in bad.reason
+    own = judge_tokens(_run(5, 6, 1), _run(5, 6, 7), _run(5, 6, 8), 2e-4)  # the script itself parts at 2
+    assert own.ok and "part at position 2" in own.reason
+    assert not judge_tokens(Logits([]), _run(5), _run(5), 2e-4).ok
+    unread = judge_tokens(_run(5), Logits([]), None, 2e-4)  # no logits read: never "ok"
+    assert not unread.ok and not unread.checked and "not checked" in unread.reason
 
 
 def test_a_generation_script_is_read_against_compile_reduce_overhead_where_it_was_tried():

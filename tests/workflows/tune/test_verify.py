@@ -54,5 +54,5 @@ def test_a_nan_the_script_does_not_have_is_refused():
 
 def test_no_loss_seen_is_said_not_checked():
     v = judge([], [], None, None, float(Numerics.EXACT))
-    assert v.ok and "not checked" in v.reason
+    assert not v.ok and not v.checked and "not checked" in v.reason  # never kept
     assert not judge([], BASE, None, None, float(Numerics.EXACT)).ok

@@ -7,9 +7,9 @@ clock on the CPU, read once at the end: no sync between steps), records the loss
 backpropagates (kept on the device, read at the end), overrides the script's seeds by the
 spec's offset (torch, CUDA, random, NumPy), and ends the script once `warmup + steps` steps are
 taken. A generation script (the spec's `range`: a record_function or pl.annotate range, one
-token's call) is timed by that range's occurrences instead, and checked on its greedy tokens:
-the argmax of each of its model's outputs. A process per run: no candidate's settings, compiled
-graphs or patches reach another's.
+token's call) is timed by that range's occurrences instead, and checked on its logits: each
+model call's greedy tokens and top logits (workflows.tune.logits). A process per run: no
+candidate's settings, compiled graphs or patches reach another's.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import sys
 import time
 import traceback
 from types import SimpleNamespace
-
-MAX_TOKENS = 4096  # greedy tokens kept for the check
 
 
 class _Done(BaseException):
@@ -43,8 +41,7 @@ class Child:
         self.marks: list = []  # per step of the first optimizer: a CUDA event or a clock reading
         self.host_marks: list[float] = []
         self.losses: list = []  # (step index, the loss tensor)
-        self.tokens: list = []  # a generation run: each model call's greedy tokens (on the device)
-        self.tokens_kept = 0
+        self.logits = None  # a generation run: its model calls' choices (a LogitsRecord)
         self.call_tokens = 0  # the tokens the model's last call picked (a decode call's: its batch)
         self.optimizer = None
         self.current = ""  # the candidate whose apply() runs now
@@ -62,28 +59,14 @@ class Child:
 
     # ---- what every run does around the script
     def _override_seeds(self) -> None:
-        import random
-
         import torch
 
+        from perfloop.workflows.tune.seeds import offset_seeds
+
         offset = int(self.spec.get("seed_offset", 0))
-        if not offset:
-            return
-
-        def shifted(fn):
-            return lambda seed, *a, **k: fn(int(seed) + offset, *a, **k)
-
-        torch.manual_seed = shifted(torch.manual_seed)
-        torch.cuda.manual_seed = shifted(torch.cuda.manual_seed)
-        torch.cuda.manual_seed_all = shifted(torch.cuda.manual_seed_all)
-        random.seed = shifted(random.seed)
-        try:
-            import numpy as np
-
-            np.random.seed = shifted(np.random.seed)
-        except ImportError:
-            pass
-        torch.manual_seed(0)  # a script that never seeds still runs under this offset
+        if offset:
+            offset_seeds(offset)
+            torch.manual_seed(0)  # a script that never seeds still runs under this offset
 
     def _record_losses(self) -> None:
         import torch
@@ -125,11 +108,15 @@ class Child:
 
     def _time_ranges(self, name: str) -> None:
         """Each end of the range `name` (record_function, torch.profiler's numbered steps, or
-        pl.annotate) is a step's end."""
+        pl.annotate) is a step's end; for MODEL_CALL, each decode call's (_time_model_calls)."""
         import torch
 
         from perfloop.analysis import annotate
-        from perfloop.workflows.step_sources import NUMBERED
+        from perfloop.workflows.step_sources import MODEL_CALL, NUMBERED
+
+        if name == MODEL_CALL:
+            self._time_model_calls()
+            return
 
         rf = torch.autograd.profiler.record_function
         rf_exit = rf.__exit__
@@ -147,21 +134,25 @@ class Child:
         rf.__exit__ = __exit__
         annotate.RANGE_WATCHERS.append(SimpleNamespace(enter=lambda _name: None, exit=exit))
 
+    def _time_model_calls(self) -> None:
+        """A generation script with no range: the end of each decode call of its model (one
+        token per sequence, under no_grad; step_sources.ModelCalls, as profile reads it) is a
+        step's end. The prompt's prefill is no step; the model is the decode-calling one with the
+        most parameters."""
+        from perfloop.workflows.step_sources import ModelCalls
+
+        warm = max(int(self.spec["warmup"]), 1)  # a larger model takes over within the untimed steps
+        ModelCalls(begin=lambda: None, end=self._mark, switchable=lambda: len(self.marks) < warm).hook()
+
     def _record_tokens(self, model, args, kwargs) -> None:
-        """Each call of the model: the argmax of its output's last dimension (the greedy tokens
-        of logits), kept on the device until the end."""
-        import torch
+        """Each call of the model: its logits' greedy tokens, top logits and scale, wherever its
+        output holds them (workflows.tune.logits), kept on the device until the end."""
+        from perfloop.workflows.tune.logits import LogitsRecord
+
+        self.logits = LogitsRecord()
 
         def greedy(module, inputs, out) -> None:
-            first = out[0] if isinstance(out, (tuple, list)) and out else out
-            logits = isinstance(first, torch.Tensor) and first.is_floating_point() and first.dim() > 0
-            if not (logits and first.shape[-1] > 1):
-                return
-            self.call_tokens = first.shape[:-1].numel()
-            if self.tokens_kept < MAX_TOKENS:
-                picked = first.detach().argmax(-1).flatten()[: MAX_TOKENS - self.tokens_kept]
-                self.tokens.append(picked)
-                self.tokens_kept += picked.numel()  # shapes are known on the host: no sync
+            self.call_tokens = self.logits.add(out) or self.call_tokens
 
         model.register_forward_hook(greedy)
 
@@ -190,25 +181,39 @@ class Child:
             torch.nn.functional.dropout = lambda input, p=0.5, training=True, inplace=False: input
 
     def _hook_model(self) -> None:
+        """Run the first-model hooks at the first call of a module with parameters, with that
+        call's own arguments and keywords (a Hugging Face model is called by keywords only).
+        `Module.__call__` is wrapped until then, not a global forward pre-hook: those are given
+        no keywords, and torch.compile(model) warns while any is registered."""
         if not self.on_first_model:
             return
         import torch
 
-        def first_call(module, args):
-            if next(module.parameters(), None) is None:
-                return None
-            handle.remove()
+        module_call = torch.nn.Module.__call__
+        fired = []
+
+        def first_call(module, *args, **kwargs):
+            if fired or next(module.parameters(), None) is None:
+                return module_call(module, *args, **kwargs)
+            # a compiled step's first call of its model runs eager (a graph break), not traced
+            return (untraced if torch.compiler.is_compiling() else run_hooks)(module, args, kwargs)
+
+        def run_hooks(module, args, kwargs):
+            fired.append(module)
+            if torch.nn.Module.__call__ is first_call:
+                torch.nn.Module.__call__ = module_call
             for _, name, fn in sorted(self.on_first_model, key=lambda t: t[0]):
                 started = time.perf_counter()
                 try:
-                    fn(module, args, {})
+                    fn(module, args, kwargs)
                 except Exception as exc:
                     raise _CandidateFailed(name, exc) from exc
                 if name:  # what the candidate's own work on the model took (pl.patch's checks, builds)
                     self.setup_s[name] = self.setup_s.get(name, 0.0) + time.perf_counter() - started
-            return None
+            return module_call(module, *args, **kwargs)
 
-        handle = torch.nn.modules.module.register_module_forward_pre_hook(first_call)
+        untraced = torch.compiler.disable(run_hooks)
+        torch.nn.Module.__call__ = first_call
 
     # ---- the run
     def run(self) -> dict:
@@ -239,14 +244,8 @@ class Child:
             out["ended"] = "steps taken"
         except _CandidateFailed as exc:
             out.update(error=str(exc), failed_candidate=exc.name)
-        except SystemExit as exc:
-            if exc.code not in (None, 0):
-                out["error"] = f"the script exited with sys.exit({exc.code!r})"
-            else:
-                out["ended"] = "script ended"
         except BaseException as exc:  # the script's own error: reported, the others go on
-            out["error"] = f"the script raised {type(exc).__name__}: {exc}"
-            out["traceback"] = traceback.format_exc(limit=-8)
+            out.update(_script_end(exc, self.spec["script"]))
         out["ok"] = out["error"] is None
         return out | self._readings()
 
@@ -267,12 +266,12 @@ class Child:
         for step, loss in self.losses:
             per_step.setdefault(step, []).append(float(loss))
         losses = [sum(v) / len(v) for _, v in sorted(per_step.items())]
-        tokens = [int(x) for t in self.tokens for x in t.tolist()]
         warm = int(self.spec["warmup"])
         return {
             "step_ms": step_ms,  # step i -> i+1; the first `warmup` of them include compiling
             "losses": losses,  # the mean loss backpropagated in each step, from the first
-            "tokens": tokens,  # a generation run's greedy tokens, each model call's in turn
+            # a generation run's: each position's greedy token ("tokens"), top logits, ...
+            **(self.logits.readings() if self.logits else {"tokens": []}),
             "tokens_per_step": self.call_tokens or None,  # a generation step's (its last call's)
             "peak_mb": peak_mb,
             "first_step_s": (self.host_marks[0] - self.t0) if self.host_marks else None,
@@ -293,6 +292,43 @@ def _builds_s() -> float:
     """Seconds this run waited for perfloop's C++ Functions to compile (0 where none did)."""
     native = sys.modules.get("perfloop.ops.native")
     return native.build_seconds() if native is not None else 0.0
+
+
+def _script_end(exc: BaseException, script: str) -> dict:
+    """How the script ended: by tune's _Done, also beneath an error raised while it unwound (a
+    DataLoader's workers shut down, a finally block: no error plain python would have met), by
+    a clean exit, or by its own error, named with where it was raised."""
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, _Done):
+            return {"ended": "steps taken"}
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    if isinstance(exc, SystemExit):
+        if exc.code in (None, 0):
+            return {"ended": "script ended"}
+        return {"error": f"the script exited with sys.exit({exc.code!r})"}
+    return {
+        "error": f"the script raised {type(exc).__name__}: {exc} (at {_where(exc, script)})",
+        "traceback": "".join(traceback.format_exception(exc, limit=-8)),
+    }
+
+
+def _where(exc: BaseException, script: str) -> str:
+    """file:line of the innermost frame in the script's folder (its own code), else innermost."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    folder = os.path.dirname(os.path.abspath(script)) + os.sep
+    own = [
+        f
+        for f in frames
+        if os.path.abspath(f.filename).startswith(folder) and "site-packages" not in f.filename
+    ]
+    own = own or frames
+    if not own:
+        return os.path.basename(script)
+    f = own[-1]
+    path = os.path.abspath(f.filename)
+    return f"{path[len(folder) :] if path.startswith(folder) else path}:{f.lineno}"
 
 
 def _run_script(path: str, argv: list[str]) -> None:
@@ -331,6 +367,7 @@ def profile(spec: dict) -> dict:
         "busy_share": d.busy_share,
         "sites": bool(p.sites),
         "warnings": list(p.warnings),
+        "step": p.step,  # what a step was: optimizer.step, a range, or step_sources.MODEL_CALL
     }
 
 
@@ -338,6 +375,10 @@ def main(spec_path: str) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
     try:
+        if spec.get("keep"):
+            from perfloop.workflows.tune.scratch import keep
+
+            keep(**spec["keep"])
         out = profile(spec) if spec.get("mode") == "profile" else Child(spec).run()
     except BaseException as exc:  # perfloop's own failure: said, never a silent empty result
         out = {"ok": False, "error": f"perfloop tune's runner failed: {type(exc).__name__}: {exc}"}

@@ -29,7 +29,8 @@ def _row(t: Trial, base: Trial, tokens: int | None = None) -> dict:
         "p_value": s.get("p_value"),
         "predicted_ms": t.predicted_ms,
         "realized_ms": (s["base_ms"] - s["median_ms"]) if s else None,
-        "verified": t.verdict.ok if t.verdict else None,
+        "verified": t.verdict.ok if t.verdict and t.verdict.checked else None,
+        "check": _check(t),
         "loss_check": t.verdict.to_dict() if t.verdict else None,
         "peak_mb": peak,
         "warmup_s": warm[0] if warm else None,
@@ -47,6 +48,15 @@ def _row(t: Trial, base: Trial, tokens: int | None = None) -> dict:
         "taken": t.step["taken"] if t.step else None,
         "confirmed": _final(t, tokens),
     }
+
+
+def _check(t: Trial) -> str | None:
+    """The check's outcome in words: never "ok" where nothing was compared (no loss, no logits)."""
+    if t.verdict is None:
+        return None
+    if not t.verdict.checked:
+        return "not checked"
+    return "ok" if t.verdict.ok else "refused"
 
 
 def _final(t: Trial, tokens: int | None = None) -> dict | None:
@@ -110,7 +120,10 @@ def _fmt(x, spec: str, none: str = "-") -> str:
 
 _CHECK = {  # what a candidate is checked on -> (its column, the checks' heading)
     CheckedOn.LOSS: ("loss", "loss checks (tolerance from the script's own spread):"),
-    CheckedOn.TOKENS: ("toks", "token checks (greedy tokens against the script's at its seed):"),
+    CheckedOn.TOKENS: (
+        "toks",
+        "token checks (greedy tokens and top logits against the script's at its seed, to the first tie):",
+    ),
 }
 
 
@@ -125,18 +138,18 @@ def text(r: Result) -> list[str]:
         out.append("search: each candidate alone, then stacked on the best (+: taken over what it adds to)")
     head = (
         f"{'candidate':34} {'ms/step':>9} {'speed-up [95% CI]':>22} {'predicted':>9} {'realized':>9} "
-        f"{_CHECK[r.checked_on][0]:>5} {'peak MB':>8} {'warm-up':>8}  kept"
+        f"{_CHECK[r.checked_on][0]:>9} {'peak MB':>8} {'warm-up':>8}  kept"
     )
     out.append(head)
     for row in data["candidates"]:
         ci = row["ci"]
         sp = f"{row['speedup']:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}]" if row["speedup"] else "-"
-        loss = {True: "ok", False: "NO", None: "-"}[row["verified"]]
+        loss = {"ok": "ok", "refused": "NO", "not checked": "unchecked", None: "-"}[row["check"]]
         mark = {True: "+ ", False: "  ", None: ""}[row["taken"]]
         out.append(
             f"{(mark + row['candidate'])[:34]:34} {_fmt(row['median_ms'], '9.3f', _DASH)} {sp:>22} "
             f"{_fmt(row['predicted_ms'], '9.3f', _DASH)} {_fmt(row['realized_ms'], '9.3f', _DASH)} "
-            f"{loss:>5} {_fmt(row['peak_mb'], '8.0f', _DASH)} {_fmt(row['warmup_s'], '7.1f', _DASH)}s  "
+            f"{loss:>9} {_fmt(row['peak_mb'], '8.0f', _DASH)} {_fmt(row['warmup_s'], '7.1f', _DASH)}s  "
             f"{'yes' if row['kept'] else 'no'}"
         )
     out.append(_CHECK[r.checked_on][1])

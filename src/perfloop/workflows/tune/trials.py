@@ -11,7 +11,7 @@ from enum import Enum
 
 from perfloop.workflows.tune.candidates import Numerics, get
 from perfloop.workflows.tune.runner import run_child
-from perfloop.workflows.tune.verify import Verdict, judge, judge_tokens
+from perfloop.workflows.tune.verify import Logits, Verdict, judge, judge_tokens
 
 now = time.perf_counter  # the clock runs and budgets are read on
 
@@ -67,7 +67,8 @@ class Trial:
 
     @property
     def kept(self) -> bool:
-        """Verified on the loss and faster than the unchanged script at 95% confidence."""
+        """Verified on the loss (the tokens) and faster than the unchanged script at 95%
+        confidence; a run with nothing to check (no loss, no logits seen) is not verified."""
         return self.verified and faster(self.stats)
 
     @property
@@ -169,13 +170,16 @@ def ratio_stats(base: list[float], cand: list[float]) -> dict | None:
 
 
 def judge_all(trials, baseline: Trial, checks: Checks, floors: dict, warmup: int) -> None:
-    """Each trial's loss verdict and its speed-up over the unchanged script, search and final."""
+    """Each trial's loss (token) verdict and its speed-up over the unchanged script, search and
+    final. A generation script's is read from the first search runs' logits: the trial's, the
+    script's at its seed and again."""
     base, base_final = baseline.samples(warmup), baseline.samples(warmup, final=True)
+    script = [Logits.of(r) for r in baseline.runs[:2]] + [Logits([]), None]  # none read: not checked
     for t in trials:
         if t.runs:
             floor = max(float(floors.get(n, Numerics.REORDERED)) for n in t.names)
-            if t.check is not None and checks.tokens:
-                t.verdict = judge_tokens(t.check, checks.base, checks.noise)
+            if checks.tokens:
+                t.verdict = judge_tokens(Logits.of(t.runs[0]), script[0], script[1], floor)
             elif t.check is not None:
                 t.verdict = judge(t.check, checks.base, checks.noise, checks.seeds, floor)
             t.stats = ratio_stats(base, t.samples(warmup))

@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from perfloop.workflows.step_sources import MODEL_CALL, STEP_SAID
 from perfloop.workflows.tune.candidates import CANDIDATES, Candidate, get
 from perfloop.workflows.tune.runner import run_child
 from perfloop.workflows.tune.trials import (
@@ -53,7 +54,8 @@ class Options:
     tried: list[str] | None = None  # by name (or module:NAME): these only; None: what the diagnosis advises
     allow_numerics: bool = False  # also the opt-in candidates that change numerics (autocast)
     profile_first: bool = True
-    range: str | None = None  # a generation script: the range one step is (one token's call)
+    range: str | None = None  # a generation script: the range one step is (one token's call); None:
+    # the profile's step (a generation script with no range: its model's decode calls, MODEL_CALL)
 
 
 @dataclass
@@ -212,6 +214,12 @@ def _diagnose(opts, base_spec, clock, logs, say, notes) -> tuple[list[dict], boo
     if not got.get("ok"):
         raise ValueError(f"--script: the unchanged script could not be profiled: {got.get('error')}")
     notes.extend(got.get("warnings", []))
+    if base_spec["range"] is None and got.get("step") == MODEL_CALL:
+        # no optimizer steps and no range named: a generation script, stepped by its model's
+        # decode calls and checked on its greedy tokens, as with --range
+        base_spec["range"] = MODEL_CALL
+        said = next((w for w in notes if w.startswith(STEP_SAID)), "a step: one decode call of its model")
+        say(f"a generation script: {said}")
     say(f"diagnosed: {len(got['findings'])} findings; step {got['wall_ms']:.3f} ms wall")
     return got["findings"], cuda
 
@@ -231,7 +239,9 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
         baseline.runs.clear()
         spec, offsets = {**spec, "dropout": "off"}, (0, 0, 1)
     for offset in offsets:
-        run(baseline, {**spec, "seed_offset": offset}, clock, logs, say)
+        if not run(baseline, {**spec, "seed_offset": offset}, clock, logs, say) and clock.left > 0:
+            at = "another seed" if offset else "its own seed, again"  # a missing one reads as no spread
+            raise ValueError(f"--script: the unchanged script's run at {at} failed: {baseline.error}")
     curves = [r.get(on.key, []) for r in baseline.runs] + [[], [], []]
     checks.base, checks.noise, checks.seeds = curves[:3]
     return checks
