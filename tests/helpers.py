@@ -181,3 +181,22 @@ def example(name: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def write_script(tmp_path, text, name="s.py"):
+    """A script for script mode's tests, dedented, in tmp_path."""
+    import textwrap
+
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def assert_no_profiling_left():
+    """What script mode leaves after a script: no profiler on, no range watcher."""
+    import torch
+
+    from perfloop.analysis import annotate
+
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert annotate.RANGE_WATCHERS == []

@@ -8,9 +8,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
-from perfloop.analysis import annotate
+from helpers import assert_no_profiling_left, write_script
 from perfloop.cli import _split_script_args, main
 from perfloop.results.store import Store
 from perfloop.workflows.script import ScriptError, profile_script
@@ -26,17 +25,6 @@ def step():
 """
 
 
-def _write(tmp_path, text, name="s.py"):
-    p = tmp_path / name
-    p.write_text(textwrap.dedent(text))
-    return p
-
-
-def _clean():
-    assert not torch.autograd.profiler._is_profiler_enabled
-    assert annotate.RANGE_WATCHERS == []
-
-
 def _run_cli(tmp_path, *args, timeout=120):
     """perfloop in a fresh process (a hang or an abort shows as such)."""
     src = Path(__file__).resolve().parents[2] / "src"
@@ -48,7 +36,7 @@ def _run_cli(tmp_path, *args, timeout=120):
 @pytest.mark.slow
 @pytest.mark.parametrize("daemon", [False, True])
 def test_a_worker_thread_calling_modules_neither_breaks_the_ranges_nor_hangs(tmp_path, daemon):
-    script = _write(
+    script = write_script(
         tmp_path,
         STEPS
         + f"""
@@ -71,7 +59,7 @@ stop.append(1)
 
 
 def test_a_window_without_ops_says_so_and_stores_nothing(tmp_path, capsys):
-    script = _write(
+    script = write_script(
         tmp_path,
         """
     import time
@@ -101,18 +89,18 @@ with open("seen.txt", "w") as f:
 
 
 def test_a_scripts_own_profiler_records_what_it_would_alone_and_perfloop_says_why_it_gave_way(tmp_path):
-    script = _write(tmp_path, PROFILED)
+    script = write_script(tmp_path, PROFILED)
     subprocess.run([sys.executable, str(script)], cwd=tmp_path, check=True)
     alone = (tmp_path / "seen.txt").read_text()
     (tmp_path / "seen.txt").unlink()
     with pytest.raises(ValueError, match="runs torch.profiler itself.*--trace-file"), _chdir(tmp_path):
         profile_script(script, [], None, window=(0.0, 30.0))
-    _clean()
+    assert_no_profiling_left()
     assert (tmp_path / "seen.txt").read_text() == alone
 
 
 def test_a_window_before_the_scripts_profiler_is_profiled_and_one_after_it_is_refused(tmp_path):
-    script = _write(
+    script = write_script(
         tmp_path,
         STEPS
         + """
@@ -124,9 +112,9 @@ assert len(p.key_averages()) > 5
     )
     with pytest.raises(ValueError, match="runs torch.profiler itself"):
         profile_script(script, [], "step", skip=3, steps=1)  # the 4th step runs under the script's
-    _clean()
+    assert_no_profiling_left()
     p = profile_script(script, [], "step", skip=1, steps=1)
-    _clean()
+    assert_no_profiling_left()
     assert p.calls == 1 and any(i.module == "0" for i in p.items())
 
 
@@ -149,7 +137,9 @@ class _chdir:
 @pytest.mark.slow
 def test_report_and_trace_land_where_perfloop_ran_though_the_script_changes_directory(tmp_path):
     (tmp_path / "elsewhere").mkdir()
-    script = _write(tmp_path, STEPS + "import os\nos.chdir('elsewhere')\nfor _ in range(5):\n    step()\n")
+    script = write_script(
+        tmp_path, STEPS + "import os\nos.chdir('elsewhere')\nfor _ in range(5):\n    step()\n"
+    )
     r = _run_cli(
         tmp_path,
         "--skip",
@@ -169,9 +159,9 @@ def test_report_and_trace_land_where_perfloop_ran_though_the_script_changes_dire
 
 
 def test_a_window_the_script_ends_inside_is_said_to_be_cut_short(tmp_path, capsys):
-    script = _write(tmp_path, STEPS + "for _ in range(3):\n    step()\n")
+    script = write_script(tmp_path, STEPS + "for _ in range(3):\n    step()\n")
     p = profile_script(script, [], None, window=(0.0, 100.0))
-    _clean()
+    assert_no_profiling_left()
     assert any("ended" in w and "into the window of 100 s" in w for w in p.warnings)
     db = str(tmp_path / "r.db")
     assert main(["profile", "--db", db, "--window", "0:100", "--script", str(script)]) == 0
@@ -193,7 +183,7 @@ def test_the_script_path_given_with_equals_and_its_options_with_equals_reach_it(
 
 
 def test_the_script_gets_its_equals_options(tmp_path, capsys):
-    script = _write(
+    script = write_script(
         tmp_path,
         STEPS
         + """
@@ -211,13 +201,13 @@ for _ in range(4):
 
 @pytest.mark.slow
 def test_os_exit_zero_in_the_script_still_gives_the_analysis_and_stores_it(tmp_path):
-    script = _write(tmp_path, STEPS + "import os\nfor _ in range(4):\n    step()\nos._exit(0)\n")
+    script = write_script(tmp_path, STEPS + "import os\nfor _ in range(4):\n    step()\nos._exit(0)\n")
     r = _run_cli(tmp_path, "--skip", "1", "--steps", "1", "--json", "--script", str(script))
     assert r.returncode == 0, r.stderr
     payload = json.loads(r.stdout)
     assert payload["calls"] == 1 and any("os._exit(0)" in w for w in payload["warnings"])
     assert len(Store(tmp_path / "r.db").artifacts(kind="profile")) == 1
-    script = _write(tmp_path, STEPS + "import os\nstep()\nos._exit(3)\n", "three.py")
+    script = write_script(tmp_path, STEPS + "import os\nstep()\nos._exit(3)\n", "three.py")
     r = _run_cli(tmp_path, "--script", str(script))
     assert r.returncode == 3 and "os._exit(3)" in r.stderr
 
@@ -258,15 +248,15 @@ def test_perfloop_options_handed_to_a_failing_script_are_named_and_its_exit_is_i
 
 
 def test_a_script_that_exits_non_zero_is_a_failure_with_its_code(tmp_path):
-    script = _write(tmp_path, "import sys\nsys.exit(5)\n")
+    script = write_script(tmp_path, "import sys\nsys.exit(5)\n")
     with pytest.raises(ScriptError, match=r"sys.exit\(5\)") as info:
         profile_script(script, [], "step")
     assert info.value.code == 5
-    _clean()
+    assert_no_profiling_left()
 
 
 def test_report_and_exports_show_a_profile_run_and_compare_says_what_each_run_holds(tmp_path, capsys):
-    script = _write(tmp_path, STEPS + "for _ in range(4):\n    step()\n")
+    script = write_script(tmp_path, STEPS + "for _ in range(4):\n    step()\n")
     db = str(tmp_path / "r.db")
     assert main(["profile", "--db", db, "--skip", "1", "--steps", "1", "--script", str(script)]) == 0
     capsys.readouterr()
@@ -295,7 +285,7 @@ def test_report_and_exports_show_a_profile_run_and_compare_says_what_each_run_ho
 def test_a_dataloader_with_forked_workers_runs_as_under_plain_python(tmp_path):
     # the workers are forked from inside the script: each ends with os._exit, which must end the
     # worker there, not run perfloop's own exit path in it ("no step found", exit 2)
-    script = _write(
+    script = write_script(
         tmp_path,
         """
         import torch
@@ -334,7 +324,7 @@ while time.perf_counter() < end:
 
 @pytest.mark.slow
 def test_a_time_window_records_its_whole_duration_from_when_recording_began(tmp_path):
-    script = _write(tmp_path, LOOP.replace("SECONDS", "2.5"))
+    script = write_script(tmp_path, LOOP.replace("SECONDS", "2.5"))
     r = _run_cli(tmp_path, "--window", "1:0.5", "--no-count", "--json", "--script", str(script))
     assert r.returncode == 0, r.stderr
     payload = json.loads(r.stdout)
@@ -345,7 +335,7 @@ def test_a_time_window_records_its_whole_duration_from_when_recording_began(tmp_
 
 @pytest.mark.slow
 def test_a_window_the_script_cuts_short_says_how_long_it_recorded(tmp_path):
-    script = _write(tmp_path, LOOP.replace("SECONDS", "0.6"))
+    script = write_script(tmp_path, LOOP.replace("SECONDS", "0.6"))
     r = _run_cli(tmp_path, "--window", "0.2:5", "--no-count", "--json", "--script", str(script))
     assert r.returncode == 0, r.stderr
     payload = json.loads(r.stdout)
@@ -365,7 +355,7 @@ def test_a_folder_with_main_runs_as_python_runs_it_and_a_scripts_help_is_not_an_
     r = _run_cli(tmp_path, "--skip", "1", "--steps", "1", "--no-count", "--json", "--script", str(pkg))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["calls"] == 1
-    helpful = _write(
+    helpful = write_script(
         tmp_path, "import argparse\nargparse.ArgumentParser(description='trains').parse_args()\n"
     )
     r = _run_cli(tmp_path, "--script", str(helpful), "--help")
@@ -388,7 +378,7 @@ for _ in range(8):
 
 
 def test_the_scripts_exit_status_is_passed_through_as_python_would(tmp_path):
-    _write(tmp_path, "import sys\nsys.exit(-1)\n")
+    write_script(tmp_path, "import sys\nsys.exit(-1)\n")
     p = _run_cli(tmp_path, "--script", "s.py")
     assert p.returncode == 255, p.stderr  # python s.py exits 255 for sys.exit(-1)
     assert "sys.exit(-1)" in p.stderr and "Traceback" not in p.stderr
@@ -399,7 +389,7 @@ def test_the_scripts_exit_status_is_passed_through_as_python_would(tmp_path):
     [("sys.exit(3)", 3, "exited with sys.exit(3)"), ("raise KeyboardInterrupt", 130, "interrupted")],
 )
 def test_a_profile_taken_before_the_script_fails_is_kept_and_said_so(tmp_path, end, status, said):
-    _write(tmp_path, TRAIN_THEN.format(end=end))
+    write_script(tmp_path, TRAIN_THEN.format(end=end))
     p = _run_cli(tmp_path, "--script", "s.py")
     assert p.returncode == status, p.stderr
     assert said in p.stderr and "the profile taken before it is kept" in p.stderr, p.stderr
@@ -410,7 +400,7 @@ def test_a_profile_taken_before_the_script_fails_is_kept_and_said_so(tmp_path, e
 
 
 def test_a_script_that_closes_stdout_still_gets_its_analysis_printed(tmp_path):
-    _write(tmp_path, TRAIN_THEN.format(end="sys.stdout.close()"))
+    write_script(tmp_path, TRAIN_THEN.format(end="sys.stdout.close()"))
     p = _run_cli(tmp_path, "--script", "s.py")
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr and "stored as run" in p.stdout

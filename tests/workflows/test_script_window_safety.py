@@ -3,26 +3,12 @@ inside a module's forward, or on a worker thread's module call; a script that ru
 torch.profiler or leaves its own ranges open; and the notes saying whose warning each is."""
 
 import runpy
-import textwrap
 
 import pytest
-import torch
 
-from perfloop.analysis import annotate
+from helpers import assert_no_profiling_left, write_script
 from perfloop.cli import main
 from perfloop.workflows.script import ScriptError, profile_script
-
-
-def _write(tmp_path, text, name="s.py"):
-    p = tmp_path / name
-    p.write_text(textwrap.dedent(text))
-    return p
-
-
-def _clean():
-    assert not torch.autograd.profiler._is_profiler_enabled
-    assert annotate.RANGE_WATCHERS == []
-
 
 # each forward takes 0.3 s between its two Linears: a window of 0.15:0.3 s starts while the first
 # forward sleeps (opening at `b`'s call, `Slow`'s range begun before it) and ends 0.3 s after it
@@ -47,9 +33,9 @@ open("done.txt", "w").write("done")
 
 def test_a_window_that_opens_and_closes_inside_forwards_leaves_the_script_running(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    script = _write(tmp_path, SLOW)
+    script = write_script(tmp_path, SLOW)
     p = profile_script(script, [], None, window=(0.15, 0.3))
-    _clean()
+    assert_no_profiling_left()
     assert (tmp_path / "done.txt").exists()  # the script ran to its end
     assert not any("ended" in w for w in p.warnings), p.warnings
     assert 250 <= p.wall_ms_per_call <= 1000, p.wall_ms_per_call  # the window's 0.3 s, not cut short
@@ -89,9 +75,9 @@ t.join()
 def test_a_time_window_records_the_scripts_main_thread_though_a_worker_calls_modules_more_often(tmp_path):
     """torch.profiler records the thread that starts it: started at a worker thread's module
     call, the window recorded the worker alone and none of the script's own steps."""
-    script = _write(tmp_path, THREADED)
+    script = write_script(tmp_path, THREADED)
     p = profile_script(script, [], None, window=(0.1, 0.3))
-    _clean()
+    assert_no_profiling_left()
     assert "big" in {i.module for i in p.items()}
 
 
@@ -114,10 +100,10 @@ while time.perf_counter() < end:
     ],
 )
 def test_a_window_cut_short_by_an_error_says_whose_error_ended_it(tmp_path, fail, said):
-    script = _write(tmp_path, RAISES.format(fail=fail))
+    script = write_script(tmp_path, RAISES.format(fail=fail))
     with pytest.raises(ScriptError) as info:
         profile_script(script, [], None, window=(0.1, 5.0))
-    _clean()
+    assert_no_profiling_left()
     [cut] = [w for w in info.value.profile.warnings if w.startswith("--window:")]
     assert cut.startswith(f"--window: {said} 0.") and "into the window of 5 s" in cut, cut
     assert str(info.value).startswith(said), str(info.value)
@@ -151,11 +137,11 @@ def test_a_time_window_before_the_scripts_scheduled_profiler_is_taken_and_theirs
     tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
-    script = _write(tmp_path, THEIRS.format(before=0.3))
+    script = write_script(tmp_path, THEIRS.format(before=0.3))
     alone = _plain(script, tmp_path)
     assert alone == "[2]"  # the two active steps
     p = profile_script(script, [], None, window=(0.0, 0.1))
-    _clean()
+    assert_no_profiling_left()
     assert p.calls == 1 and any(i.op == "aten::linear" for i in p.items())
     assert (tmp_path / "seen.txt").read_text() == alone
 
@@ -164,11 +150,11 @@ def test_a_time_window_the_scripts_scheduled_profiler_starts_inside_gives_way_an
     tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
-    script = _write(tmp_path, THEIRS.format(before=0.1))
+    script = write_script(tmp_path, THEIRS.format(before=0.1))
     alone = _plain(script, tmp_path)
     with pytest.raises(ValueError, match="runs torch.profiler itself.*--trace-file"):
         profile_script(script, [], None, window=(0.0, 30.0))
-    _clean()
+    assert_no_profiling_left()
     assert (tmp_path / "seen.txt").read_text() == alone
 
 
@@ -199,13 +185,13 @@ def test_the_scripts_profiler_started_in_a_forward_runs_as_under_plain_python(tm
     """(0, 1e-4): perfloop's window was taken before; (0, 30): the script's profiler starts
     inside perfloop's window, which gives way."""
     monkeypatch.chdir(tmp_path)
-    script = _write(tmp_path, INSIDE)
+    script = write_script(tmp_path, INSIDE)
     alone = _plain(script, tmp_path)
     try:
         profile_script(script, [], None, window=window)
     except ValueError as exc:
         assert window[1] == 30.0 and "runs torch.profiler itself" in str(exc)
-    _clean()
+    assert_no_profiling_left()
     assert (tmp_path / "seen.txt").read_text() == alone == "[1]"
 
 
@@ -230,9 +216,9 @@ open("done.txt", "w").write("done")
 
 def test_the_scripts_ranges_left_open_across_the_window_neither_break_it_nor_go_unsaid(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    script = _write(tmp_path, OPEN_RANGES)
+    script = write_script(tmp_path, OPEN_RANGES)
     p = profile_script(script, [], None, window=(0.05, 0.1))
-    _clean()
+    assert_no_profiling_left()
     assert (tmp_path / "done.txt").exists()
     assert any("past the window's end" in w and "still open" in w for w in p.warnings), p.warnings
 
@@ -255,7 +241,7 @@ pnn.LayerNorm(8)(torch.randn(4, 8))
 
 def test_each_warning_is_labelled_with_whoever_raised_it(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # perfloop.nn's kernels fall back: it warns
-    script = _write(tmp_path, WARNS, name="train.py")
+    script = write_script(tmp_path, WARNS, name="train.py")
     assert main(["profile", "--db", str(tmp_path / "r.db"), "--script", str(script)]) == 0
     err = capsys.readouterr().err
     assert "note (the script's UserWarning, train.py:9): the script's own warning" in err, err
