@@ -98,5 +98,6 @@ def test_an_unprofiled_run_slowed_by_another_process_is_not_the_steps_pace():
         return torch.relu(x @ x).sum()
 
     d = pl.profile(step, calls=2, warmup=1).diagnose(ceilings={"copy_gbps": 20.0})
-    # before: a 300 ms step, every op under 1% of it and nothing ranked
-    assert d.wall_ms < 150 and d.opportunities, str(d)
+    # before: a 300 ms step with its ops busy 4% of it. (Whether relu and sum then rank as
+    # opportunities depends on how fast this machine ran them: not asserted.)
+    assert d.wall_ms < 150 and d.busy_share > 0.5, str(d)

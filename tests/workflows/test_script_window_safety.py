@@ -241,6 +241,8 @@ pnn.LayerNorm(8)(torch.randn(4, 8))
 
 def test_each_warning_is_labelled_with_whoever_raised_it(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # perfloop.nn's kernels fall back: it warns
+    # perfloop.nn warns once a process; the script runs in this one, after other tests' fallbacks
+    monkeypatch.setattr("perfloop.nn.modules._WARNED", set())
     script = write_script(tmp_path, WARNS, name="train.py")
     assert main(["profile", "--db", str(tmp_path / "r.db"), "--script", str(script)]) == 0
     err = capsys.readouterr().err
