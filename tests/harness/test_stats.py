@@ -46,3 +46,28 @@ def test_paired_speedup_detects_a_real_2x_and_not_noise():
     assert s["ci"][0] > 1.9 and s["p_value"] < 1e-6
     same = stats.paired_speedup(base, base + rng.normal(0, 0.001, 60))
     assert same["ci"][0] <= 1.0 <= same["ci"][1]
+
+
+def test_a_ratio_over_runs_is_as_uncertain_as_its_runs_differ():
+    from perfloop.harness.stats import independent_ratio, runs_ratio
+
+    rng = np.random.default_rng(0)
+
+    def runs(*levels):
+        return [list(lv * rng.lognormal(0, 0.01, 15)) for lv in levels]
+
+    # the same programs; the candidate's two processes ran at 0.6 and 1.05 of the step
+    base, cand = runs(1.0, 1.0), runs(0.6, 1.05)
+    r = runs_ratio(base, cand)
+    assert r["ci"][0] < 1.0 < r["ci"][1] and r["p_value"] > 0.05 and r["runs"] == (2, 2)
+    # ten consistent runs at 0.8: tight, and told apart
+    r = runs_ratio(runs(*[1.0] * 10), runs(*[0.8] * 10))
+    assert 0.78 < r["ci"][0] < r["ratio"] < r["ci"][1] < 0.82 and r["p_value"] < 0.01
+    # one run each: the steps are all it has, as independent_ratio reads them
+    one = runs_ratio(runs(1.0), runs(0.9))
+    assert (
+        one["ci"][1] < 1.0
+        and abs(one["ratio"] - independent_ratio(*[x[0] for x in (runs(1.0), runs(0.9))])["ratio"]) < 0.02
+    )
+    with pytest.raises(ValueError, match="a_runs/b_runs"):
+        runs_ratio([], cand)

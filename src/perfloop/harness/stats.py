@@ -176,3 +176,35 @@ def independent_ratio(
     lo, hi = _interval(by / bx, confidence)
     p = float(stats.mannwhitneyu(x, y, alternative="two-sided").pvalue)
     return {"ratio": float(np.median(y) / np.median(x)), "ci": (lo, hi), "p_value": p}
+
+
+def runs_ratio(
+    a_runs: Sequence[Sequence[float]],
+    b_runs: Sequence[Sequence[float]],
+    confidence: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict:
+    """Ratio of medians b/a where the samples come in runs (processes) whose levels differ: the
+    CI resamples the runs, then the samples within each run drawn (a hierarchical bootstrap), so
+    two runs of one program that disagree widen it, as steps of one run cannot; p: the
+    bootstrap's two-sided share of ratios on the other side of 1."""
+    a = [np.asarray(r, dtype=float) for r in a_runs if len(r)]
+    b = [np.asarray(r, dtype=float) for r in b_runs if len(r)]
+    if not a or not b or sum(map(len, a)) < 2 or sum(map(len, b)) < 2:
+        raise ValueError("a_runs/b_runs: need at least one run with samples, and 2 samples, on each side")
+    rng = np.random.default_rng(seed)
+
+    def medians(runs: list[np.ndarray]) -> np.ndarray:
+        out = np.empty(n_boot)
+        for i in range(n_boot):
+            picked = [runs[j] for j in rng.integers(0, len(runs), size=len(runs))]
+            out[i] = np.median(np.concatenate([r[rng.integers(0, len(r), size=len(r))] for r in picked]))
+        return out
+
+    boot = medians(b) / medians(a)
+    lo, hi = _interval(boot, confidence)
+    below = float(np.mean(boot < 1.0))
+    p = min(1.0, 2 * min(below, 1.0 - below) + 1.0 / n_boot)
+    ratio = float(np.median(np.concatenate(b)) / np.median(np.concatenate(a)))
+    return {"ratio": ratio, "ci": (lo, hi), "p_value": p, "runs": (len(a), len(b))}

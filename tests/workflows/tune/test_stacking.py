@@ -4,10 +4,8 @@ depend on the machine: fixes that interact are found by stacking, the best confi
 compile alone, a candidate that breaks the loss never stacked, the budget kept for the
 confirmation."""
 
-import numpy as np
 import pytest
 
-from perfloop.workflows.tune import trials as trials_mod
 from perfloop.workflows.tune import tuner
 
 # ng-video's shape: the eager step waits on the host, so TF32 alone saves nothing; once compile
@@ -22,52 +20,6 @@ STEP_MS = {
     ("compile", "fused-optimizer"): 35.0,
     ("compile-reduce-overhead",): 36.0,
 }
-
-
-def _fake_child(clock: list, step_ms: dict, wrong: set, calls: list | None, builds: dict | None = None):
-    rng = np.random.default_rng(0)
-    built: set = set()  # the machine's cache of C++ builds: each paid by the first run that needs it
-
-    def run_child(spec, timeout_s, logs):
-        names = tuple(sorted(spec.get("candidates", [])))
-        if calls is not None:
-            calls.append((names, spec.get("dropout", "on")))
-        # a run's wall time: start-up, and compiling (compile, or patch's kernels) where it has them
-        waited = sum(s for n, s in (builds or {}).items() if n in names and n not in built)
-        built.update(n for n in names if n in (builds or {}))
-        if builds is None:
-            clock[0] += 10.0 + 40.0 * any("compile" in n for n in names) + 70.0 * ("patch" in names)
-        else:  # patch: its checks each run, its C++ builds once a machine
-            clock[0] += 10.0 + 40.0 * any("compile" in n for n in names) + 10.0 * ("patch" in names) + waited
-        ms = step_ms[names]
-        steps = spec["warmup"] + spec["steps"]
-        off = spec.get("seed_offset", 0)
-        losses = [2.0 - 0.01 * i + 1e-3 * off + rng.normal(0, 1e-6) for i in range(steps)]
-        if wrong & set(names):
-            losses = [x + 0.05 for x in losses]
-        times = [ms * 3] * spec["warmup"] + list(ms * rng.lognormal(0, 0.01, spec["steps"]))
-        return {
-            "ok": True,
-            "builds_s": waited,
-            "step_ms": times,
-            "losses": losses,
-            "peak_mb": 100.0,
-            "warm_s": 1.0,
-            "steps_seen": steps + 1,
-            "dropout_seen": True,
-        }
-
-    return run_child
-
-
-@pytest.fixture
-def simulated(monkeypatch):
-    def use(step_ms=STEP_MS, wrong=frozenset(), calls=None, builds=None):
-        clock = [0.0]  # simulated seconds: each run moves it by its wall time
-        monkeypatch.setattr(trials_mod, "run_child", _fake_child(clock, step_ms, wrong, calls, builds))
-        monkeypatch.setattr(trials_mod, "now", lambda: clock[0])
-
-    return use
 
 
 def _opts(**kw):
@@ -85,7 +37,7 @@ def _opts(**kw):
 
 def test_fixes_that_pay_only_together_are_found_by_stacking_and_confirmed(simulated, monkeypatch):
     calls = []
-    simulated(calls=calls)
+    simulated(STEP_MS, calls=calls)
     monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
     r = tuner.tune(_opts())
     by = {t.label: t for t in r.trials}
@@ -106,7 +58,7 @@ def test_fixes_that_pay_only_together_are_found_by_stacking_and_confirmed(simula
 
 
 def test_a_candidate_that_changes_the_loss_is_never_stacked(simulated, monkeypatch):
-    simulated(wrong={"tf32"})
+    simulated(STEP_MS, wrong={"tf32"})
     monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
     r = tuner.tune(_opts())
     by = {t.label: t for t in r.trials}

@@ -75,12 +75,9 @@ def _final(t: Trial, tokens: int | None = None) -> dict | None:
 def payload(r: Result) -> dict:
     base = r.trials[0]
     speed = {t.label: t.stats["speedup"] for t in r.trials[1:] if t.stats}
-    best, comp = r.speedup(r.best), r.speedup(r.compile_alone)
-    ratio = (best / comp) if best and comp else None
-    b, c = r.best, r.compile_alone
+    b, c, found = r.best, r.compile_alone, r.searched
+    best, comp = r.speedup(b), r.speedup(c)  # both confirmed, in the same interleaved rounds, or None
     tokens = next((x["tokens_per_step"] for x in base.runs if x.get("tokens_per_step")), None)
-    if b is not None and c is not None and bool(b.final) != bool(c.final) and b.stats and c.stats:
-        ratio = b.stats["speedup"] / c.stats["speedup"]  # one regime: the search's, where both ran
     return {
         "script": r.script,
         "device": r.device,
@@ -90,20 +87,40 @@ def payload(r: Result) -> dict:
         "findings": [{k: f.get(k) for k in ("kind", "title", "saves_ms", "share")} for f in r.findings],
         "tokens_per_step": tokens,  # a generation script's: the tokens one step (model call) picks
         "candidates": [_row(t, base, tokens) for t in r.trials[1:]],
-        "speedups": speed,
-        "best": r.best.label if r.best else None,
-        "best_speedup": best,
-        "compile_speedup": comp,
+        "speedups": speed,  # the search's, each alone against the search's baselines
+        "best": b.label if b else None,  # kept: confirmed faster over runs
+        "best_speedup": best,  # confirmed
+        "compile_speedup": comp,  # confirmed, in the same rounds as the best (None: not confirmed)
         "compile_reference": c.label if c else None,  # the torch.compile mode read against
-        "best_over_compile": ratio,
-        "confirmed": bool(r.best and r.best.final),
+        "best_over_compile": (best / comp) if best and comp else None,  # one regime: the confirmation's
+        "confirmed": b is not None,
+        "searched_best": found.label if found else None,  # the search's pick, confirmed or not
+        "searched_speedup": found.stats["speedup"] if found and found.stats else None,
+        "why_nothing_kept": _why_nothing(r) if b is None else None,
         "confirmation_baseline_ms": _base_median(r, final=True),
-        "lines": lines_to_add(r.best),
+        "confirmation_rounds": len(base.final_runs),
+        "lines": lines_to_add(b),
         "elapsed_s": r.elapsed_s,
         "budget_s": r.budget_s,
         "stopped": r.stopped or None,
         "notes": r.notes,
     }
+
+
+def _why_nothing(r: Result) -> str:
+    found = r.searched
+    if found is None:
+        return (
+            f"no candidate was both verified on the {r.checked_on.value} and faster at 95% confidence "
+            "in the search"
+        )
+    if not found.final:
+        return f"the search's best ({found.label}) was not confirmed: the budget ran out before it"
+    f = found.final
+    return (
+        f"the search's best ({found.label}) was not confirmed faster as the script is written: "
+        f"{f['speedup']:.3f}x [{f['ci'][0]:.3f}, {f['ci'][1]:.3f}] over {len(found.final_runs)} run(s)"
+    )
 
 
 def _base_median(r: Result, final: bool = False) -> float | None:
@@ -169,12 +186,12 @@ def text(r: Result) -> list[str]:
 def _verdict_lines(data: dict) -> list[str]:
     out = []
     rows = {row["candidate"]: row for row in data["candidates"]}
-    if data["confirmed"]:
+    if data["confirmation_rounds"]:
         out.append(
             f"confirmed, interleaved with the unchanged script as written "
-            f"({_fmt(data['confirmation_baseline_ms'], '.3f')} ms/step):"
+            f"({_fmt(data['confirmation_baseline_ms'], '.3f')} ms/step), 95% CI over runs:"
         )
-        for name in dict.fromkeys(n for n in (data["compile_reference"], data["best"]) if n in rows):
+        for name in dict.fromkeys(n for n in (data["compile_reference"], data["searched_best"]) if n in rows):
             c = rows[name]["confirmed"]
             if c:
                 rate = f" ({c['tokens_per_s']:.1f} tokens/s)" if c["tokens_per_s"] else ""
@@ -183,20 +200,17 @@ def _verdict_lines(data: dict) -> list[str]:
                     f"[{c['ci'][0]:.3f}, {c['ci'][1]:.3f}] over {c['runs']} run(s)"
                 )
     if data["best"]:
-        vs = (
-            f"; torch.compile alone ({data['compile_reference']}) {data['compile_speedup']:.3f}x, "
-            f"so {data['best_over_compile']:.2f}x compile's"
-            if data["compile_speedup"]
-            else ""
-        )
+        vs = ""
+        if data["best_over_compile"] and data["compile_reference"] != data["best"]:
+            vs = (
+                f"; torch.compile alone ({data['compile_reference']}) {data['compile_speedup']:.3f}x in the "
+                f"same runs, so {data['best_over_compile']:.2f}x compile's"
+            )
         out.append(f"best kept: {data['best']}: {data['best_speedup']:.3f}x the unchanged script{vs}")
         out.append("to keep it, add to the script:")
         out.extend(f"    {line}" for line in data["lines"])
     else:
-        out.append(
-            f"nothing kept: no candidate was both verified on the {data['checked_on']} and faster at 95% "
-            "confidence"
-        )
+        out.append(f"nothing confirmed: {data['why_nothing_kept']}; no line to add")
     if data["stopped"]:
         out.append(f"stopped early ({data['stopped']}): what was measured is above")
     out.append(f"tune took {data['elapsed_s']:.0f} s of a {data['budget_s']:.0f} s budget")

@@ -1,6 +1,7 @@
 """A trial (the unchanged script, one candidate or a stack of them), its runs in child
 processes, and how its runs are judged: on the loss (verify.judge) and on step time against the
-unchanged script's (independent_ratio: median ratio, bootstrap CI, Mann-Whitney)."""
+unchanged script's: in the search, over steps (independent_ratio: median ratio, bootstrap CI,
+Mann-Whitney); in the confirmation, over runs (runs_ratio), as processes differ."""
 
 from __future__ import annotations
 
@@ -51,8 +52,12 @@ class Trial:
         return " + ".join(get(n).name for n in self.names) or "baseline"
 
     def samples(self, warmup: int, final: bool = False) -> list[float]:
+        return [ms for run in self.run_samples(warmup, final) for ms in run]
+
+    def run_samples(self, warmup: int, final: bool = False) -> list[list[float]]:
+        """Each run's steady step times (after the warm-up), a list a run."""
         runs = self.final_runs if final else self.runs
-        return [ms for r in runs if r.get("ok") for ms in r["step_ms"][warmup:]]
+        return [list(r["step_ms"][warmup:]) for r in runs if r.get("ok")]
 
     @property
     def predicted_ms(self) -> float | None:
@@ -66,10 +71,18 @@ class Trial:
         return bool(self.verdict and self.verdict.ok)
 
     @property
-    def kept(self) -> bool:
+    def promising(self) -> bool:
         """Verified on the loss (the tokens) and faster than the unchanged script at 95%
-        confidence; a run with nothing to check (no loss, no logits seen) is not verified."""
+        confidence in the search: what is stacked on and confirmed. A run with nothing to check
+        (no loss, no logits seen) is not verified."""
         return self.verified and faster(self.stats)
+
+    @property
+    def kept(self) -> bool:
+        """Verified, and confirmed faster: the confirmation's 95% CI, taken over its runs
+        against the unchanged script's interleaved runs, lies above 1. Never on the search's
+        figures alone."""
+        return self.verified and faster(self.final)
 
     @property
     def took_s(self) -> float:
@@ -152,6 +165,26 @@ def faster(stats: dict | None) -> bool:
     return bool(stats and stats["ci"][0] > 1.0 and stats["p_value"] < 0.05)
 
 
+def runs_stats(base: list[list[float]], cand: list[list[float]]) -> dict | None:
+    """cand's speed-up over base where each is a list of runs' step times: the CI and p over
+    runs (harness.stats.runs_ratio), the unit that varies between processes."""
+    from perfloop.harness.stats import runs_ratio
+
+    if sum(map(len, base)) < 2 or sum(map(len, cand)) < 2:
+        return None
+    r = runs_ratio(base, cand)
+    lo, hi = r["ci"]
+    flat_b, flat_c = [x for run in base for x in run], [x for run in cand for x in run]
+    return {
+        "speedup": 1 / r["ratio"],
+        "ci": (1 / hi, 1 / lo),
+        "p_value": r["p_value"],
+        "median_ms": statistics.median(flat_c),
+        "base_ms": statistics.median(flat_b),
+        "over": "runs",
+    }
+
+
 def ratio_stats(base: list[float], cand: list[float]) -> dict | None:
     """cand's speed-up over base (medians), its 95% CI and p, or None with too few samples."""
     from perfloop.harness.stats import independent_ratio
@@ -173,7 +206,7 @@ def judge_all(trials, baseline: Trial, checks: Checks, floors: dict, warmup: int
     """Each trial's loss (token) verdict and its speed-up over the unchanged script, search and
     final. A generation script's is read from the first search runs' logits: the trial's, the
     script's at its seed and again."""
-    base, base_final = baseline.samples(warmup), baseline.samples(warmup, final=True)
+    base, base_final = baseline.samples(warmup), baseline.run_samples(warmup, final=True)
     script = [Logits.of(r) for r in baseline.runs[:2]] + [Logits([]), None]  # none read: not checked
     for t in trials:
         if t.runs:
@@ -184,4 +217,4 @@ def judge_all(trials, baseline: Trial, checks: Checks, floors: dict, warmup: int
                 t.verdict = judge(t.check, checks.base, checks.noise, checks.seeds, floor)
             t.stats = ratio_stats(base, t.samples(warmup))
         if t.final_runs:
-            t.final = ratio_stats(base_final, t.samples(warmup, final=True))
+            t.final = runs_stats(base_final, t.run_samples(warmup, final=True))

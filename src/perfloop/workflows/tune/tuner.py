@@ -11,9 +11,12 @@
    compile removes the wait), so from the best verified candidate, each other verified one is
    added in turn, best first, and taken where the stack is verified and faster than without it
    at 95% confidence -- whether or not it paid alone.
-5. Confirmation: the best kept trial and torch.compile alone (for a generation script, compile
-   reduce-overhead where it was tried: what gpt-fast does), interleaved with the unchanged
-   script `rounds` times, run as the script is (dropout as written): the figures reported.
+5. Confirmation: the search's best and torch.compile alone (for a generation script, compile
+   reduce-overhead where it was tried: what gpt-fast does), together, interleaved with the
+   unchanged script `rounds` times (more, up to twice, while a verdict is within its noise and
+   the budget allows), run as the script is (dropout as written). Kept: what the confirmation
+   finds faster at 95% confidence over runs; the faster of the two, or nothing confirmed. The
+   stacks leave the budget that confirmation needs.
 Everything runs in child processes (workflows.tune.child): the user's files are not touched.
 """
 
@@ -64,7 +67,7 @@ class Result:
     device: str
     findings: list[dict]
     trials: list[Trial]  # the baseline first, then each candidate alone, then the stacks
-    best: Trial | None
+    best: Trial | None  # kept: confirmed faster over runs (None: nothing confirmed)
     compile_alone: Trial | None  # the reference: torch.compile alone, in the mode reference() picks
     notes: list[str]
     elapsed_s: float
@@ -72,14 +75,13 @@ class Result:
     warmup: int = 5
     stopped: str = ""  # why tune stopped early: "budget", "interrupted"
     checked_on: CheckedOn = CheckedOn.LOSS
+    searched: Trial | None = None  # the search's best, confirmed or not (kept only if confirmed)
 
     @staticmethod
     def speedup(t: Trial | None) -> float | None:
-        """t's speed-up as confirmed (interleaved, the script as written), else as searched."""
-        if t is None:
-            return None
-        s = t.final or t.stats
-        return s["speedup"] if s else None
+        """t's speed-up as confirmed (interleaved, the script as written), else None: a figure
+        of the search is read from t.stats, and never printed beside a confirmed one."""
+        return t.final["speedup"] if t is not None and t.final else None
 
 
 def propose(findings: list[dict], cuda: bool, opts: Options) -> list[tuple[str, Candidate, float | None]]:
@@ -135,51 +137,87 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
     trials = [Trial((k,), predicted_share=p) for k, _, p in proposed]
     floors = {k: c.numerics for k, c, _ in proposed}
     on = CheckedOn.of(base_spec)
-    stopped, checks, best = "", Checks(), None
+    stopped, checks, searched = "", Checks(), None
 
     def judged() -> None:
         judge_all(trials, baseline, checks, floors, opts.warmup)
 
     try:
         checks = _baselines(baseline, base_spec, clock, logs, say)
+        plan = _plan(baseline, len(trials), opts.rounds, clock)
+        say(plan)
+        if "too small" in plan:
+            notes.append(plan)
         search = {**base_spec, "dropout": "off"} if checks.dropout_off else base_spec
         for t in list(trials):
             run(t, search, clock, logs, say)
         judged()
         notes += _stack(trials, baseline, proposed, search, clock, logs, say, judged, opts.rounds)
-        best = _best(trials)
-        _confirm(baseline, best, reference(trials, on), base_spec, opts.rounds, clock, logs, say)
+        searched = _best(trials)
+        _confirm(baseline, searched, reference(trials, on), base_spec, opts.rounds, clock, logs, say, judged)
         judged()
     except KeyboardInterrupt:
         stopped = "interrupted"
         judged()
-        best = _best(trials)
+        searched = searched or _best(trials)
+    best = _kept(searched, reference(trials, on))
     stopped = stopped or ("budget" if clock.left <= 0 else "")
-    _notes(notes, checks, best, [baseline, *trials], logs)
+    _notes(notes, checks, searched, best, [baseline, *trials], logs)
     return Result(
-        opts.script,
-        "cuda" if cuda else "cpu",
-        findings,
-        [baseline, *trials],
-        best,
-        reference(trials, on),
-        notes,
-        clock.elapsed,
-        opts.budget_s,
-        opts.warmup,
-        stopped,
-        on,
+        script=opts.script,
+        device="cuda" if cuda else "cpu",
+        findings=findings,
+        trials=[baseline, *trials],
+        best=best,
+        compile_alone=reference(trials, on),
+        notes=notes,
+        elapsed_s=clock.elapsed,
+        budget_s=opts.budget_s,
+        warmup=opts.warmup,
+        stopped=stopped,
+        checked_on=on,
+        searched=searched,
     )
 
 
-def _notes(notes: list[str], checks: Checks, best: Trial | None, trials: list[Trial], logs: str) -> None:
+def _plan(baseline: Trial, n: int, rounds: int, clock: Clock) -> str:
+    """What the budget allows, said before the search: from a run of the unchanged script, the
+    least the search (each candidate alone, one run) and the confirmation (the best, compile and
+    the unchanged script, `rounds` times) need; compiling candidates take longer."""
+    run_s = baseline.rerun_s
+    need = n * run_s + rounds * 3 * run_s
+    left = max(clock.left, 0)
+    head = (
+        f"the budget: {left:.0f} s left; a run of the unchanged script takes {run_s:.0f} s, so the search "
+        f"({n} candidate(s)) and the confirmation ({rounds} rounds) need {need:.0f} s at least"
+    )
+    if need > left:
+        return (
+            f"{head}: too small to confirm anything (nothing unconfirmed is kept); --budget "
+            f"{clock.budget_s + 1.5 * (need - left):.0f}s would fit them"
+        )
+    return f"{head}; {left - need:.0f} s more for compiling and the stacks"
+
+
+def _kept(searched: Trial | None, compile_alone: Trial | None) -> Trial | None:
+    """Of the two confirmed together, the faster of those kept (confirmed faster over runs)."""
+    kept = [t for t in (searched, compile_alone) if t is not None and t.kept]
+    return max(kept, key=lambda t: t.final["speedup"], default=None)
+
+
+def _notes(notes, checks: Checks, searched: Trial | None, best: Trial | None, trials, logs: str) -> None:
     if checks.dropout_off:
         notes.append(
             "the model drops out: the search ran with dropout off (the loss checks compare the same "
             "function: compiled code draws its masks otherwise); the confirmation ran the script as written"
         )
-    if best is not None and not best.final:
-        notes.append("the best was not confirmed interleaved (no budget left): its figures are the search's")
+    if best is not None and searched is not None and best is not searched:  # (none kept: report says why)
+        f = searched.final
+        notes.append(
+            f"the search's best ({searched.label}, {searched.stats['speedup']:.3f}x in the search) was "
+            f"not confirmed faster: {f['speedup']:.3f}x [{f['ci'][0]:.3f}, {f['ci'][1]:.3f}] over "
+            f"{len(searched.final_runs)} run(s) as the script is written; {best.label} was, and is kept"
+        )
     if any(t.error for t in trials):
         notes.append(f"the failed runs' output (the script's prints and tracebacks) is kept in {logs}")
     else:
@@ -198,8 +236,9 @@ def reference(trials: list[Trial], on: CheckedOn = CheckedOn.LOSS) -> Trial | No
 
 
 def _best(trials: list[Trial]) -> Trial | None:
-    """The fastest kept trial: a candidate alone, or a stack whose last addition paid."""
-    able = [t for t in trials if t.kept and (t.step is None or t.step["taken"])]
+    """The search's fastest promising trial: a candidate alone, or a stack whose last addition
+    paid."""
+    able = [t for t in trials if t.promising and (t.step is None or t.step["taken"])]
     return max(able, key=lambda t: t.stats["speedup"], default=None)
 
 
@@ -261,11 +300,13 @@ def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -
     if len(ok) < 2:
         return passed
     current, base_s = ok[0], baseline.rerun_s
+    ref = reference(trials, CheckedOn.of(spec))
+    ref_s = ref.rerun_s if ref is not None else 0.0  # confirmed beside the best, always
     for t in ok[1:]:
         if group[t.names[0]] in {group[n] for n in current.names}:
             continue
         cost = current.rerun_s + max(t.rerun_s - base_s, 0.0)
-        need = cost + rounds * (base_s + cost)  # its run, and its confirmation's
+        need = cost + rounds * (base_s + cost + ref_s)  # its run, and its confirmation's
         if clock.left < need:
             say(f"{t.label} not stacked on {current.label}: its run and confirmation do not fit")
             more = need - clock.left
@@ -292,19 +333,39 @@ def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -
     return passed
 
 
-def _confirm(baseline, best, compile_alone, spec, rounds, clock, logs, say) -> None:
-    """The best, interleaved with the unchanged script `rounds` times, the script as written
-    (dropout on where it has it); torch.compile alone with them where the budget allows."""
+def _confirm(baseline, best, compile_alone, spec, rounds, clock, logs, say, judged) -> None:
+    """The search's best and torch.compile alone together, interleaved with the unchanged script,
+    the script as written (dropout on where it has it): `rounds` rounds where the budget fits
+    them, and more (up to twice as many) while a verdict's CI holds 1."""
     if best is None:
         return
-    with_compile = compile_alone not in (None, best)
-    if with_compile and clock.left < rounds * (baseline.rerun_s + best.rerun_s + compile_alone.rerun_s):
-        say("compile alone not confirmed: the budget left fits the best's confirmation only")
-        with_compile = False
-    who = [baseline] + ([compile_alone] if with_compile else []) + [best]
-    for _ in range(rounds):
+    beside = compile_alone is not None and compile_alone is not best and compile_alone.verified
+    who = [baseline] + ([compile_alone] if beside else []) + [best]
+    per_round = sum(t.rerun_s for t in who)
+    fits = int(clock.left // per_round) if per_round > 0 else rounds
+    if fits < rounds:
+        say(
+            f"the budget left ({max(clock.left, 0):.0f} s) fits {max(fits, 0)} of {rounds} confirmation "
+            f"rounds ({per_round:.0f} s each)"
+        )
+
+    def one_round() -> None:
         for t in who:
             run(t, spec, clock, logs, say, final=True)
+
+    for _ in range(min(rounds, max(fits, 0))):
+        one_round()
+    for _ in range(rounds if fits >= rounds else 0):  # more while a verdict is within its noise
+        judged()
+        if clock.left < per_round or not any(_within_noise(t) for t in who[1:]):
+            break
+        say("a confirmed speed-up's CI holds 1.0: one more confirmation round")
+        one_round()
+
+
+def _within_noise(t: Trial) -> bool:
+    """A verified trial whose confirmed CI holds 1: another round may tell it apart."""
+    return t.verified and bool(t.final) and t.final["ci"][0] <= 1.0 <= t.final["ci"][1]
 
 
 def missed(t: Trial) -> str:
