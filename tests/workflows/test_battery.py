@@ -105,7 +105,7 @@ def test_tune_measures_the_script_and_no_run_fails_but_by_the_budget(case, scrip
     failed = {
         r["candidate"]: r["error"]
         for r in result["candidates"]
-        if r["error"] and not re.fullmatch(r"stopped after \d+ s \(the budget left\)", r["error"])
+        if r["error"] and not re.match(r"(cut by the budget|not started)", r["error"])
     }
     assert not failed, f"{failed}\n{_tail(p)}"
     assert any(r["median_ms"] for r in result["candidates"]), f"no candidate was measured\n{_tail(p)}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from contextlib import contextmanager
 
@@ -61,7 +62,18 @@ def table(title: str | None, headers: list[str], rows: list[list]) -> None:
 
 
 def emit_json(obj) -> None:
-    print(json.dumps(obj, indent=1, default=str))
+    """obj as strict JSON: a figure that is not finite (NaN, inf) is null, never a bare NaN."""
+    print(json.dumps(_finite(obj), indent=1, default=str, allow_nan=False))
+
+
+def _finite(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def num(v) -> str:

@@ -172,7 +172,8 @@ def text(r: Result) -> list[str]:
     out.append(_CHECK[r.checked_on][1])
     for row in data["candidates"]:
         if row["error"]:
-            out.append(f"  {row['candidate']}: failed: {row['error']}")
+            cut = row["error"].startswith(("cut by the budget", "not started"))
+            out.append(f"  {row['candidate']}: {'' if cut else 'failed: '}{row['error']}")
         elif row["loss_check"]:
             out.append(f"  {row['candidate']}: {row['loss_check']['reason']}")
     misses = [row["missed"] for row in data["candidates"] if row["missed"]]

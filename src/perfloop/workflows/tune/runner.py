@@ -17,6 +17,9 @@ from perfloop.workflows.tune import scratch
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
+CUT = "cut by the budget after {s:.0f} s (the time that was left)"  # not the script's failure
+
+
 def run_child(spec: dict, timeout_s: float, log_dir: str) -> dict:
     """Run one child with `spec` (its `out` is set here), at most `timeout_s`; its output (the
     script's prints) goes to a log in `log_dir`. Always a dict with "ok" and "error"."""
@@ -44,7 +47,7 @@ def run_child(spec: dict, timeout_s: float, log_dir: str) -> dict:
         )
     _put_back(spec["keep"], before, capped)
     if rc is None:
-        return {"ok": False, "error": f"stopped after {timeout_s:.0f} s (the budget left)", "log": log_path}
+        return {"ok": False, "error": CUT.format(s=timeout_s), "cut": True, "log": log_path}
     try:
         with open(out) as f:
             result = json.load(f)

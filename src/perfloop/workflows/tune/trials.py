@@ -125,11 +125,20 @@ class Clock:
         return now() - self.t0
 
 
-def run(t: Trial, spec: dict, clock: Clock, logs: str, say, final: bool = False) -> bool:
+def run(
+    t: Trial, spec: dict, clock: Clock, logs: str, say, final: bool = False, expect_s: float = 0.0
+) -> bool:
     """One timed run of t, kept in t.runs (t.final_runs with `final`); its losses become t's
     check on its first search run (before the line is said: a Ctrl-C after it still finds them).
-    False where it failed or the budget is spent."""
+    False where it failed, was cut by the budget, or was not started: the budget spent, or less
+    left than `expect_s` (what a run takes at the least)."""
     if clock.left <= 0:
+        return False
+    if clock.left < expect_s:
+        t.error = t.error or (
+            f"not started: {clock.left:.0f} s of the budget were left, a run takes about {expect_s:.0f} s"
+        )
+        say(f"{t.label}: {t.error}")
         return False
     started = now()
     got = run_child({**spec, "candidates": list(t.names)}, max(clock.left, 1.0), logs)
@@ -143,7 +152,11 @@ def run(t: Trial, spec: dict, clock: Clock, logs: str, say, final: bool = False)
         )
     if not got.get("ok"):
         t.error = t.error or got.get("error")
-        say(f"{t.label}: failed ({got.get('error')}); the others go on")
+        say(
+            f"{t.label}: {got.get('error')}"
+            if got.get("cut")
+            else f"{t.label}: failed ({got.get('error')}); the others go on"
+        )
         return False
     if final:
         t.final_runs.append(got)

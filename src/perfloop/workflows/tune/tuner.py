@@ -89,7 +89,7 @@ def propose(findings: list[dict], cuda: bool, opts: Options) -> list[tuple[str, 
     tune tries: those named (the key as given: a name or module:NAME), or those advised (and
     compile); those needing CUDA only on CUDA."""
     if opts.tried:
-        chosen = [(n, get(n)) for n in opts.tried]
+        chosen = [(n, get(n)) for n in dict.fromkeys(opts.tried)]  # a name given twice: tried once
     else:
         chosen = [
             (c.name, c)
@@ -150,7 +150,7 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
             notes.append(plan)
         search = {**base_spec, "dropout": "off"} if checks.dropout_off else base_spec
         for t in list(trials):
-            run(t, search, clock, logs, say)
+            run(t, search, clock, logs, say, expect_s=0.5 * baseline.rerun_s)  # start-up, at the least
         judged()
         notes += _stack(trials, baseline, proposed, search, clock, logs, say, judged, opts.rounds)
         searched = _best(trials)
@@ -267,8 +267,15 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
     """The unchanged script's search runs: at its seed, again (its own nondeterminism) and at
     another seed, whose losses every verdict compares with; with dropout off where the first
     run shows the model drops out (that run is then set aside)."""
+    if clock.left <= 0:
+        took = clock.elapsed
+        raise ValueError(
+            f"--budget: {clock.budget_s:.0f} s ran out before the unchanged script's first timed run "
+            f"(profiling it took {took:.0f} s); give --budget {max(60, 20 * took):.0f}s or more"
+        )
     if not run(baseline, {**spec, "seed_offset": 0}, clock, logs, say):
         raise ValueError(f"--script: the unchanged script's run failed: {baseline.error}")
+    _finite_loss(baseline.runs[0].get("losses") or [])
     on = CheckedOn.of(spec)
     tokens = on is CheckedOn.TOKENS
     checks = Checks(dropout_off=bool(baseline.runs[0].get("dropout_seen")) and not tokens, tokens=tokens)
@@ -284,6 +291,17 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
     curves = [r.get(on.key, []) for r in baseline.runs] + [[], [], []]
     checks.base, checks.noise, checks.seeds = curves[:3]
     return checks
+
+
+def _finite_loss(losses: list) -> None:
+    """A script whose own loss is not finite: nothing can be checked against it, said as its."""
+    bad = next((i for i, x in enumerate(losses) if not math.isfinite(x)), None)
+    if bad is not None:
+        raise ValueError(
+            f"--script: the unchanged script's own loss is not finite ({losses[bad]} at step {bad}): no "
+            "candidate can be checked against it; fix the script's loss (its inputs, learning rate, "
+            "initialization) and tune again"
+        )
 
 
 def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -> list[str]:

@@ -46,6 +46,8 @@ def get(name: str) -> Candidate:
             found = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"--try {name}: cannot load it ({exc}); give package.module:NAME") from None
+        except Exception as exc:  # the module's own code failed on import: its error, named
+            raise ValueError(f"--try {name}: cannot load it ({type(exc).__name__}: {exc})") from None
         if not isinstance(found, Candidate):
             raise ValueError(f"--try {name}: {type(found).__name__} is not a perfloop tune Candidate")
         return found
