@@ -66,15 +66,21 @@ def register(verb) -> None:
         dest="tried",
         action="append",
         metavar="NAME",
-        help="try this candidate (repeatable), advised or not: tf32, fused-optimizer, patch, channels-last, "
-        "cudnn-benchmark, compile, compile-reduce-overhead, compile-max-autotune, autocast-bf16, "
-        "bf16-weights, or package.module:NAME for your own; default: what the diagnosis advises, and compile",
+        help=f"try this candidate (repeatable), advised or not: {_names()}, or package.module:NAME for your "
+        "own; default: what the diagnosis advises, and compile",
     )
     p.add_argument(
         "--allow-numerics",
         action="store_true",
         help="also try what changes the model's numerics beyond low bits (autocast to bf16)",
     )
+
+
+def _names() -> str:
+    """The candidates' names, from their registry (light: torch is not imported)."""
+    from perfloop.workflows.tune.candidates import CANDIDATES
+
+    return ", ".join(c.name for c in CANDIDATES)
 
 
 def parse_budget(text: str) -> float:

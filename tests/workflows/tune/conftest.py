@@ -11,7 +11,7 @@ from perfloop.workflows.tune import trials as trials_mod
 def _fake_child(clock: list, step_ms: dict, wrong: set, calls, builds: dict | None = None, level=None):
     rng = np.random.default_rng(0)
     built: set = set()  # the machine's cache of C++ builds: each paid by the first run that needs it
-    seen: dict = {}  # runs so far of each set of fixes, with dropout as it ran
+    seen: dict = {}  # runs so far of each set of fixes
 
     def run_child(spec, timeout_s, logs):
         names = tuple(sorted(spec.get("candidates", [])))
@@ -24,25 +24,30 @@ def _fake_child(clock: list, step_ms: dict, wrong: set, calls, builds: dict | No
             clock[0] += 10.0 + 40.0 * any("compile" in n for n in names) + 70.0 * ("patch" in names)
         else:  # patch: its checks each run, its C++ builds once a machine
             clock[0] += 10.0 + 40.0 * any("compile" in n for n in names) + 10.0 * ("patch" in names) + waited
-        dropout = spec.get("dropout", "on")
-        nth = seen[(names, dropout)] = seen.get((names, dropout), -1) + 1
-        # level: a run's own pace (a process that runs slower throughout), or the script as
-        # written (dropout on) against the search's (dropout off)
-        ms = step_ms[names] * (level(names, dropout, nth) if level else 1.0)
-        steps = spec["warmup"] + spec["steps"]
+        # a search run of a model that drops out checks its first steps with dropout off, then
+        # times its steps with dropout on (as written); `level` is the timed steps' pace: a
+        # process's own (nth: the runs of these fixes so far), and dropout as those steps ran
+        checked = spec.get("check_steps", 0) if spec.get("dropout") == "off" else 0
+        timed = "on" if checked else spec.get("dropout", "on")
+        nth = seen[names] = seen.get(names, -1) + 1
+        ms = step_ms[names] * (level(names, timed, nth) if level else 1.0)
         off = spec.get("seed_offset", 0)
-        losses = [2.0 - 0.01 * i + 1e-3 * off + rng.normal(0, 1e-6) for i in range(steps)]
+        losses = [
+            2.0 - 0.01 * i + 1e-3 * off + rng.normal(0, 1e-6)
+            for i in range(checked or spec["warmup"] + spec["steps"])
+        ]
         if wrong & set(names):
             losses = [x + 0.05 for x in losses]
-        times = [ms * 3] * spec["warmup"] + list(ms * rng.lognormal(0, 0.01, spec["steps"]))
+        times = [ms * 3] * (checked + spec["warmup"]) + list(ms * rng.lognormal(0, 0.01, spec["steps"]))
         return {
             "ok": True,
             "builds_s": waited,
             "step_ms": times,
+            "timed_from": checked + spec["warmup"],
             "losses": losses,
             "peak_mb": 100.0,
             "warm_s": 1.0,
-            "steps_seen": steps + 1,
+            "steps_seen": len(times) + 1,
             "dropout_seen": True,
         }
 

@@ -346,3 +346,44 @@ def test_a_change_past_the_hooks_is_said_in_the_scripts_folder_not_in_the_shared
     assert got["ok"], _logged(got)
     assert "could not put back" in err and str(mine) in err, err
     assert shared not in err, err
+
+
+DROPS_OUT = """
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.drop = torch.nn.Dropout(0.5)
+        self.attn_dropout = 0.5  # nanoGPT's way: a float handed to a functional call
+    def forward(self, x):
+        h = self.drop(self.lin(x))
+        return F.dropout(h, p=self.attn_dropout, training=self.training), h
+net = Net()
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+x = torch.randn(32, 64)
+for step in range(40):
+    out, h = net(x)
+    dropped = [(t == 0).float().mean().item() for t in (h, out)]
+    print(f"ZEROS {step} {dropped[0]:.2f} {dropped[1]:.2f}", flush=True)
+    out.pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_search_run_checks_with_dropout_off_then_times_the_script_as_written(tmp_path):
+    """The check steps run with the model's dropout off (its modules' and its functional
+    calls'); from there the script's dropout is back for the warm-up and the timed steps."""
+    script = tmp_path / "train.py"
+    script.write_text(DROPS_OUT)
+    got = run_child(_spec(script, warmup=2, steps=4, dropout="off", check_steps=5), 120, str(tmp_path))
+    assert got["ok"] and got["dropout_seen"], got.get("error")
+    assert got["timed_from"] == 7 and len(got["step_ms"]) == 10 and len(got["losses"]) == 5
+    zeros = {
+        int(s): (float(a), float(b)) for _, s, a, b in (x.split() for x in _lines(_logged(got), "ZEROS"))
+    }
+    assert all(zeros[s] == (0.0, 0.0) for s in range(5)), zeros  # checked: no dropout at all
+    assert all(zeros[s][0] > 0.3 and zeros[s][1] > 0.6 for s in range(5, 11)), zeros  # as written

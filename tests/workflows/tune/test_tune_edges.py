@@ -5,6 +5,7 @@ not what is tested."""
 
 import json
 import math
+import re
 
 import pytest
 
@@ -83,3 +84,13 @@ def test_a_script_whose_own_loss_is_nan_is_told_so(simulated, monkeypatch):
 def test_json_is_strict_where_a_figure_is_not_finite(capsys):
     emit_json({"speedup": math.nan, "ci": [math.inf, 1.0], "nested": {"p": -math.inf}})
     assert json.loads(capsys.readouterr().out) == {"speedup": None, "ci": [None, 1.0], "nested": {"p": None}}
+
+
+def test_the_help_of_try_names_every_candidate_in_the_registry(capsys):
+    from perfloop.workflows.tune.candidates import CANDIDATES
+
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    helptext = re.sub(r"-\s+", "-", " ".join(capsys.readouterr().out.split()))  # argparse wraps at hyphens
+    listed = helptext.split("advised or not: ")[1].split(", or package.module:NAME")[0].split(", ")
+    assert listed == [c.name for c in CANDIDATES] and "pinned-memory" in listed and "sdpa-no-cudnn" in listed

@@ -46,6 +46,10 @@ class Child:
         self.optimizer = None
         self.current = ""  # the candidate whose apply() runs now
         self.dropout_seen = False
+        # with `dropout: off`, the first check_steps run with dropout off (their losses are
+        # checked), then the script's dropout is put back and the warm-up and timed steps follow
+        self.check_steps = int(spec.get("check_steps") or 0) if spec.get("dropout") == "off" else 0
+        self._dropout_back = None
         self.t0 = time.perf_counter()
         self.setup_s: dict[str, float] = {}
 
@@ -92,7 +96,10 @@ class Child:
         else:
             self.marks.append(time.perf_counter())
         self.host_marks.append(time.perf_counter())
-        if len(self.marks) >= int(self.spec["warmup"]) + int(self.spec["steps"]):
+        if len(self.marks) == self.check_steps and self._dropout_back is not None:
+            self._dropout_back()  # the checked steps are taken: the script's dropout, as written
+            self._dropout_back = None
+        if len(self.marks) >= self.check_steps + int(self.spec["warmup"]) + int(self.spec["steps"]):
             raise _Done
 
     def _time_steps(self) -> None:
@@ -163,6 +170,8 @@ class Child:
         import torch
 
         off = self.spec.get("dropout") == "off"
+        was: list[tuple[object, str, float]] = []  # (module, attribute, its value as written)
+        F, dropout = torch.nn.functional, torch.nn.functional.dropout
 
         def read(model, args, kwargs) -> None:
             for m in model.modules():
@@ -170,15 +179,24 @@ class Child:
                     if "dropout" in name.lower() and isinstance(value, float) and value > 0:
                         self.dropout_seen = True
                         if off:
+                            was.append((m, name, value))
                             setattr(m, name, 0.0)  # nanoGPT's `dropout_p=self.dropout`
                 if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
                     self.dropout_seen = True
                     if off:
+                        was.append((m, "p", m.p))
                         m.p = 0.0
+
+        def back() -> None:
+            for m, name, value in was:
+                setattr(m, name, value)
+            F.dropout = dropout
 
         self.on_first_model.append((0, "", read))
         if off:
-            torch.nn.functional.dropout = lambda input, p=0.5, training=True, inplace=False: input
+            F.dropout = lambda input, p=0.5, training=True, inplace=False: input
+            if self.check_steps:
+                self._dropout_back = back
 
     def _hook_model(self) -> None:
         """Run the first-model hooks at the first call of a module with parameters, with that
@@ -265,10 +283,13 @@ class Child:
         per_step: dict[int, list[float]] = {}
         for step, loss in self.losses:
             per_step.setdefault(step, []).append(float(loss))
-        losses = [sum(v) / len(v) for _, v in sorted(per_step.items())]
-        warm = int(self.spec["warmup"])
+        losses = [sum(v) / len(v) for step, v in sorted(per_step.items())]
+        if self.check_steps:  # the checked steps' only: the later ones drop out as written
+            losses = [sum(v) / len(v) for step, v in sorted(per_step.items()) if step < self.check_steps]
+        warm = self.check_steps + int(self.spec["warmup"])
         return {
             "step_ms": step_ms,  # step i -> i+1; the first `warmup` of them include compiling
+            "timed_from": warm,  # step_ms[timed_from:]: the timed steps (after checks and warm-up)
             "losses": losses,  # the mean loss backpropagated in each step, from the first
             # a generation run's: each position's greedy token ("tokens"), top logits, ...
             **(self.logits.readings() if self.logits else {"tokens": []}),
@@ -283,6 +304,7 @@ class Child:
             "steps_seen": len(self.marks),
             "dropout_seen": self.dropout_seen,
             "dropout": self.spec.get("dropout", "on"),
+            "check_steps": self.check_steps,  # steps with dropout off, before the timed ones
             "device": "cuda" if cuda else "cpu",
             "notes": self.notes,
         }

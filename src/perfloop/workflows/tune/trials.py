@@ -57,7 +57,7 @@ class Trial:
     def run_samples(self, warmup: int, final: bool = False) -> list[list[float]]:
         """Each run's steady step times (after the warm-up), a list a run."""
         runs = self.final_runs if final else self.runs
-        return [list(r["step_ms"][warmup:]) for r in runs if r.get("ok")]
+        return [list(r["step_ms"][r.get("timed_from", warmup) :]) for r in runs if r.get("ok")]
 
     @property
     def predicted_ms(self) -> float | None:
@@ -144,11 +144,13 @@ def run(
     got = run_child({**spec, "candidates": list(t.names)}, max(clock.left, 1.0), logs)
     got["seed_offset"] = spec.get("seed_offset", 0)
     got["took_s"] = now() - started
-    if got.get("ok") and len(got.get("step_ms", [])) <= spec["warmup"]:
+    checked = int(spec.get("check_steps") or 0) if spec.get("dropout") == "off" else 0
+    if got.get("ok") and len(got.get("step_ms", [])) <= checked + spec["warmup"]:
+        first = f"{checked} checked with dropout off + " if checked else ""
         got.update(
             ok=False,
             error=f"the script ended after {got.get('steps_seen')} steps, "
-            f"fewer than --warmup {spec['warmup']} + 2",
+            f"fewer than {first}--warmup {spec['warmup']} + 2",
         )
     if not got.get("ok"):
         t.error = t.error or got.get("error")
@@ -164,7 +166,7 @@ def run(
         if t.names and not t.runs:
             t.check = got.get(CheckedOn.of(spec).key)
         t.runs.append(got)
-    steady = sorted(got["step_ms"][spec["warmup"] :])
+    steady = sorted(got["step_ms"][got.get("timed_from", spec["warmup"]) :])
     what = "confirming, " if final else ""
     say(
         f"{t.label}: {what}{steady[len(steady) // 2]:.3f} ms/step, run took {got['took_s']:.0f} s "

@@ -5,8 +5,9 @@
 2. The baseline runs three times: at the script's seed twice (its own noise) and at another
    seed (the spread of an equally good training): the loss check's tolerances (verify.py).
 3. Search: each candidate alone, one run, checked on the loss (its first steps) and timed (the
-   steps after the warm-up). Where the model drops out, the search runs with dropout off, so
-   the losses compare the same function (compiled code draws its masks otherwise).
+   steps after the warm-up). Where the model drops out, a search run checks its first steps
+   with dropout off, so the losses compare the same function (compiled code draws its masks
+   otherwise), then puts the script's dropout back and times the program as written.
 4. Stacking: fixes interact (TF32 saves little while the step waits on the host, much once
    compile removes the wait), so from the best verified candidate, each other verified one is
    added in turn, best first, and taken where the stack is verified and faster than without it
@@ -148,7 +149,7 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
         say(plan)
         if "too small" in plan:
             notes.append(plan)
-        search = {**base_spec, "dropout": "off"} if checks.dropout_off else base_spec
+        search = _checked(base_spec) if checks.dropout_off else base_spec
         for t in list(trials):
             run(t, search, clock, logs, say, expect_s=0.5 * baseline.rerun_s)  # start-up, at the least
         judged()
@@ -208,8 +209,9 @@ def _kept(searched: Trial | None, compile_alone: Trial | None) -> Trial | None:
 def _notes(notes, checks: Checks, searched: Trial | None, best: Trial | None, trials, logs: str) -> None:
     if checks.dropout_off:
         notes.append(
-            "the model drops out: the search ran with dropout off (the loss checks compare the same "
-            "function: compiled code draws its masks otherwise); the confirmation ran the script as written"
+            "the model drops out: each search run's loss was checked on its first steps with dropout "
+            "off (compiled code draws its masks otherwise), and its steps were timed after, with "
+            "dropout as written, as in the confirmation"
         )
     if best is not None and searched is not None and best is not searched:  # (none kept: report says why)
         f = searched.final
@@ -281,9 +283,12 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
     checks = Checks(dropout_off=bool(baseline.runs[0].get("dropout_seen")) and not tokens, tokens=tokens)
     offsets = (0,) if tokens else (0, 1)  # another seed samples other tokens: no spread to read
     if checks.dropout_off:
-        say("the model drops out: the search runs with dropout off, the confirmation with it on")
+        say(
+            "the model drops out: each search run checks its first steps with dropout off, then "
+            "times the script as written (dropout on)"
+        )
         baseline.runs.clear()
-        spec, offsets = {**spec, "dropout": "off"}, (0, 0, 1)
+        spec, offsets = _checked(spec), (0, 0, 1)
     for offset in offsets:
         if not run(baseline, {**spec, "seed_offset": offset}, clock, logs, say) and clock.left > 0:
             at = "another seed" if offset else "its own seed, again"  # a missing one reads as no spread
@@ -291,6 +296,14 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
     curves = [r.get(on.key, []) for r in baseline.runs] + [[], [], []]
     checks.base, checks.noise, checks.seeds = curves[:3]
     return checks
+
+
+def _checked(spec: dict) -> dict:
+    """A search run of a model that drops out: its first warmup + steps steps with dropout off,
+    their losses checked (compiled code draws its masks otherwise, so with dropout on a right
+    kernel and a wrong one part alike); then the script's dropout back, a warm-up (compiled code
+    recompiles there) and the steps timed, as the script is written."""
+    return {**spec, "dropout": "off", "check_steps": spec["warmup"] + spec["steps"]}
 
 
 def _finite_loss(losses: list) -> None:
