@@ -387,3 +387,53 @@ def test_a_search_run_checks_with_dropout_off_then_times_the_script_as_written(t
     }
     assert all(zeros[s] == (0.0, 0.0) for s in range(5)), zeros  # checked: no dropout at all
     assert all(zeros[s][0] > 0.3 and zeros[s][1] > 0.6 for s in range(5, 11)), zeros  # as written
+
+
+SITES_MODEL = """
+import torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return self.lin(x)
+"""
+
+SITES_TRAIN = """
+import torch
+from model import Net
+
+torch.manual_seed(0)
+net = Net()
+opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+def step(x):
+    loss = net(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+for i in range(20):
+    step(torch.randn(4, 8))
+"""
+
+
+def test_the_lines_to_add_name_the_scripts_own_lines(tmp_path):
+    """The model's class lives in model.py (as nanoGPT's does); the script builds it at line 6,
+    its optimizer at line 7, and calls it at line 9: the lines to add say so, with the text."""
+    from perfloop.workflows.tune.trials import Trial
+    from perfloop.workflows.tune.tuner import lines_to_add
+
+    (tmp_path / "model.py").write_text(SITES_MODEL)
+    script = tmp_path / "train.py"
+    script.write_text(SITES_TRAIN)
+    got = run_child(_spec(script, sites=True), 120, str(tmp_path))
+    assert got["ok"], got.get("error")
+    at = {k: (v["line"], v["text"]) for k, v in got["sites"].items()}
+    assert at == {
+        "model": (6, "net = Net()"),
+        "optimizer": (7, "opt = torch.optim.AdamW(net.parameters(), lr=1e-3)"),
+        "call": (9, "loss = net(x).pow(2).mean()"),
+    }, at
+    lines = lines_to_add(Trial(("fused-optimizer", "compile")), got["sites"])
+    assert "# at train.py:7 builds the optimizer: opt = torch.optim.AdamW(net.parameters(), lr=1e-3)" in lines
+    assert "# at train.py:6 builds the model: net = Net()" in lines
+    assert run_child(_spec(script), 120, str(tmp_path))["sites"] == {}  # asked for in one run only

@@ -22,6 +22,8 @@ import time
 import traceback
 from types import SimpleNamespace
 
+from perfloop.workflows.tune import sites
+
 
 class _Done(BaseException):
     """The steps are taken: the script ends here (its except Exception blocks do not catch it)."""
@@ -50,6 +52,7 @@ class Child:
         # checked), then the script's dropout is put back and the warm-up and timed steps follow
         self.check_steps = int(spec.get("check_steps") or 0) if spec.get("dropout") == "off" else 0
         self._dropout_back = None
+        self.sites = None  # with the spec's `sites`: where the script builds and calls its model
         self.t0 = time.perf_counter()
         self.setup_s: dict[str, float] = {}
 
@@ -108,6 +111,8 @@ class Child:
         def after_step(optimizer, args, kwargs) -> None:
             if self.optimizer is None:
                 self.optimizer = optimizer
+                if self.sites is not None:
+                    self.sites.saw(sites.OPTIMIZER, optimizer)
             if optimizer is self.optimizer:
                 self._mark()
 
@@ -198,6 +203,10 @@ class Child:
             if self.check_steps:
                 self._dropout_back = back
 
+    def _saw_model(self, model, args, kwargs) -> None:
+        self.sites.saw(sites.MODEL, model)
+        self.sites.saw(sites.CALL)
+
     def _hook_model(self) -> None:
         """Run the first-model hooks at the first call of a module with parameters, with that
         call's own arguments and keywords (a Hugging Face model is called by keywords only).
@@ -254,6 +263,10 @@ class Child:
                 return out | self._readings()
         self.current = ""
         self._dropout()
+        if self.spec.get("sites"):
+            self.sites = sites.Sites(self.spec["script"])
+            self.sites.hook()
+            self.on_first_model.append((0, "", self._saw_model))
         self._hook_model()
         try:
             _run_script(self.spec["script"], self.spec.get("argv", []))
@@ -307,6 +320,7 @@ class Child:
             "check_steps": self.check_steps,  # steps with dropout off, before the timed ones
             "device": "cuda" if cuda else "cpu",
             "notes": self.notes,
+            "sites": self.sites.readings() if self.sites is not None else {},
         }
 
 

@@ -99,7 +99,8 @@ def payload(r: Result) -> dict:
         "why_nothing_kept": _why_nothing(r) if b is None else None,
         "confirmation_baseline_ms": _base_median(r, final=True),
         "confirmation_rounds": len(base.final_runs),
-        "lines": lines_to_add(b),
+        "lines": lines_to_add(b, r.sites),
+        "sites": r.sites,  # where the script builds its model and optimizer, and first calls it
         "elapsed_s": r.elapsed_s,
         "budget_s": r.budget_s,
         "stopped": r.stopped or None,

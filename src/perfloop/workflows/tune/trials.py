@@ -110,6 +110,7 @@ class Checks:
     base: list = field(default_factory=list)
     noise: list = field(default_factory=list)
     seeds: list = field(default_factory=list)
+    sites: dict = field(default_factory=dict)  # where the script builds its model and optimizer
 
 
 class Clock:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from perfloop.workflows.step_sources import MODEL_CALL, STEP_SAID
 from perfloop.workflows.tune.candidates import CANDIDATES, Candidate, get
 from perfloop.workflows.tune.runner import run_child
+from perfloop.workflows.tune.sites import said
 from perfloop.workflows.tune.trials import (
     CheckedOn,
     Checks,
@@ -77,6 +78,7 @@ class Result:
     stopped: str = ""  # why tune stopped early: "budget", "interrupted"
     checked_on: CheckedOn = CheckedOn.LOSS
     searched: Trial | None = None  # the search's best, confirmed or not (kept only if confirmed)
+    sites: dict = field(default_factory=dict)  # where the script builds its model, optimizer (sites.py)
 
     @staticmethod
     def speedup(t: Trial | None) -> float | None:
@@ -178,6 +180,7 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
         stopped=stopped,
         checked_on=on,
         searched=searched,
+        sites=checks.sites,
     )
 
 
@@ -275,8 +278,9 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
             f"--budget: {clock.budget_s:.0f} s ran out before the unchanged script's first timed run "
             f"(profiling it took {took:.0f} s); give --budget {max(60, 20 * took):.0f}s or more"
         )
-    if not run(baseline, {**spec, "seed_offset": 0}, clock, logs, say):
+    if not run(baseline, {**spec, "seed_offset": 0, "sites": True}, clock, logs, say):
         raise ValueError(f"--script: the unchanged script's run failed: {baseline.error}")
+    seen_sites = baseline.runs[0].get("sites") or {}  # where the lines to add go
     _finite_loss(baseline.runs[0].get("losses") or [])
     on = CheckedOn.of(spec)
     tokens = on is CheckedOn.TOKENS
@@ -295,6 +299,7 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
             raise ValueError(f"--script: the unchanged script's run at {at} failed: {baseline.error}")
     curves = [r.get(on.key, []) for r in baseline.runs] + [[], [], []]
     checks.base, checks.noise, checks.seeds = curves[:3]
+    checks.sites = seen_sites
     return checks
 
 
@@ -414,13 +419,17 @@ def missed(t: Trial) -> str:
     )
 
 
-def lines_to_add(best: Trial | None) -> list[str]:
+def lines_to_add(best: Trial | None, at: dict | None = None) -> list[str]:
+    """Each of best's fixes: what it is, the script's own line it goes beside where the run
+    found it (`at`: sites.Sites.readings()), and the lines."""
     if best is None:
         return []
     out = []
     for key in best.names:
         c = get(key)
         out.append(f"# {c.name}: {c.what}")
+        if c.at and c.at in (at or {}):
+            out.append(f"# at {said(c.at, at[c.at])}")
         out.extend(c.lines)
     return out
 

@@ -19,6 +19,7 @@ AUTOCAST_BF16 = Candidate(
     what="the forward under torch.autocast('cuda', dtype=torch.bfloat16)",
     lines=("with torch.autocast('cuda', dtype=torch.bfloat16):  # around the forward and the loss",),
     apply=_apply,
+    at="call",
     numerics=Numerics.BF16,
     advised_by=(Kind.PRECISION, Kind.ROOFLINE),
     needs_cuda=True,

@@ -27,7 +27,8 @@ class Candidate:
     work to the first call of the script's model). `advised_by`: the finding kinds whose saving
     predicts this candidate's (it is proposed when one is found); `always`: proposed without a
     finding (torch.compile: the reference every tune is read against). `group`: at most one
-    candidate of a group in a combination."""
+    candidate of a group in a combination. `at`: the script's line its lines go beside, where
+    the run found it (the model's construction, the optimizer's, the model's first call)."""
 
     name: str
     what: str
@@ -39,6 +40,7 @@ class Candidate:
     needs_cuda: bool = False
     opt_in: bool = False
     group: str = ""
+    at: str = ""  # where in the script its lines go (workflows.tune.sites: model, optimizer, call)
 
     def predicted_share(self, findings: Sequence[dict]) -> float | None:
         """The share of the step the diagnosis says this candidate saves (the findings it is

@@ -25,6 +25,7 @@ CHANNELS_LAST = Candidate(
     what="the model's weights (and so its convolutions' outputs) in channels_last",
     lines=("model = model.to(memory_format=torch.channels_last)",),
     apply=_channels_last,
+    at="model",
     numerics=Numerics.REORDERED,
     advised_by=(Kind.CONV_LAYOUT,),
 )

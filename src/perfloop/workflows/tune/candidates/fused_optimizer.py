@@ -35,6 +35,7 @@ FUSED_OPTIMIZER = Candidate(
         "fused=True  # in the optimizer's constructor, e.g. torch.optim.AdamW(params, lr=lr, fused=True)",
     ),
     apply=_apply,
+    at="optimizer",
     numerics=Numerics.REORDERED,
     advised_by=(Kind.OPTIMIZER,),
 )

@@ -29,6 +29,7 @@ PATCH = Candidate(
         "pl.patch(model, batch)  # import perfloop as pl; once, after the model is built, with a first batch",
     ),
     apply=_apply,
+    at="model",
     numerics=Numerics.REORDERED,
     advised_by=(Kind.FUSION, Kind.ATTENTION),
 )

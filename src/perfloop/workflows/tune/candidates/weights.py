@@ -23,6 +23,7 @@ BF16_WEIGHTS = Candidate(
     what="the model's fp32 weights and floating buffers (KV cache) in bfloat16",
     lines=("model = model.to(torch.bfloat16)  # before its caches are set up",),
     apply=_apply,
+    at="model",
     numerics=Numerics.BF16,
     advised_by=(Kind.DECODE_WEIGHTS,),
     opt_in=True,
