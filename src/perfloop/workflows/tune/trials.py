@@ -186,19 +186,10 @@ def runs_stats(base: list[list[float]], cand: list[list[float]]) -> dict | None:
     runs (harness.stats.runs_ratio), the unit that varies between processes."""
     from perfloop.harness.stats import runs_ratio
 
-    if sum(map(len, base)) < 2 or sum(map(len, cand)) < 2:
-        return None
-    r = runs_ratio(base, cand)
-    lo, hi = r["ci"]
     flat_b, flat_c = [x for run in base for x in run], [x for run in cand for x in run]
-    return {
-        "speedup": 1 / r["ratio"],
-        "ci": (1 / hi, 1 / lo),
-        "p_value": r["p_value"],
-        "median_ms": statistics.median(flat_c),
-        "base_ms": statistics.median(flat_b),
-        "over": "runs",
-    }
+    if len(flat_b) < 2 or len(flat_c) < 2:
+        return None
+    return _speedup(runs_ratio(base, cand), flat_b, flat_c) | {"over": "runs"}
 
 
 def ratio_stats(base: list[float], cand: list[float]) -> dict | None:
@@ -207,7 +198,11 @@ def ratio_stats(base: list[float], cand: list[float]) -> dict | None:
 
     if len(base) < 2 or len(cand) < 2:
         return None
-    r = independent_ratio(base, cand)  # median(cand) / median(base)
+    return _speedup(independent_ratio(base, cand), base, cand)
+
+
+def _speedup(r: dict, base: list[float], cand: list[float]) -> dict:
+    """A ratio of medians cand / base (harness.stats) as cand's speed-up, its CI turned over."""
     lo, hi = r["ci"]
     return {
         "speedup": 1 / r["ratio"],
