@@ -18,7 +18,7 @@ TABLE = {(): 40.0, ("tf32",): 40.0, ("compile",): 35.0, ("compile", "tf32"): 24.
 
 def _tune(simulated, monkeypatch, table=TABLE, budget_s=1e4, **kw):
     simulated(table, **kw)
-    monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
+    monkeypatch.setattr(tuner, "_diagnose", lambda opts, spec, *a: ([], True, spec))
     said = []
     opts = tuner.Options(
         script="train.py", steps=15, warmup=3, rounds=2, tried=["tf32", "compile"], profile_first=False

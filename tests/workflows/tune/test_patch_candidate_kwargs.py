@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from perfloop.workflows.tune.child import Child
+from perfloop.workflows.tune.spec import RunSpec
 
 LLAMA = textwrap.dedent(
     """
@@ -44,7 +45,7 @@ class _Keywords(nn.Module):
 
 def _seen_calls(model, *args, **kwargs) -> list:
     seen = []
-    child = Child({"warmup": 1, "steps": 1})
+    child = Child(RunSpec(script="train.py", warmup=1, steps=1))
     child.on_model(lambda m, a, k: seen.append((m, a, dict(k))))
     child._hook_model()
     try:

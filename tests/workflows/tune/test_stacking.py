@@ -38,7 +38,7 @@ def _opts(**kw):
 def test_fixes_that_pay_only_together_are_found_by_stacking_and_confirmed(simulated, monkeypatch):
     calls = []
     simulated(STEP_MS, calls=calls)
-    monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
+    monkeypatch.setattr(tuner, "_diagnose", lambda opts, spec, *a: ([], True, spec))
     r = tuner.tune(_opts())
     by = {t.label: t for t in r.trials}
     assert not by["tf32"].kept and by["compile"].kept  # alone, TF32 buys nothing here
@@ -59,7 +59,7 @@ def test_fixes_that_pay_only_together_are_found_by_stacking_and_confirmed(simula
 
 def test_a_candidate_that_changes_the_loss_is_never_stacked(simulated, monkeypatch):
     simulated(STEP_MS, wrong={"tf32"})
-    monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
+    monkeypatch.setattr(tuner, "_diagnose", lambda opts, spec, *a: ([], True, spec))
     r = tuner.tune(_opts())
     by = {t.label: t for t in r.trials}
     assert by["tf32"].verdict.ok is False
@@ -79,7 +79,7 @@ def test_a_stack_that_does_not_fit_is_passed_over_for_one_that_does(simulated, m
         ("compile-reduce-overhead", "tf32"): 22.0,
     }
     simulated(step_ms=table)
-    monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
+    monkeypatch.setattr(tuner, "_diagnose", lambda opts, spec, *a: ([], True, spec))
     said = []
     opts = _opts(budget_s=300)
     opts.tried, opts.rounds = ["tf32", "patch", "compile-reduce-overhead"], 1
@@ -102,7 +102,7 @@ def test_a_stack_is_budgeted_without_the_c_builds_its_parts_already_paid(simulat
     patch's first run, it would not)."""
     table = {(): 40.0, ("patch",): 30.0, ("compile",): 35.0, ("compile", "patch"): 20.0}
     simulated(step_ms=table, builds={"patch": 60.0})
-    monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
+    monkeypatch.setattr(tuner, "_diagnose", lambda opts, spec, *a: ([], True, spec))
     said = []
     opts = _opts(budget_s=350)
     opts.tried, opts.rounds = ["patch", "compile"], 1

@@ -73,7 +73,7 @@ def test_a_script_whose_own_loss_is_nan_is_told_so(simulated, monkeypatch):
         return got | {"losses": [math.nan] * len(got["losses"])}
 
     monkeypatch.setattr(trials_mod, "run_child", nan_losses)
-    monkeypatch.setattr(tuner, "_diagnose", lambda *a: ([], True))
+    monkeypatch.setattr(tuner, "_diagnose", lambda opts, spec, *a: ([], True, spec))
     opts = tuner.Options(script="train.py", steps=15, warmup=3, tried=["compile"], profile_first=False)
     with pytest.raises(
         ValueError, match=r"--script: the unchanged script's own loss is not finite \(nan at step 0\)"
@@ -94,3 +94,15 @@ def test_the_help_of_try_names_every_candidate_in_the_registry(capsys):
     helptext = re.sub(r"-\s+", "-", " ".join(capsys.readouterr().out.split()))  # argparse wraps at hyphens
     listed = helptext.split("advised or not: ")[1].split(", or package.module:NAME")[0].split(", ")
     assert listed == [c.name for c in CANDIDATES] and "pinned-memory" in listed and "sdpa-no-cudnn" in listed
+
+
+def test_a_run_spec_crosses_as_json_and_an_unknown_key_is_named():
+    from perfloop.workflows.tune.spec import RunSpec
+
+    spec = RunSpec(script="train.py", steps=4, dropout="off", check_steps=9, candidates=["compile"])
+    back = RunSpec.of(json.loads(json.dumps(spec.to_json())) | {"out": "r.json", "keep": {}})
+    assert (
+        back == spec and back.checked_steps == 9 and RunSpec(script="t.py", check_steps=9).checked_steps == 0
+    )
+    with pytest.raises(ValueError, match=r"spec: unknown keys \['stpes'\]"):
+        RunSpec.of({"script": "train.py", "stpes": 4})

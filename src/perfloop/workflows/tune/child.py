@@ -23,6 +23,7 @@ import traceback
 from types import SimpleNamespace
 
 from perfloop.workflows.tune import sites
+from perfloop.workflows.tune.spec import RunSpec
 
 
 class _Done(BaseException):
@@ -36,7 +37,7 @@ class _CandidateFailed(BaseException):
 
 
 class Child:
-    def __init__(self, spec: dict):
+    def __init__(self, spec: RunSpec):
         self.spec = spec
         self.notes: list[str] = []
         self.on_first_model: list[tuple[int, str, object]] = []
@@ -50,7 +51,7 @@ class Child:
         self.dropout_seen = False
         # with `dropout: off`, the first check_steps run with dropout off (their losses are
         # checked), then the script's dropout is put back and the warm-up and timed steps follow
-        self.check_steps = int(spec.get("check_steps") or 0) if spec.get("dropout") == "off" else 0
+        self.check_steps = spec.checked_steps
         self._dropout_back = None
         self.sites = None  # with the spec's `sites`: where the script builds and calls its model
         self.t0 = time.perf_counter()
@@ -70,7 +71,7 @@ class Child:
 
         from perfloop.workflows.tune.seeds import offset_seeds
 
-        offset = int(self.spec.get("seed_offset", 0))
+        offset = int(self.spec.seed_offset)
         if offset:
             offset_seeds(offset)
             torch.manual_seed(0)  # a script that never seeds still runs under this offset
@@ -102,7 +103,7 @@ class Child:
         if len(self.marks) == self.check_steps and self._dropout_back is not None:
             self._dropout_back()  # the checked steps are taken: the script's dropout, as written
             self._dropout_back = None
-        if len(self.marks) >= self.check_steps + int(self.spec["warmup"]) + int(self.spec["steps"]):
+        if len(self.marks) >= self.check_steps + self.spec.warmup + self.spec.steps:
             raise _Done
 
     def _time_steps(self) -> None:
@@ -153,7 +154,7 @@ class Child:
         most parameters."""
         from perfloop.workflows.step_sources import ModelCalls
 
-        warm = max(int(self.spec["warmup"]), 1)  # a larger model takes over within the untimed steps
+        warm = max(self.spec.warmup, 1)  # a larger model takes over within the untimed steps
         ModelCalls(begin=lambda: None, end=self._mark, switchable=lambda: len(self.marks) < warm).hook()
 
     def _record_tokens(self, model, args, kwargs) -> None:
@@ -174,7 +175,7 @@ class Child:
         spec's `dropout: off`, turn it off, for a loss check that compares the same function."""
         import torch
 
-        off = self.spec.get("dropout") == "off"
+        off = self.spec.dropout == "off"
         was: list[tuple[object, str, float]] = []  # (module, attribute, its value as written)
         F, dropout = torch.nn.functional, torch.nn.functional.dropout
 
@@ -249,12 +250,12 @@ class Child:
         out: dict = {"ok": False, "error": None, "failed_candidate": None, "ended": None}
         self._override_seeds()
         self._record_losses()
-        if self.spec.get("range"):
-            self._time_ranges(self.spec["range"])
+        if self.spec.range:
+            self._time_ranges(self.spec.range)
             self.on_first_model.append((100, "", self._record_tokens))  # after the candidates
         else:
             self._time_steps()
-        for name in self.spec.get("candidates", []):
+        for name in self.spec.candidates:
             self.current = name
             try:
                 get(name).apply(self)
@@ -263,20 +264,20 @@ class Child:
                 return out | self._readings()
         self.current = ""
         self._dropout()
-        if self.spec.get("sites"):
-            self.sites = sites.Sites(self.spec["script"])
+        if self.spec.sites:
+            self.sites = sites.Sites(self.spec.script)
             self.sites.hook()
             self.on_first_model.append((0, "", self._saw_model))
         self._hook_model()
         try:
-            _run_script(self.spec["script"], self.spec.get("argv", []))
+            _run_script(self.spec.script, self.spec.argv)
             out["ended"] = "script ended"
         except _Done:
             out["ended"] = "steps taken"
         except _CandidateFailed as exc:
             out.update(error=str(exc), failed_candidate=exc.name)
         except BaseException as exc:  # the script's own error: reported, the others go on
-            out.update(_script_end(exc, self.spec["script"]))
+            out.update(_script_end(exc, self.spec.script))
         out["ok"] = out["error"] is None
         return out | self._readings()
 
@@ -299,7 +300,7 @@ class Child:
         losses = [sum(v) / len(v) for step, v in sorted(per_step.items())]
         if self.check_steps:  # the checked steps' only: the later ones drop out as written
             losses = [sum(v) / len(v) for step, v in sorted(per_step.items()) if step < self.check_steps]
-        warm = self.check_steps + int(self.spec["warmup"])
+        warm = self.check_steps + self.spec.warmup
         return {
             "step_ms": step_ms,  # step i -> i+1; the first `warmup` of them include compiling
             "timed_from": warm,  # step_ms[timed_from:]: the timed steps (after checks and warm-up)
@@ -316,7 +317,7 @@ class Child:
             "builds_s": _builds_s(),  # of which C++ builds: a later run on this machine skips them
             "steps_seen": len(self.marks),
             "dropout_seen": self.dropout_seen,
-            "dropout": self.spec.get("dropout", "on"),
+            "dropout": self.spec.dropout,
             "check_steps": self.check_steps,  # steps with dropout off, before the timed ones
             "device": "cuda" if cuda else "cpu",
             "notes": self.notes,
@@ -373,17 +374,17 @@ def _run_script(path: str, argv: list[str]) -> None:
     runpy.run_path(path, run_name="__main__")
 
 
-def profile(spec: dict) -> dict:
+def profile(spec: RunSpec) -> dict:
     """The script's profile (perfloop profile --script's window) and its diagnosis."""
     from perfloop.workflows.script import AUTO, ScriptError, profile_script
 
     try:
         p = profile_script(
-            spec["script"],
-            spec.get("argv", []),
-            spec.get("range") or AUTO,
+            spec.script,
+            spec.argv,
+            spec.range or AUTO,
             skip=None,
-            steps=spec.get("steps", 3),
+            steps=spec.steps,
             exit_after=True,
         )
     except ScriptError as exc:  # a profile taken before the script failed still serves
@@ -415,7 +416,8 @@ def main(spec_path: str) -> int:
             from perfloop.workflows.tune.scratch import keep
 
             keep(**spec["keep"])
-        out = profile(spec) if spec.get("mode") == "profile" else Child(spec).run()
+        run = RunSpec.of(spec)
+        out = profile(run) if run.mode == "profile" else Child(run).run()
     except BaseException as exc:  # perfloop's own failure: said, never a silent empty result
         out = {"ok": False, "error": f"perfloop tune's runner failed: {type(exc).__name__}: {exc}"}
         out["traceback"] = traceback.format_exc()

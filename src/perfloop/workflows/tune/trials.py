@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from perfloop.workflows.tune.candidates import Numerics, get
 from perfloop.workflows.tune.runner import run_child
+from perfloop.workflows.tune.spec import RunSpec
 from perfloop.workflows.tune.verify import Logits, Verdict, judge, judge_tokens
 
 now = time.perf_counter  # the clock runs and budgets are read on
@@ -25,8 +27,8 @@ class CheckedOn(str, Enum):
     TOKENS = "tokens"
 
     @staticmethod
-    def of(spec: dict) -> CheckedOn:
-        return CheckedOn.TOKENS if spec.get("range") else CheckedOn.LOSS
+    def of(spec: RunSpec) -> CheckedOn:
+        return CheckedOn.TOKENS if spec.range else CheckedOn.LOSS
 
     @property
     def key(self) -> str:
@@ -126,54 +128,59 @@ class Clock:
         return now() - self.t0
 
 
-def run(
-    t: Trial, spec: dict, clock: Clock, logs: str, say, final: bool = False, expect_s: float = 0.0
-) -> bool:
-    """One timed run of t, kept in t.runs (t.final_runs with `final`); its losses become t's
-    check on its first search run (before the line is said: a Ctrl-C after it still finds them).
-    False where it failed, was cut by the budget, or was not started: the budget spent, or less
-    left than `expect_s` (what a run takes at the least)."""
-    if clock.left <= 0:
-        return False
-    if clock.left < expect_s:
-        t.error = t.error or (
-            f"not started: {clock.left:.0f} s of the budget were left, a run takes about {expect_s:.0f} s"
-        )
-        say(f"{t.label}: {t.error}")
-        return False
-    started = now()
-    got = run_child({**spec, "candidates": list(t.names)}, max(clock.left, 1.0), logs)
-    got["seed_offset"] = spec.get("seed_offset", 0)
-    got["took_s"] = now() - started
-    checked = int(spec.get("check_steps") or 0) if spec.get("dropout") == "off" else 0
-    if got.get("ok") and len(got.get("step_ms", [])) <= checked + spec["warmup"]:
-        first = f"{checked} checked with dropout off + " if checked else ""
-        got.update(
-            ok=False,
-            error=f"the script ended after {got.get('steps_seen')} steps, "
-            f"fewer than {first}--warmup {spec['warmup']} + 2",
-        )
-    if not got.get("ok"):
-        t.error = t.error or got.get("error")
+@dataclass
+class Runs:
+    """One tune's runs: the budget's clock, the folder their logs go to, and what is said as
+    each ends."""
+
+    clock: Clock
+    logs: str
+    say: Callable[[str], None]
+
+    def run(self, t: Trial, spec: RunSpec, final: bool = False, expect_s: float = 0.0) -> bool:
+        """One timed run of t, kept in t.runs (t.final_runs with `final`); its losses become t's
+        check on its first search run (before the line is said: a Ctrl-C after it still finds
+        them). False where it failed, was cut by the budget, or was not started: the budget
+        spent, or less left than `expect_s` (what a run takes at the least)."""
+        clock, say = self.clock, self.say
+        if clock.left <= 0:
+            return False
+        if clock.left < expect_s:
+            t.error = t.error or (
+                f"not started: {clock.left:.0f} s of the budget were left, a run takes about {expect_s:.0f} s"
+            )
+            say(f"{t.label}: {t.error}")
+            return False
+        started = now()
+        got = run_child(replace(spec, candidates=list(t.names)).to_json(), max(clock.left, 1.0), self.logs)
+        got["seed_offset"] = spec.seed_offset
+        got["took_s"] = now() - started
+        checked = spec.checked_steps
+        if got.get("ok") and len(got.get("step_ms", [])) <= checked + spec.warmup:
+            first = f"{checked} checked with dropout off + " if checked else ""
+            got.update(
+                ok=False,
+                error=f"the script ended after {got.get('steps_seen')} steps, "
+                f"fewer than {first}--warmup {spec.warmup} + 2",
+            )
+        if not got.get("ok"):
+            t.error = t.error or got.get("error")
+            err = got.get("error")
+            say(f"{t.label}: {err}" if got.get("cut") else f"{t.label}: failed ({err}); the others go on")
+            return False
+        if final:
+            t.final_runs.append(got)
+        else:
+            if t.names and not t.runs:
+                t.check = got.get(CheckedOn.of(spec).key)
+            t.runs.append(got)
+        steady = sorted(got["step_ms"][got.get("timed_from", spec.warmup) :])
+        what = "confirming, " if final else ""
         say(
-            f"{t.label}: {got.get('error')}"
-            if got.get("cut")
-            else f"{t.label}: failed ({got.get('error')}); the others go on"
+            f"{t.label}: {what}{steady[len(steady) // 2]:.3f} ms/step, run took {got['took_s']:.0f} s "
+            f"({clock.left:.0f} s left)"
         )
-        return False
-    if final:
-        t.final_runs.append(got)
-    else:
-        if t.names and not t.runs:
-            t.check = got.get(CheckedOn.of(spec).key)
-        t.runs.append(got)
-    steady = sorted(got["step_ms"][got.get("timed_from", spec["warmup"]) :])
-    what = "confirming, " if final else ""
-    say(
-        f"{t.label}: {what}{steady[len(steady) // 2]:.3f} ms/step, run took {got['took_s']:.0f} s "
-        f"({clock.left:.0f} s left)"
-    )
-    return True
+        return True
 
 
 def faster(stats: dict | None) -> bool:

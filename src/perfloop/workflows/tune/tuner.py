@@ -28,21 +28,22 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from perfloop.workflows.step_sources import MODEL_CALL, STEP_SAID
 from perfloop.workflows.tune.candidates import CANDIDATES, Candidate, get
 from perfloop.workflows.tune.runner import run_child
 from perfloop.workflows.tune.sites import said
+from perfloop.workflows.tune.spec import RunSpec
 from perfloop.workflows.tune.trials import (
     CheckedOn,
     Checks,
     Clock,
+    Runs,
     Trial,
     faster,
     judge_all,
     ratio_stats,
-    run,
 )
 
 MISS = 0.30  # a prediction off by more than this share of itself is said
@@ -124,16 +125,17 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
     # import leaves it half-loaded, and the judgement that keeps what was measured then fails
     import scipy.stats  # noqa: F401
 
-    clock, notes = Clock(opts.budget_s), []
-    logs = tempfile.mkdtemp(prefix="perfloop-tune-")
-    base_spec = {
-        "script": os.path.abspath(opts.script),
-        "argv": list(opts.argv),
-        "steps": opts.steps,
-        "warmup": opts.warmup,
-        "range": opts.range,
-    }
-    findings, cuda = _diagnose(opts, base_spec, clock, logs, say, notes)
+    notes: list[str] = []
+    runs = Runs(Clock(opts.budget_s), tempfile.mkdtemp(prefix="perfloop-tune-"), say)
+    clock = runs.clock
+    base_spec = RunSpec(
+        script=os.path.abspath(opts.script),
+        argv=list(opts.argv),
+        steps=opts.steps,
+        warmup=opts.warmup,
+        range=opts.range,
+    )
+    findings, cuda, base_spec = _diagnose(opts, base_spec, runs, notes)
     proposed = propose(findings, cuda, opts)
     notes += untried(findings)
     baseline = Trial(())
@@ -146,18 +148,18 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
         judge_all(trials, baseline, checks, floors, opts.warmup)
 
     try:
-        checks = _baselines(baseline, base_spec, clock, logs, say)
+        checks = _baselines(baseline, base_spec, runs)
         plan = _plan(baseline, len(trials), opts.rounds, clock)
         say(plan)
         if "too small" in plan:
             notes.append(plan)
         search = _checked(base_spec) if checks.dropout_off else base_spec
         for t in list(trials):
-            run(t, search, clock, logs, say, expect_s=0.5 * baseline.rerun_s)  # start-up, at the least
+            runs.run(t, search, expect_s=0.5 * baseline.rerun_s)  # start-up, at the least
         judged()
-        notes += _stack(trials, baseline, proposed, search, clock, logs, say, judged, opts.rounds)
+        notes += _stack(trials, baseline, proposed, search, runs, judged, opts.rounds)
         searched = _best(trials)
-        _confirm(baseline, searched, reference(trials, on), base_spec, opts.rounds, clock, logs, say, judged)
+        _confirm(baseline, searched, reference(trials, on), base_spec, opts.rounds, runs, judged)
         judged()
     except KeyboardInterrupt:
         stopped = "interrupted"
@@ -165,7 +167,7 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
         searched = searched or _best(trials)
     best = _kept(searched, reference(trials, on))
     stopped = stopped or ("budget" if clock.left <= 0 else "")
-    _notes(notes, checks, searched, best, [baseline, *trials], logs)
+    _notes(notes, checks, searched, best, [baseline, *trials], runs.logs)
     return Result(
         script=opts.script,
         device="cuda" if cuda else "cpu",
@@ -247,38 +249,43 @@ def _best(trials: list[Trial]) -> Trial | None:
     return max(able, key=lambda t: t.stats["speedup"], default=None)
 
 
-def _diagnose(opts, base_spec, clock, logs, say, notes) -> tuple[list[dict], bool]:
+def _diagnose(opts, base_spec: RunSpec, runs: Runs, notes) -> tuple[list[dict], bool, RunSpec]:
+    """The unchanged script's profile: its findings, whether CUDA is here, and the spec its runs
+    take (a generation script with no range named: stepped by its model's decode calls)."""
     import torch
 
-    cuda = torch.cuda.is_available()
+    cuda, say = torch.cuda.is_available(), runs.say
     if not opts.profile_first:
-        return [], cuda
+        return [], cuda, base_spec
     say("profiling the unchanged script")
-    got = run_child({**base_spec, "mode": "profile", "steps": 3}, max(clock.left, 30), logs)
+    got = run_child(
+        replace(base_spec, mode="profile", steps=3).to_json(), max(runs.clock.left, 30), runs.logs
+    )
     if not got.get("ok"):
         raise ValueError(f"--script: the unchanged script could not be profiled: {got.get('error')}")
     notes.extend(got.get("warnings", []))
-    if base_spec["range"] is None and got.get("step") == MODEL_CALL:
+    if base_spec.range is None and got.get("step") == MODEL_CALL:
         # no optimizer steps and no range named: a generation script, stepped by its model's
         # decode calls and checked on its greedy tokens, as with --range
-        base_spec["range"] = MODEL_CALL
+        base_spec = replace(base_spec, range=MODEL_CALL)
         said = next((w for w in notes if w.startswith(STEP_SAID)), "a step: one decode call of its model")
         say(f"a generation script: {said}")
     say(f"diagnosed: {len(got['findings'])} findings; step {got['wall_ms']:.3f} ms wall")
-    return got["findings"], cuda
+    return got["findings"], cuda, base_spec
 
 
-def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Checks:
+def _baselines(baseline: Trial, spec: RunSpec, runs: Runs) -> Checks:
     """The unchanged script's search runs: at its seed, again (its own nondeterminism) and at
     another seed, whose losses every verdict compares with; with dropout off where the first
     run shows the model drops out (that run is then set aside)."""
+    clock, say = runs.clock, runs.say
     if clock.left <= 0:
         took = clock.elapsed
         raise ValueError(
             f"--budget: {clock.budget_s:.0f} s ran out before the unchanged script's first timed run "
             f"(profiling it took {took:.0f} s); give --budget {max(60, 20 * took):.0f}s or more"
         )
-    if not run(baseline, {**spec, "seed_offset": 0, "sites": True}, clock, logs, say):
+    if not runs.run(baseline, replace(spec, seed_offset=0, sites=True)):
         raise ValueError(f"--script: the unchanged script's run failed: {baseline.error}")
     seen_sites = baseline.runs[0].get("sites") or {}  # where the lines to add go
     _finite_loss(baseline.runs[0].get("losses") or [])
@@ -294,7 +301,7 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
         baseline.runs.clear()
         spec, offsets = _checked(spec), (0, 0, 1)
     for offset in offsets:
-        if not run(baseline, {**spec, "seed_offset": offset}, clock, logs, say) and clock.left > 0:
+        if not runs.run(baseline, replace(spec, seed_offset=offset)) and clock.left > 0:
             at = "another seed" if offset else "its own seed, again"  # a missing one reads as no spread
             raise ValueError(f"--script: the unchanged script's run at {at} failed: {baseline.error}")
     curves = [r.get(on.key, []) for r in baseline.runs] + [[], [], []]
@@ -303,12 +310,12 @@ def _baselines(baseline: Trial, spec: dict, clock: Clock, logs: str, say) -> Che
     return checks
 
 
-def _checked(spec: dict) -> dict:
+def _checked(spec: RunSpec) -> RunSpec:
     """A search run of a model that drops out: its first warmup + steps steps with dropout off,
     their losses checked (compiled code draws its masks otherwise, so with dropout on a right
     kernel and a wrong one part alike); then the script's dropout back, a warm-up (compiled code
     recompiles there) and the steps timed, as the script is written."""
-    return {**spec, "dropout": "off", "check_steps": spec["warmup"] + spec["steps"]}
+    return replace(spec, dropout="off", check_steps=spec.warmup + spec.steps)
 
 
 def _finite_loss(losses: list) -> None:
@@ -322,12 +329,13 @@ def _finite_loss(losses: list) -> None:
         )
 
 
-def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -> list[str]:
+def _stack(trials, baseline, proposed, spec: RunSpec, runs: Runs, judged, rounds) -> list[str]:
     """From the best verified candidate, each other verified one added in turn (best alone
     first; one of a group), taken where the stack is verified and faster than without it at 95%
     confidence. One whose run and confirmation would not fit in the budget left is passed over
     (a cheaper one after it may fit); a part's C++ builds are not counted again (the machine
     keeps them: Trial.rerun_s). Returns, for each stack passed over, what budget would try it."""
+    clock, say = runs.clock, runs.say
     passed: list[str] = []
     group = {k: c.group or k for k, c, _ in proposed}
     order = [k for k, _, _ in proposed]
@@ -357,10 +365,10 @@ def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -
         shares = [x for x in shares if x is not None]
         s = Trial(names, predicted_share=min(sum(shares), 1.0) if shares else None)
         trials.append(s)
-        if not run(s, spec, clock, logs, say):
+        if not runs.run(s, spec):
             continue
         judged()
-        step = ratio_stats(current.samples(spec["warmup"]), s.samples(spec["warmup"]))
+        step = ratio_stats(current.samples(spec.warmup), s.samples(spec.warmup))
         taken = s.verified and faster(step)
         s.step = (step or {}) | {"over": current.label, "taken": taken}
         say(f"{s.label}: {'taken' if taken else 'not taken'} over {current.label}")
@@ -369,10 +377,11 @@ def _stack(trials, baseline, proposed, spec, clock, logs, say, judged, rounds) -
     return passed
 
 
-def _confirm(baseline, best, compile_alone, spec, rounds, clock, logs, say, judged) -> None:
+def _confirm(baseline, best, compile_alone, spec: RunSpec, rounds, runs: Runs, judged) -> None:
     """The search's best and torch.compile alone together, interleaved with the unchanged script,
     the script as written (dropout on where it has it): `rounds` rounds where the budget fits
     them, and more (up to twice as many) while a verdict's CI holds 1."""
+    clock, say = runs.clock, runs.say
     if best is None:
         return
     beside = compile_alone is not None and compile_alone is not best and compile_alone.verified
@@ -387,7 +396,7 @@ def _confirm(baseline, best, compile_alone, spec, rounds, clock, logs, say, judg
 
     def one_round() -> None:
         for t in who:
-            run(t, spec, clock, logs, say, final=True)
+            runs.run(t, spec, final=True)
 
     for _ in range(min(rounds, max(fits, 0))):
         one_round()
