@@ -66,7 +66,7 @@ def register(verb) -> None:
         dest="tried",
         action="append",
         metavar="NAME",
-        help=f"try this candidate (repeatable), advised or not: {_names()}, or package.module:NAME for your "
+        help=f"try this candidate (repeatable), advised or not: {TRY_NAMES}, or package.module:NAME for your "
         "own; default: what the diagnosis advises, and compile",
     )
     p.add_argument(
@@ -76,11 +76,12 @@ def register(verb) -> None:
     )
 
 
-def _names() -> str:
-    """The candidates' names, from their registry (light: torch is not imported)."""
-    from perfloop.workflows.tune.candidates import CANDIDATES
-
-    return ", ".join(c.name for c in CANDIDATES)
+# the candidates' names as their registry lists them (workflows.tune.candidates.CANDIDATES;
+# a test holds the two together): written out, since importing it loads numpy on every --help
+TRY_NAMES = (
+    "tf32, fused-optimizer, patch, channels-last, cudnn-benchmark, pinned-memory, sdpa-no-cudnn, compile, "
+    "compile-reduce-overhead, compile-max-autotune, autocast-bf16, bf16-weights"
+)
 
 
 def parse_budget(text: str) -> float:
