@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.nn.functional import layer_norm
 
 import perfloop as pl
-from perfloop.nn.functional import Rerouted
+from perfloop.nn.reroute import Rerouted
 
 pytest.importorskip("triton")
 

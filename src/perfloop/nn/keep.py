@@ -8,9 +8,9 @@ import functools
 import torch
 import torch.nn as nn
 
-from perfloop.nn import functional as _functional
 from perfloop.nn import heads as _heads
 from perfloop.nn import loss_function as _loss_function
+from perfloop.nn import reroute as _reroute
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn import verify as _verify
 from perfloop.nn.modules import fused_like
@@ -44,7 +44,7 @@ def keep_what_pays(
     for s in report.swaps:
         if s.replaced and s.kind not in keep:
             if s.site is not None:
-                _functional.restore(model.get_submodule(s.site[0]))
+                _reroute.restore(model.get_submodule(s.site[0]))
             elif s.kind == _loss_function.KIND:
                 _loss_function.restore(model)
             elif s.kind == _heads.KIND:

@@ -31,6 +31,7 @@ from perfloop.nn import functional as _functional
 from perfloop.nn import heads as _heads
 from perfloop.nn import loss_function as _loss_function
 from perfloop.nn import registry
+from perfloop.nn import reroute as _reroute
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn import verify as _verify
 from perfloop.nn.keep import keep_what_pays as _keep_what_pays
@@ -166,7 +167,7 @@ def _capture(model, batch, loss_fn, modules: dict, sites: list, loss=None) -> tu
                 calls[(name, fname, line)] = _verify.recorded(args, kwargs)
             return _functional.torch_function(fname)(*args, **kwargs)
 
-        _functional.reroute(m, {}).record = record
+        _reroute.reroute(m, {}).record = record
         routed.append(m)
     recording = _loss_function.recording(model, loss) if loss else contextlib.nullcontext()
     try:
@@ -176,7 +177,7 @@ def _capture(model, batch, loss_fn, modules: dict, sites: list, loss=None) -> tu
         for h in handles:
             h.remove()
         for m in routed:
-            _functional.restore(m)
+            _reroute.restore(m)
     return seen, calls, out, rec
 
 
@@ -208,7 +209,7 @@ _CALL_SHOWN = {"silu_gate": "F.silu(a) * b", "gelu_gate": "F.gelu(a) * b"}
 
 
 def _site_label(module_name: str, module: nn.Module, fname: str, line: int) -> str:
-    fn = _functional.forward_function(module)
+    fn = _reroute.forward_function(module)
     where = f"{fn.__code__.co_filename.rsplit('/', 1)[-1]}:{line}"
     return f"{module_name or type(module).__name__}: {_CALL_SHOWN.get(fname, 'F.' + fname)} ({where})"
 
@@ -289,13 +290,13 @@ def patch(
     _check_arguments(model, example_batch, loss_fn)
     cands = candidates(model)
     taken = {id(m) for _, m, _ in cands}
-    sites = [(n, m) for n, m in _functional.site_modules(model) if id(m) not in taken]
+    sites = [(n, m) for n, m in _reroute.site_modules(model) if id(m) not in taken]
     unreachable = [
-        Swap(n or type(m).__name__, "forward", False, _functional.why_not_rerouted(m))
+        Swap(n or type(m).__name__, "forward", False, _reroute.why_not_rerouted(m))
         for n, m in sites
-        if _functional.why_not_rerouted(m)
+        if _reroute.why_not_rerouted(m)
     ]
-    sites = [(n, m) for n, m in sites if not _functional.why_not_rerouted(m)]
+    sites = [(n, m) for n, m in sites if not _reroute.why_not_rerouted(m)]
     written = [(n, m) for n, m in model.named_modules() if id(m) not in taken and _rewrite.writes(m)]
     rewrites = [(n or type(m).__name__, m) for n, m in written]
     if not cands and not sites and not rewrites:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from perfloop.nn import functional as _functional
 from perfloop.nn import heads as _heads
 from perfloop.nn import registry
+from perfloop.nn import reroute as _reroute
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn.modules import fused_like, why_not
 from perfloop.nn.swapping import candidates
@@ -48,8 +48,8 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
                 "fused norm where it computes one",
             )
         if _rewrite.LOSS in _rewrite.writes(m):
-            fn = _functional.forward_function(m)
-            lines = _functional.call_lines(fn, ("cross_entropy",)).get("cross_entropy")
+            fn = _reroute.forward_function(m)
+            lines = _reroute.call_lines(fn, ("cross_entropy",)).get("cross_entropy")
             file = fn.__code__.co_filename.rsplit("/", 1)[-1]
             call = f"F.cross_entropy at {file}:{lines[0]}" if lines else "a cross entropy"
             out.setdefault(prefix(name), {})["cross_entropy"] = (
@@ -57,7 +57,7 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
                 "not read the logits) it fuses the Linear before it in, the logits never held whole"
             )
         if _rewrite.ATTENTION in _rewrite.writes(m):
-            lines = ", ".join(_rewrite.softmax_lines(_functional.forward_function(m)))
+            lines = ", ".join(_rewrite.softmax_lines(_reroute.forward_function(m)))
             out.setdefault(prefix(name), {})["attention"] = (
                 f"attention written out at {lines} ({type(m).__name__}.forward): pl.patch checks it as "
                 "one F.scaled_dot_product_attention call on your batch, and swaps it only where it "
@@ -71,11 +71,11 @@ def plan(model: nn.Module, root: str = "") -> dict[str, dict[str, str]]:
             "their key/query/value Linears as one projection and their attentions as one SDPA call, "
             "and merges them where that matches"
         )
-    for name, m in _functional.site_modules(model):
-        fn = _functional.forward_function(m)
+    for name, m in _reroute.site_modules(model):
+        fn = _reroute.forward_function(m)
         where = fn.__code__.co_filename.rsplit("/", 1)[-1]
         for kind, names in registry.kinds().items():
-            lines = _functional.call_lines(fn, names)
+            lines = _reroute.call_lines(fn, names)
             if lines:
                 calls = ", ".join(f"F.{n} at {where}:{','.join(map(str, ls))}" for n, ls in lines.items())
                 out.setdefault(prefix(name), {}).setdefault(

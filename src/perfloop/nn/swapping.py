@@ -9,9 +9,9 @@ from collections.abc import Mapping
 import torch
 import torch.nn as nn
 
-from perfloop.nn import functional as _functional
 from perfloop.nn import heads as _heads
 from perfloop.nn import loss_function as _loss_function
+from perfloop.nn import reroute as _reroute
 from perfloop.nn import rewrite as _rewrite
 from perfloop.nn.modules import fused_like
 
@@ -76,13 +76,13 @@ def route_sites(model: nn.Module, swaps) -> list:
     out = []
     for name, sites in by_module.items():
         m = model.get_submodule(name)
-        _functional.reroute(m, sites)
+        _reroute.reroute(m, sites)
         out.append(m)
     return out
 
 
 def restore_forward(module: nn.Module) -> None:
-    _functional.restore(module)
+    _reroute.restore(module)
     _loss_function.restore(module)
     _rewrite.restore(module)
     _heads.unmerge(module)
