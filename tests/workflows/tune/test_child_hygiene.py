@@ -437,3 +437,58 @@ def test_the_lines_to_add_name_the_scripts_own_lines(tmp_path):
     assert "# at train.py:7 builds the optimizer: opt = torch.optim.AdamW(net.parameters(), lr=1e-3)" in lines
     assert "# at train.py:6 builds the model: net = Net()" in lines
     assert run_child(_spec(script), 120, str(tmp_path))["sites"] == {}  # asked for in one run only
+
+
+def test_the_site_hooks_come_off_once_every_site_wanted_is_found():
+    import torch
+
+    from perfloop.workflows.tune.sites import Site, Sites
+
+    inits = (torch.nn.Module.__init__, torch.optim.Optimizer.__init__)
+    s = Sites(frozenset({Site.MODEL, Site.OPTIMIZER}))
+    s.hook()
+    try:
+        lin = torch.nn.Linear(2, 2)  # built here, in this file
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        assert torch.nn.Module.__init__ is not inits[0]
+        s.saw(Site.MODEL, lin)
+        assert torch.nn.Module.__init__ is not inits[0]  # the optimizer is still wanted
+        s.saw(Site.OPTIMIZER, opt)
+        assert (torch.nn.Module.__init__, torch.optim.Optimizer.__init__) == inits
+        assert set(s.readings()) == {"model", "optimizer"}
+    finally:
+        s.unhook()
+
+
+def test_an_optimizer_a_library_builds_has_no_site_in_the_users_code(tmp_path):
+    """A Trainer builds its optimizer inside its own code: the user's line there is
+    `trainer.train()`, not one to add fused=True to, so no site is said; one built by the
+    user's own helper in another of their files is found there (nanoGPT's model.py)."""
+    import importlib.util
+
+    import torch
+
+    from perfloop.workflows.tune.sites import Site, Sites
+
+    def load(path, text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    text = "import torch\ndef build(params):\n    return torch.optim.SGD(params, lr=0.1)\n"
+    lib = load(tmp_path / "site-packages" / "trainerlib.py", text)
+    mine = load(tmp_path / "project" / "helpers.py", text)
+    lin = torch.nn.Linear(2, 2)
+    for module, where in ((lib, None), (mine, (str(tmp_path / "project" / "helpers.py"), 3))):
+        s = Sites(frozenset({Site.OPTIMIZER}))
+        s.hook()
+        try:
+            opt = module.build(lin.parameters())
+            s.saw(Site.OPTIMIZER, opt)
+        finally:
+            s.unhook()
+        got = s.readings().get("optimizer")
+        assert (got and (got["file"], got["line"])) == (where or None), got

@@ -22,7 +22,7 @@ import time
 import traceback
 from types import SimpleNamespace
 
-from perfloop.workflows.tune import sites
+from perfloop.workflows.tune.sites import Site, Sites
 from perfloop.workflows.tune.spec import RunSpec
 
 
@@ -113,7 +113,7 @@ class Child:
             if self.optimizer is None:
                 self.optimizer = optimizer
                 if self.sites is not None:
-                    self.sites.saw(sites.OPTIMIZER, optimizer)
+                    self.sites.saw(Site.OPTIMIZER, optimizer)
             if optimizer is self.optimizer:
                 self._mark()
 
@@ -205,8 +205,8 @@ class Child:
                 self._dropout_back = back
 
     def _saw_model(self, model, args, kwargs) -> None:
-        self.sites.saw(sites.MODEL, model)
-        self.sites.saw(sites.CALL)
+        self.sites.saw(Site.MODEL, model)
+        self.sites.saw(Site.CALL)
 
     def _hook_model(self) -> None:
         """Run the first-model hooks at the first call of a module with parameters, with that
@@ -265,7 +265,8 @@ class Child:
         self.current = ""
         self._dropout()
         if self.spec.sites:
-            self.sites = sites.Sites(self.spec.script)
+            wanted = {Site.MODEL, Site.CALL} | (set() if self.spec.range else {Site.OPTIMIZER})
+            self.sites = Sites(frozenset(wanted))
             self.sites.hook()
             self.on_first_model.append((0, "", self._saw_model))
         self._hook_model()
@@ -297,9 +298,9 @@ class Child:
         per_step: dict[int, list[float]] = {}
         for step, loss in self.losses:
             per_step.setdefault(step, []).append(float(loss))
-        losses = [sum(v) / len(v) for step, v in sorted(per_step.items())]
-        if self.check_steps:  # the checked steps' only: the later ones drop out as written
-            losses = [sum(v) / len(v) for step, v in sorted(per_step.items()) if step < self.check_steps]
+        # with checked steps, theirs only: the later ones drop out as written
+        kept = sorted((s, v) for s, v in per_step.items() if not self.check_steps or s < self.check_steps)
+        losses = [sum(v) / len(v) for _, v in kept]
         warm = self.check_steps + self.spec.warmup
         return {
             "step_ms": step_ms,  # step i -> i+1; the first `warmup` of them include compiling

@@ -42,6 +42,7 @@ def _row(t: Trial, base: Trial, tokens: int | None = None) -> dict:
         "builds_s": [r.get("builds_s", 0.0) for r in [*t.runs, *t.final_runs]],  # of it, C++ builds
         "kept": t.kept,
         "error": t.error,
+        "cut": t.cut,  # the error is the budget's
         "missed": missed(t) or None,
         "stacked_on": t.step["over"] if t.step else None,
         "over_stacked_on": t.step.get("speedup") if t.step else None,
@@ -173,8 +174,7 @@ def text(r: Result) -> list[str]:
     out.append(_CHECK[r.checked_on][1])
     for row in data["candidates"]:
         if row["error"]:
-            cut = row["error"].startswith(("cut by the budget", "not started"))
-            out.append(f"  {row['candidate']}: {'' if cut else 'failed: '}{row['error']}")
+            out.append(f"  {row['candidate']}: {'' if row['cut'] else 'failed: '}{row['error']}")
         elif row["loss_check"]:
             out.append(f"  {row['candidate']}: {row['loss_check']['reason']}")
     misses = [row["missed"] for row in data["candidates"] if row["missed"]]

@@ -43,6 +43,7 @@ class Trial:
     verdict: Verdict | None = None
     predicted_share: float | None = None  # of the unchanged step, from the diagnosis
     error: str | None = None
+    cut: bool = False  # its error is the budget's (a run cut, or not started), not the script's
     stats: dict | None = None  # against the baseline's search runs: speedup, ci, p_value, median_ms
     check: list | None = None  # the losses its verdict reads
     step: dict | None = None  # a stack: its speed-up over its parent, and whether it was taken
@@ -112,7 +113,6 @@ class Checks:
     base: list = field(default_factory=list)
     noise: list = field(default_factory=list)
     seeds: list = field(default_factory=list)
-    sites: dict = field(default_factory=dict)  # where the script builds its model and optimizer
 
 
 class Clock:
@@ -146,9 +146,9 @@ class Runs:
         if clock.left <= 0:
             return False
         if clock.left < expect_s:
-            t.error = t.error or (
-                f"not started: {clock.left:.0f} s of the budget were left, a run takes about {expect_s:.0f} s"
-            )
+            if t.error is None:
+                left = f"{clock.left:.0f} s of the budget were left"
+                t.error, t.cut = f"not started: {left}, a run takes about {expect_s:.0f} s", True
             say(f"{t.label}: {t.error}")
             return False
         started = now()
@@ -164,8 +164,9 @@ class Runs:
                 f"fewer than {first}--warmup {spec.warmup} + 2",
             )
         if not got.get("ok"):
-            t.error = t.error or got.get("error")
             err = got.get("error")
+            if t.error is None:
+                t.error, t.cut = err, bool(got.get("cut"))
             say(f"{t.label}: {err}" if got.get("cut") else f"{t.label}: failed ({err}); the others go on")
             return False
         if final:

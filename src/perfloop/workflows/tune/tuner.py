@@ -142,16 +142,16 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
     trials = [Trial((k,), predicted_share=p) for k, _, p in proposed]
     floors = {k: c.numerics for k, c, _ in proposed}
     on = CheckedOn.of(base_spec)
-    stopped, checks, searched = "", Checks(), None
+    stopped, checks, searched, sites = "", Checks(), None, {}
 
     def judged() -> None:
         judge_all(trials, baseline, checks, floors, opts.warmup)
 
     try:
-        checks = _baselines(baseline, base_spec, runs)
-        plan = _plan(baseline, len(trials), opts.rounds, clock)
+        checks, sites = _baselines(baseline, base_spec, runs)
+        plan, too_small = _plan(baseline, len(trials), opts.rounds, clock)
         say(plan)
-        if "too small" in plan:
+        if too_small:
             notes.append(plan)
         search = _checked(base_spec) if checks.dropout_off else base_spec
         for t in list(trials):
@@ -182,11 +182,11 @@ def tune(opts: Options, say: Callable[[str], None] = lambda s: None) -> Result:
         stopped=stopped,
         checked_on=on,
         searched=searched,
-        sites=checks.sites,
+        sites=sites,
     )
 
 
-def _plan(baseline: Trial, n: int, rounds: int, clock: Clock) -> str:
+def _plan(baseline: Trial, n: int, rounds: int, clock: Clock) -> tuple[str, bool]:
     """What the budget allows, said before the search: from a run of the unchanged script, the
     least the search (each candidate alone, one run) and the confirmation (the best, compile and
     the unchanged script, `rounds` times) need; compiling candidates take longer."""
@@ -201,8 +201,8 @@ def _plan(baseline: Trial, n: int, rounds: int, clock: Clock) -> str:
         return (
             f"{head}: too small to confirm anything (nothing unconfirmed is kept); --budget "
             f"{clock.budget_s + 1.5 * (need - left):.0f}s would fit them"
-        )
-    return f"{head}; {left - need:.0f} s more for compiling and the stacks"
+        ), True
+    return f"{head}; {left - need:.0f} s more for compiling and the stacks", False
 
 
 def _kept(searched: Trial | None, compile_alone: Trial | None) -> Trial | None:
@@ -274,7 +274,7 @@ def _diagnose(opts, base_spec: RunSpec, runs: Runs, notes) -> tuple[list[dict], 
     return got["findings"], cuda, base_spec
 
 
-def _baselines(baseline: Trial, spec: RunSpec, runs: Runs) -> Checks:
+def _baselines(baseline: Trial, spec: RunSpec, runs: Runs) -> tuple[Checks, dict]:
     """The unchanged script's search runs: at its seed, again (its own nondeterminism) and at
     another seed, whose losses every verdict compares with; with dropout off where the first
     run shows the model drops out (that run is then set aside)."""
@@ -287,7 +287,7 @@ def _baselines(baseline: Trial, spec: RunSpec, runs: Runs) -> Checks:
         )
     if not runs.run(baseline, replace(spec, seed_offset=0, sites=True)):
         raise ValueError(f"--script: the unchanged script's run failed: {baseline.error}")
-    seen_sites = baseline.runs[0].get("sites") or {}  # where the lines to add go
+    sites = baseline.runs[0].get("sites") or {}  # where the lines to add go (this run's only)
     _finite_loss(baseline.runs[0].get("losses") or [])
     on = CheckedOn.of(spec)
     tokens = on is CheckedOn.TOKENS
@@ -306,8 +306,7 @@ def _baselines(baseline: Trial, spec: RunSpec, runs: Runs) -> Checks:
             raise ValueError(f"--script: the unchanged script's run at {at} failed: {baseline.error}")
     curves = [r.get(on.key, []) for r in baseline.runs] + [[], [], []]
     checks.base, checks.noise, checks.seeds = curves[:3]
-    checks.sites = seen_sites
-    return checks
+    return checks, sites
 
 
 def _checked(spec: RunSpec) -> RunSpec:
@@ -437,8 +436,8 @@ def lines_to_add(best: Trial | None, at: dict | None = None) -> list[str]:
     for key in best.names:
         c = get(key)
         out.append(f"# {c.name}: {c.what}")
-        if c.at and c.at in (at or {}):
-            out.append(f"# at {said(c.at, at[c.at])}")
+        if c.at is not None and c.at.value in (at or {}):
+            out.append(f"# at {said(c.at, at[c.at.value])}")
         out.extend(c.lines)
     return out
 

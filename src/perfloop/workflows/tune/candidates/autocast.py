@@ -3,6 +3,7 @@
 
 from perfloop.analysis.findings import Kind
 from perfloop.workflows.tune.candidates.base import Candidate, Numerics
+from perfloop.workflows.tune.sites import Site
 
 
 def _apply(child) -> None:
@@ -19,7 +20,7 @@ AUTOCAST_BF16 = Candidate(
     what="the forward under torch.autocast('cuda', dtype=torch.bfloat16)",
     lines=("with torch.autocast('cuda', dtype=torch.bfloat16):  # around the forward and the loss",),
     apply=_apply,
-    at="call",
+    at=Site.CALL,
     numerics=Numerics.BF16,
     advised_by=(Kind.PRECISION, Kind.ROOFLINE),
     needs_cuda=True,

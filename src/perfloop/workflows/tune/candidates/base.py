@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from perfloop.analysis.findings import Kind
+from perfloop.workflows.tune.sites import Site
 
 
 class Numerics(float, Enum):
@@ -40,7 +41,7 @@ class Candidate:
     needs_cuda: bool = False
     opt_in: bool = False
     group: str = ""
-    at: str = ""  # where in the script its lines go (workflows.tune.sites: model, optimizer, call)
+    at: Site | None = None  # the script's line its lines go beside (sites.py), where found
 
     def predicted_share(self, findings: Sequence[dict]) -> float | None:
         """The share of the step the diagnosis says this candidate saves (the findings it is

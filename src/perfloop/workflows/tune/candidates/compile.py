@@ -3,6 +3,7 @@
 
 from perfloop.analysis.findings import Kind
 from perfloop.workflows.tune.candidates.base import Candidate, Numerics
+from perfloop.workflows.tune.sites import Site
 
 
 def _compiling(mode: str | None):
@@ -26,7 +27,7 @@ COMPILE = Candidate(
     what="torch.compile(model)",
     lines=("model = torch.compile(model)  # after the model is built",),
     apply=_compiling(None),
-    at="model",
+    at=Site.MODEL,
     numerics=Numerics.REORDERED,
     advised_by=_FIXES,
     always=True,
@@ -38,7 +39,7 @@ COMPILE_MAX_AUTOTUNE = Candidate(
     what='torch.compile(model, mode="max-autotune-no-cudagraphs"): kernel configs searched',
     lines=('model = torch.compile(model, mode="max-autotune-no-cudagraphs")',),
     apply=_compiling("max-autotune-no-cudagraphs"),
-    at="model",
+    at=Site.MODEL,
     numerics=Numerics.REORDERED,
     advised_by=_FIXES,
     needs_cuda=True,
@@ -51,7 +52,7 @@ COMPILE_CUDA_GRAPHS = Candidate(
     what='torch.compile(model, mode="reduce-overhead"): the step replayed as CUDA graphs',
     lines=('model = torch.compile(model, mode="reduce-overhead")',),
     apply=_compiling("reduce-overhead"),
-    at="model",
+    at=Site.MODEL,
     numerics=Numerics.REORDERED,
     advised_by=(*_FIXES, Kind.HOST, Kind.SYNC),
     needs_cuda=True,

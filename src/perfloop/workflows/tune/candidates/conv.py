@@ -3,6 +3,7 @@ kernel), and cuDNN's autotuner picking each convolution's algorithm."""
 
 from perfloop.analysis.findings import Kind
 from perfloop.workflows.tune.candidates.base import Candidate, Numerics
+from perfloop.workflows.tune.sites import Site
 
 
 def _channels_last(child) -> None:
@@ -25,7 +26,7 @@ CHANNELS_LAST = Candidate(
     what="the model's weights (and so its convolutions' outputs) in channels_last",
     lines=("model = model.to(memory_format=torch.channels_last)",),
     apply=_channels_last,
-    at="model",
+    at=Site.MODEL,
     numerics=Numerics.REORDERED,
     advised_by=(Kind.CONV_LAYOUT,),
 )

@@ -3,6 +3,7 @@ loop of small kernels per tensor (the OPTIMIZER finding)."""
 
 from perfloop.analysis.findings import Kind
 from perfloop.workflows.tune.candidates.base import Candidate, Numerics
+from perfloop.workflows.tune.sites import Site
 
 FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
 
@@ -35,7 +36,7 @@ FUSED_OPTIMIZER = Candidate(
         "fused=True  # in the optimizer's constructor, e.g. torch.optim.AdamW(params, lr=lr, fused=True)",
     ),
     apply=_apply,
-    at="optimizer",
+    at=Site.OPTIMIZER,
     numerics=Numerics.REORDERED,
     advised_by=(Kind.OPTIMIZER,),
 )

@@ -3,6 +3,7 @@ perfloop.nn version, each swapped only after it matched on the model's own first
 
 from perfloop.analysis.findings import Kind
 from perfloop.workflows.tune.candidates.base import Candidate, Numerics
+from perfloop.workflows.tune.sites import Site
 
 
 def _apply(child) -> None:
@@ -29,7 +30,7 @@ PATCH = Candidate(
         "pl.patch(model, batch)  # import perfloop as pl; once, after the model is built, with a first batch",
     ),
     apply=_apply,
-    at="model",
+    at=Site.MODEL,
     numerics=Numerics.REORDERED,
     advised_by=(Kind.FUSION, Kind.ATTENTION),
 )

@@ -4,6 +4,7 @@ computes; the greedy tokens say whether it still generates the same text."""
 
 from perfloop.analysis.findings import Kind
 from perfloop.workflows.tune.candidates.base import Candidate, Numerics
+from perfloop.workflows.tune.sites import Site
 
 
 def _apply(child) -> None:
@@ -23,7 +24,7 @@ BF16_WEIGHTS = Candidate(
     what="the model's fp32 weights and floating buffers (KV cache) in bfloat16",
     lines=("model = model.to(torch.bfloat16)  # before its caches are set up",),
     apply=_apply,
-    at="model",
+    at=Site.MODEL,
     numerics=Numerics.BF16,
     advised_by=(Kind.DECODE_WEIGHTS,),
     opt_in=True,
